@@ -1,0 +1,86 @@
+// Element types. f16 and bf16 are storage types: kernels load them into f32, compute, and
+// store back with round-to-nearest-even.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace hetrain {
+
+enum class Dtype : uint8_t { f64, f32, f16, bf16, i32, i64, boolean };
+
+inline constexpr Dtype kAllDtypes[] = {Dtype::f64, Dtype::f32, Dtype::f16, Dtype::bf16,
+                                       Dtype::i32, Dtype::i64, Dtype::boolean};
+
+size_t dtype_size(Dtype dt);
+std::string_view dtype_name(Dtype dt);
+/// Parses "f32", "float32", "bf16", ...; throws Error on an unknown name.
+Dtype dtype_from_name(std::string_view name);
+bool is_floating(Dtype dt);
+bool is_integral(Dtype dt);  // i32, i64, bool
+/// The result type of a binary op on a and b (PyTorch's promotion among these types).
+Dtype promote_types(Dtype a, Dtype b);
+
+/// IEEE binary16 stored as bits.
+struct Half {
+  uint16_t bits = 0;
+};
+/// bfloat16 stored as bits.
+struct BFloat16 {
+  uint16_t bits = 0;
+};
+
+inline float bf16_to_float(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
+
+/// Loads any storage type as its compute type; stores back with rounding.
+template <class T>
+inline auto to_compute(T v) {
+  if constexpr (std::is_same_v<T, Half>) {
+    return half_to_float(v.bits);
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return bf16_to_float(v.bits);
+  } else {
+    return v;
+  }
+}
+template <class T, class C>
+inline T from_compute(C v) {
+  if constexpr (std::is_same_v<T, Half>) {
+    return Half{float_to_half(static_cast<float>(v))};
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return BFloat16{float_to_bf16(static_cast<float>(v))};
+  } else {
+    return static_cast<T>(v);
+  }
+}
+/// The type arithmetic on T is done in.
+template <class T>
+using compute_t = decltype(to_compute(T{}));
+
+template <class T>
+constexpr Dtype dtype_of();
+template <> constexpr Dtype dtype_of<double>() { return Dtype::f64; }
+template <> constexpr Dtype dtype_of<float>() { return Dtype::f32; }
+template <> constexpr Dtype dtype_of<Half>() { return Dtype::f16; }
+template <> constexpr Dtype dtype_of<BFloat16>() { return Dtype::bf16; }
+template <> constexpr Dtype dtype_of<int32_t>() { return Dtype::i32; }
+template <> constexpr Dtype dtype_of<int64_t>() { return Dtype::i64; }
+template <> constexpr Dtype dtype_of<bool>() { return Dtype::boolean; }
+
+}  // namespace hetrain

@@ -1,0 +1,48 @@
+// The primitive interface: one class per primitive, with its output shapes, cost, vjp and
+// name. Device kernels are the eval_* methods, defined by the backends.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hetrain/graph/tensor.h"
+
+namespace hetrain {
+
+/// Work and traffic of one node; compute density = flops / (bytes_read + bytes_written).
+struct Cost {
+  double flops = 0;
+  double bytes_read = 0;
+  double bytes_written = 0;
+  double intensity() const {
+    double b = bytes_read + bytes_written;
+    return b > 0 ? flops / b : 0.0;
+  }
+};
+
+class Primitive {
+ public:
+  virtual ~Primitive() = default;
+  /// Name used in errors, kernel lookup, profiles: "matmul", "add", ...
+  virtual const char* name() const = 0;
+  /// Output shapes and dtypes; throws Error naming the op on bad arguments.
+  virtual std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const = 0;
+  /// Default: an elementwise cost of one flop per output element.
+  virtual Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const;
+  /// Runs on the CPU. Outputs have shape, dtype and tag set; the kernel allocates them
+  /// (Array::allocate) or makes them views of an input.
+  virtual void eval_cpu(const std::vector<const Array*>& in,
+                        const std::vector<Array*>& out) const = 0;
+  /// Cotangents of the inputs listed in argnums, given the cotangents of the outputs
+  /// (an undefined Tensor where an output received none).
+  virtual std::vector<Tensor> vjp(const std::vector<Tensor>& primals,
+                                  const std::vector<Tensor>& outputs,
+                                  const std::vector<Tensor>& cotangents,
+                                  const std::vector<int>& argnums) const;
+  /// True when outputs alias the first input's buffer (no kernel work, no allocation).
+  virtual bool is_view() const { return false; }
+  /// Attributes for display, e.g. "axes=(0, 1)".
+  virtual std::string attrs() const { return ""; }
+};
+
+}  // namespace hetrain

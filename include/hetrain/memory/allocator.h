@@ -1,0 +1,114 @@
+// Allocators with statistics. Every memory figure Hetrain reports comes from these counters.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "hetrain/memory/device.h"
+
+namespace hetrain {
+
+enum class MemoryTag : uint8_t {
+  parameters,
+  gradients,
+  optimizer_state,
+  activations,
+  workspace,
+};
+inline constexpr int kNumMemoryTags = 5;
+std::string_view memory_tag_name(MemoryTag t);
+
+struct MemoryStats {
+  std::array<int64_t, kNumMemoryTags> current{};
+  std::array<int64_t, kNumMemoryTags> peak{};
+  int64_t current_total = 0;
+  int64_t peak_total = 0;
+  int64_t reserved = 0;  // bytes held by the allocator, cached blocks included
+  int64_t allocations = 0;
+  int64_t cache_hits = 0;
+};
+
+class Allocator;
+
+/// A block of device memory. Freed (returned to its allocator's cache) when the last
+/// reference goes away.
+class Buffer {
+ public:
+  Buffer(Allocator* owner, void* ptr, size_t bytes, size_t capacity, MemoryTag tag)
+      : owner_(owner), ptr_(ptr), bytes_(bytes), capacity_(capacity), tag_(tag) {}
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  MemoryTag tag() const { return tag_; }
+  /// Moves this buffer's bytes to another tag in the statistics (e.g. a computed gradient).
+  void retag(MemoryTag tag);
+  Device device() const;
+
+ private:
+  Allocator* owner_;
+  void* ptr_;
+  size_t bytes_;
+  size_t capacity_;
+  MemoryTag tag_;
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual std::shared_ptr<Buffer> allocate(size_t bytes, MemoryTag tag) = 0;
+  virtual Device device() const = 0;
+  virtual MemoryStats stats() const = 0;
+  virtual void reset_peak() = 0;
+  /// Releases cached blocks back to the system.
+  virtual void empty_cache() = 0;
+
+ protected:
+  friend class Buffer;
+  virtual void release(void* ptr, size_t bytes, size_t capacity, MemoryTag tag) = 0;
+  virtual void retag(size_t bytes, MemoryTag from, MemoryTag to) = 0;
+};
+
+/// Host memory: 64-byte aligned blocks, cached by rounded size so a training loop that
+/// allocates the same shapes each step stops calling the system allocator.
+class HostAllocator final : public Allocator {
+ public:
+  ~HostAllocator() override;
+  std::shared_ptr<Buffer> allocate(size_t bytes, MemoryTag tag) override;
+  Device device() const override { return Device::cpu(); }
+  MemoryStats stats() const override;
+  void reset_peak() override;
+  void empty_cache() override;
+
+ private:
+  void release(void* ptr, size_t bytes, size_t capacity, MemoryTag tag) override;
+  void retag(size_t bytes, MemoryTag from, MemoryTag to) override;
+  void count(MemoryTag tag, int64_t delta);
+
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> cache_;
+  MemoryStats stats_;
+};
+
+HostAllocator& host_allocator();
+
+/// Sets the tag new allocations on this thread receive; restored on scope exit.
+class MemoryTagScope {
+ public:
+  explicit MemoryTagScope(MemoryTag t);
+  ~MemoryTagScope();
+  static MemoryTag current();
+
+ private:
+  MemoryTag prev_;
+};
+
+}  // namespace hetrain

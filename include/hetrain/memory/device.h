@@ -1,0 +1,20 @@
+// Devices and the memory nodes they own.
+#pragma once
+
+#include <string>
+
+namespace hetrain {
+
+enum class DeviceKind : uint8_t { cpu, cuda, sim };
+
+struct Device {
+  DeviceKind kind = DeviceKind::cpu;
+  int index = 0;
+  bool operator==(const Device&) const = default;
+  std::string str() const;
+  static Device cpu() { return {DeviceKind::cpu, 0}; }
+  /// Parses "cpu", "cuda:1", "sim:0".
+  static Device parse(const std::string& s);
+};
+
+}  // namespace hetrain

@@ -1,0 +1,22 @@
+#include <iostream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "hetrain/base/cpu_features.h"
+#include "hetrain/base/thread_pool.h"
+
+namespace hetrain::cli {
+
+int cmd_version(const Args& args) {
+  ArgParser p("version", "Print the version, the compiled backends and this CPU's features.");
+  if (!p.parse(args)) return 0;
+  const auto& f = cpu_features();
+  std::cout << "hetrain " << HETRAIN_VERSION << "\n"
+            << "backends: cpu (oneDNN GEMM, OpenBLAS f64)\n"
+            << "cpu: " << (f.model.empty() ? f.vendor : f.model) << ", " << num_threads()
+            << " threads\n"
+            << "cpu features: " << cpu_features_string() << "\n";
+  return 0;
+}
+
+}  // namespace hetrain::cli

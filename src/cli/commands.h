@@ -1,0 +1,22 @@
+// The subcommands of the hetrain binary. Each lives in its own cmd_*.cpp.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace hetrain::cli {
+
+using Args = std::vector<std::string>;
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(const Args& args);
+};
+
+int cmd_version(const Args& args);
+
+/// Every subcommand, in the order `hetrain --help` lists them.
+const std::vector<Command>& commands();
+
+}  // namespace hetrain::cli

@@ -1,0 +1,55 @@
+#include <exception>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "hetrain/base/error.h"
+
+namespace hetrain::cli {
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> cmds = {
+      {"version", "print the version, backends and CPU features", cmd_version},
+  };
+  return cmds;
+}
+
+namespace {
+void print_help() {
+  std::cout << "usage: hetrain <command> [flags]\n\n"
+               "Hetrain trains neural networks on the processors you have and plans the\n"
+               "hardware a bigger job needs.\n\ncommands:\n";
+  for (const auto& c : commands()) {
+    std::string n = c.name;
+    std::cout << "  " << n << std::string(n.size() < 12 ? 12 - n.size() : 1, ' ') << c.summary
+              << "\n";
+  }
+  std::cout << "\n'hetrain <command> --help' explains a command's flags.\n";
+}
+}  // namespace
+
+}  // namespace hetrain::cli
+
+int main(int argc, char** argv) {
+  using namespace hetrain::cli;
+  Args args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    print_help();
+    return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "--version") args[0] = "version";
+  for (const auto& c : commands()) {
+    if (args[0] == c.name) {
+      try {
+        return c.run(Args(args.begin() + 1, args.end()));
+      } catch (const hetrain::Error& e) {
+        std::cerr << "hetrain " << c.name << ": error: " << e.what() << "\n";
+        return 1;
+      } catch (const std::exception& e) {
+        std::cerr << "hetrain " << c.name << ": unexpected error: " << e.what() << "\n";
+        return 1;
+      }
+    }
+  }
+  std::cerr << "hetrain: unknown command '" << args[0] << "'; see 'hetrain --help'\n";
+  return 2;
+}

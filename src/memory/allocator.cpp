@@ -1,0 +1,155 @@
+#include "hetrain/memory/allocator.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
+#include "hetrain/base/error.h"
+
+namespace hetrain {
+
+std::string_view memory_tag_name(MemoryTag t) {
+  switch (t) {
+    case MemoryTag::parameters: return "parameters";
+    case MemoryTag::gradients: return "gradients";
+    case MemoryTag::optimizer_state: return "optimizer_state";
+    case MemoryTag::activations: return "activations";
+    case MemoryTag::workspace: return "workspace";
+  }
+  return "?";
+}
+
+std::string Device::str() const {
+  switch (kind) {
+    case DeviceKind::cpu: return "cpu";
+    case DeviceKind::cuda: return "cuda:" + std::to_string(index);
+    case DeviceKind::sim: return "sim:" + std::to_string(index);
+  }
+  return "?";
+}
+
+Device Device::parse(const std::string& s) {
+  auto colon = s.find(':');
+  std::string kind = s.substr(0, colon);
+  int index = 0;
+  if (colon != std::string::npos) {
+    try {
+      size_t used = 0;
+      index = std::stoi(s.substr(colon + 1), &used);
+      if (used != s.size() - colon - 1 || index < 0) throw std::invalid_argument("");
+    } catch (const std::exception&) {
+      fail("[device] bad device '", s, "': the index after ':' must be a number >= 0");
+    }
+  }
+  if (kind == "cpu") return {DeviceKind::cpu, index};
+  if (kind == "cuda") return {DeviceKind::cuda, index};
+  if (kind == "sim") return {DeviceKind::sim, index};
+  fail("[device] unknown device '", s, "'; expected cpu, cuda:N or sim:N");
+}
+
+Buffer::~Buffer() { owner_->release(ptr_, bytes_, capacity_, tag_); }
+
+void Buffer::retag(MemoryTag tag) {
+  if (tag == tag_) return;
+  owner_->retag(bytes_, tag_, tag);
+  tag_ = tag;
+}
+
+Device Buffer::device() const { return owner_->device(); }
+
+namespace {
+size_t round_capacity(size_t bytes) {
+  // Round to 64 bytes below 1 MiB, then to 1/8 of the power of two, so cached blocks get
+  // reused across slightly different sizes without wasting more than 12.5%.
+  if (bytes <= (1u << 20)) return std::max<size_t>(64, (bytes + 63) & ~size_t{63});
+  size_t p = size_t{1} << (63 - __builtin_clzll(bytes));
+  size_t step = p / 8;
+  return (bytes + step - 1) / step * step;
+}
+}  // namespace
+
+HostAllocator::~HostAllocator() { empty_cache(); }
+
+void HostAllocator::count(MemoryTag tag, int64_t delta) {
+  auto i = static_cast<size_t>(tag);
+  stats_.current[i] += delta;
+  stats_.current_total += delta;
+  stats_.peak[i] = std::max(stats_.peak[i], stats_.current[i]);
+  stats_.peak_total = std::max(stats_.peak_total, stats_.current_total);
+}
+
+std::shared_ptr<Buffer> HostAllocator::allocate(size_t bytes, MemoryTag tag) {
+  size_t cap = round_capacity(bytes);
+  void* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = cache_.lower_bound(cap);
+    // Take a cached block up to twice the size asked for.
+    if (it != cache_.end() && it->first <= cap * 2) {
+      cap = it->first;
+      p = it->second;
+      cache_.erase(it);
+      ++stats_.cache_hits;
+    }
+    ++stats_.allocations;
+    count(tag, static_cast<int64_t>(bytes));
+  }
+  if (!p) {
+    p = std::aligned_alloc(64, cap);
+    if (!p) {
+      std::lock_guard<std::mutex> lk(mu_);
+      count(tag, -static_cast<int64_t>(bytes));
+      fail("[memory] out of host memory allocating ", bytes, " bytes for ", memory_tag_name(tag));
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.reserved += static_cast<int64_t>(cap);
+  }
+  return std::make_shared<Buffer>(this, p, bytes, cap, tag);
+}
+
+void HostAllocator::release(void* ptr, size_t bytes, size_t capacity, MemoryTag tag) {
+  std::lock_guard<std::mutex> lk(mu_);
+  count(tag, -static_cast<int64_t>(bytes));
+  cache_.emplace(capacity, ptr);
+}
+
+void HostAllocator::retag(size_t bytes, MemoryTag from, MemoryTag to) {
+  std::lock_guard<std::mutex> lk(mu_);
+  count(from, -static_cast<int64_t>(bytes));
+  count(to, static_cast<int64_t>(bytes));
+}
+
+MemoryStats HostAllocator::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+
+void HostAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.peak = stats_.current;
+  stats_.peak_total = stats_.current_total;
+}
+
+void HostAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [cap, p] : cache_) {
+    std::free(p);
+    stats_.reserved -= static_cast<int64_t>(cap);
+  }
+  cache_.clear();
+}
+
+HostAllocator& host_allocator() {
+  // Never destroyed: buffers held by static tensors may be released during exit.
+  static HostAllocator* a = new HostAllocator();
+  return *a;
+}
+
+namespace {
+thread_local MemoryTag g_tag = MemoryTag::activations;
+}
+MemoryTagScope::MemoryTagScope(MemoryTag t) : prev_(g_tag) { g_tag = t; }
+MemoryTagScope::~MemoryTagScope() { g_tag = prev_; }
+MemoryTag MemoryTagScope::current() { return g_tag; }
+
+}  // namespace hetrain

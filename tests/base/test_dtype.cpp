@@ -1,0 +1,63 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "hetrain/base/dtype.h"
+#include "hetrain/base/error.h"
+#include "hetrain/base/shape.h"
+
+using namespace hetrain;
+
+TEST(Dtype, HalfKnownBitPatterns) {
+  EXPECT_EQ(float_to_half(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_half(-2.0f), 0xc000);
+  EXPECT_EQ(float_to_half(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_half(65520.0f), 0x7c00);  // rounds up to inf
+  EXPECT_EQ(float_to_half(5.9604645e-08f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_half(2.9802322e-08f), 0x0000);  // exactly half of it: ties to even (0)
+  EXPECT_EQ(float_to_half(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_TRUE(std::isnan(half_to_float(float_to_half(NAN))));
+  // 1 + 2^-11 is halfway between 1 and the next half; ties to even -> 1.
+  EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
+  // 1 + 3*2^-11 is halfway between 1+2^-10 (odd) and 1+2^-9 (even) -> even.
+  EXPECT_EQ(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+}
+
+TEST(Dtype, HalfRoundTripAllFinite) {
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    uint16_t h = static_cast<uint16_t>(b);
+    float f = half_to_float(h);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_half(f), h) << "bits " << b;
+  }
+}
+
+TEST(Dtype, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is halfway between 1 and 1+2^-7: ties to even -> 1.
+  EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  EXPECT_FLOAT_EQ(bf16_to_float(0x4049), 3.140625f);
+}
+
+TEST(Dtype, Promotion) {
+  EXPECT_EQ(promote_types(Dtype::f16, Dtype::bf16), Dtype::f32);
+  EXPECT_EQ(promote_types(Dtype::i64, Dtype::f16), Dtype::f16);
+  EXPECT_EQ(promote_types(Dtype::f32, Dtype::f64), Dtype::f64);
+  EXPECT_EQ(promote_types(Dtype::boolean, Dtype::i32), Dtype::i32);
+  EXPECT_THROW(dtype_from_name("f8"), Error);
+}
+
+TEST(Shape, BroadcastAndErrors) {
+  EXPECT_EQ(broadcast_shapes({2, 1, 3}, {4, 1}, "add"), (Shape{2, 4, 3}));
+  try {
+    broadcast_shapes({2, 3}, {4, 3}, "add");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "[add] shapes (2, 3) and (4, 3) do not broadcast");
+  }
+  EXPECT_EQ(contiguous_strides({2, 3, 4}), (Strides{12, 4, 1}));
+  EXPECT_THROW(normalize_axis(3, 3, "sum"), Error);
+  EXPECT_EQ(normalize_axis(-1, 3, "sum"), 2);
+}

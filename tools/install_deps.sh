@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs every Debian package Hetrain builds, tests and trains with.
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config
+      libdnnl-dev libopenblas-dev zlib1g-dev nlohmann-json3-dev libtomlplusplus-dev
+      libgtest-dev libgmock-dev libbenchmark-dev
+      dataset-fashion-mnist fortunes)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
