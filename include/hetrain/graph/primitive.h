@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "hetrain/base/error.h"
 #include "hetrain/graph/tensor.h"
 
 namespace hetrain {

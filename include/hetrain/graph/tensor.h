@@ -64,7 +64,8 @@ class Tensor {
   void zero_grad() const;
   /// Backpropagates from this tensor (a scalar unless a cotangent is given) into the .grad
   /// of every leaf that requires grad, evaluates those gradients, and frees the graph.
-  void backward(const Tensor& cotangent = {}) const;
+  void backward() const;
+  void backward(const Tensor& cotangent) const;
   /// A new leaf that shares this tensor's data; evaluates it.
   Tensor detach() const;
 

@@ -1,0 +1,31 @@
+// The executor: evaluates the nodes the targets depend on, in dependency order, running
+// independent nodes concurrently on the thread pool and freeing each intermediate buffer
+// after its last use.
+#pragma once
+
+#include <vector>
+
+#include "hetrain/graph/tensor.h"
+
+namespace hetrain {
+
+/// Evaluates all targets (one traversal, shared subgraphs run once).
+void eval(const std::vector<Tensor>& targets);
+
+struct ExecutorStats {
+  int64_t nodes_run = 0;
+  int64_t evals = 0;
+};
+ExecutorStats executor_stats();
+
+/// Observes each executed node (the profiler's hook). Called on the worker thread right
+/// after the node's kernel returns, with start and end in steady-clock nanoseconds.
+class NodeObserver {
+ public:
+  virtual ~NodeObserver() = default;
+  virtual void on_node(const Node& node, int64_t start_ns, int64_t end_ns) = 0;
+};
+/// Installs an observer (nullptr removes it). Not owned.
+void set_node_observer(NodeObserver* obs);
+
+}  // namespace hetrain

@@ -1,0 +1,202 @@
+// CPU kernels for elementwise primitives: unary, binary, where, cast/copy, concat,
+// slice_scatter.
+#include <cstring>
+
+#include "backends/cpu/strided.h"
+#include "graph/prims/elementwise.h"
+#include "graph/prims/views.h"
+#include "hetrain/base/dispatch.h"
+
+namespace hetrain {
+
+using cpu::for_each_run;
+using cpu::kElementwiseGrain;
+
+template <class Op>
+void Unary<Op>::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+  const Array& x = *in[0];
+  Array& y = *out[0];
+  y.allocate();
+  auto body = [&]<class T>() {
+    const T* xp = x.data<T>();
+    T* yp = y.data<T>();
+    for_each_run<2>(x.shape, {&y.strides, &x.strides}, kElementwiseGrain,
+                    [&](const std::array<int64_t, 2>& pos, const std::array<int64_t, 2>& step,
+                        int64_t len) {
+                      T* o = yp + pos[0];
+                      const T* a = xp + pos[1];
+                      if (step[1] == 1) {
+                        for (int64_t i = 0; i < len; ++i)
+                          o[i] = from_compute<T>(Op::f(to_compute(a[i])));
+                      } else {
+                        for (int64_t i = 0; i < len; ++i)
+                          o[i] = from_compute<T>(Op::f(to_compute(a[i * step[1]])));
+                      }
+                    });
+  };
+  if constexpr (Op::float_only) dispatch_float(x.dtype, Op::name, body);
+  else dispatch_numeric(x.dtype, Op::name, body);
+}
+
+template class Unary<NegOp>;
+template class Unary<AbsOp>;
+template class Unary<ExpOp>;
+template class Unary<LogOp>;
+template class Unary<SqrtOp>;
+template class Unary<RsqrtOp>;
+template class Unary<SquareOp>;
+template class Unary<TanhOp>;
+template class Unary<SigmoidOp>;
+template class Unary<ReluOp>;
+template class Unary<GeluErfOp>;
+template class Unary<GeluTanhOp>;
+template class Unary<ErfOp>;
+template class Unary<SiluOp>;
+
+template <class Op>
+void Binary<Op>::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+  const Array &a = *in[0], &b = *in[1];
+  Array& y = *out[0];
+  y.allocate();
+  auto body = [&]<class T>() {
+    using O = std::conditional_t<Op::is_compare, bool, T>;
+    const T* ap = a.data<T>();
+    const T* bp = b.data<T>();
+    O* yp = y.data<O>();
+    for_each_run<3>(a.shape, {&y.strides, &a.strides, &b.strides}, kElementwiseGrain,
+                    [&](const std::array<int64_t, 3>& pos, const std::array<int64_t, 3>& step,
+                        int64_t len) {
+                      O* o = yp + pos[0];
+                      const T* x0 = ap + pos[1];
+                      const T* x1 = bp + pos[2];
+                      if (step[1] == 1 && step[2] == 1) {
+                        for (int64_t i = 0; i < len; ++i)
+                          o[i] = from_compute<O>(Op::f(to_compute(x0[i]), to_compute(x1[i])));
+                      } else if (step[1] == 1 && step[2] == 0) {
+                        const auto s = to_compute(x1[0]);
+                        for (int64_t i = 0; i < len; ++i)
+                          o[i] = from_compute<O>(Op::f(to_compute(x0[i]), s));
+                      } else if (step[1] == 0 && step[2] == 1) {
+                        const auto s = to_compute(x0[0]);
+                        for (int64_t i = 0; i < len; ++i)
+                          o[i] = from_compute<O>(Op::f(s, to_compute(x1[i])));
+                      } else {
+                        for (int64_t i = 0; i < len; ++i)
+                          o[i] = from_compute<O>(
+                              Op::f(to_compute(x0[i * step[1]]), to_compute(x1[i * step[2]])));
+                      }
+                    });
+  };
+  if constexpr (Op::float_only) dispatch_float(a.dtype, Op::name, body);
+  else if constexpr (Op::is_compare) dispatch_all(a.dtype, Op::name, body);
+  else dispatch_numeric(a.dtype, Op::name, body);
+}
+
+template class Binary<AddOp>;
+template class Binary<SubOp>;
+template class Binary<MulOp>;
+template class Binary<DivOp>;
+template class Binary<PowOp>;
+template class Binary<MaximumOp>;
+template class Binary<MinimumOp>;
+template class Binary<EqualOp>;
+template class Binary<NotEqualOp>;
+template class Binary<LessOp>;
+template class Binary<LessEqualOp>;
+template class Binary<GreaterOp>;
+template class Binary<GreaterEqualOp>;
+
+void Where::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+  const Array &c = *in[0], &a = *in[1], &b = *in[2];
+  Array& y = *out[0];
+  y.allocate();
+  dispatch_all(a.dtype, "where", [&]<class T>() {
+    const bool* cp = c.data<bool>();
+    const T* ap = a.data<T>();
+    const T* bp = b.data<T>();
+    T* yp = y.data<T>();
+    for_each_run<4>(a.shape, {&y.strides, &c.strides, &a.strides, &b.strides}, kElementwiseGrain,
+                    [&](const std::array<int64_t, 4>& pos, const std::array<int64_t, 4>& step,
+                        int64_t len) {
+                      for (int64_t i = 0; i < len; ++i)
+                        yp[pos[0] + i] = cp[pos[1] + i * step[1]] ? ap[pos[2] + i * step[2]]
+                                                                  : bp[pos[3] + i * step[3]];
+                    });
+  });
+}
+
+void copy_strided(const Array& x, Array& y) {
+  dispatch_all(x.dtype, "cast", [&]<class S>() {
+    dispatch_all(y.dtype, "cast", [&]<class D>() {
+      const S* sp = x.data<S>();
+      D* dp = y.data<D>();
+      for_each_run<2>(x.shape, {&y.strides, &x.strides}, kElementwiseGrain,
+                      [&](const std::array<int64_t, 2>& pos, const std::array<int64_t, 2>& step,
+                          int64_t len) {
+                        D* o = dp + pos[0];
+                        const S* a = sp + pos[1];
+                        if constexpr (std::is_same_v<S, D>) {
+                          if (step[0] == 1 && step[1] == 1) {
+                            std::memcpy(o, a, static_cast<size_t>(len) * sizeof(S));
+                            return;
+                          }
+                        }
+                        for (int64_t i = 0; i < len; ++i) {
+                          if constexpr (std::is_same_v<D, bool>) {
+                            o[i * step[0]] = to_compute(a[i * step[1]]) != 0;
+                          } else {
+                            o[i * step[0]] = from_compute<D>(to_compute(a[i * step[1]]));
+                          }
+                        }
+                      });
+    });
+  });
+}
+
+Array contiguous_array(const Array& x) {
+  if (x.contiguous()) return x;
+  Array c;
+  c.shape = x.shape;
+  c.dtype = x.dtype;
+  c.tag = MemoryTag::workspace;
+  c.allocate();
+  copy_strided(x, c);
+  return c;
+}
+
+void Cast::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+  out[0]->allocate();
+  copy_strided(*in[0], *out[0]);
+}
+
+void Concat::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+  Array& y = *out[0];
+  y.allocate();
+  int64_t start = 0;
+  for (const Array* x : in) {
+    // Write x into the matching slab of y through a strided view.
+    Array dst;
+    dst.shape = x->shape;
+    dst.dtype = y.dtype;
+    dst.view_of(y, y.strides, y.offset + start * y.strides[static_cast<size_t>(axis_)]);
+    copy_strided(*x, dst);
+    start += x->shape[static_cast<size_t>(axis_)];
+  }
+}
+
+void SliceScatter::eval_cpu(const std::vector<const Array*>& in,
+                            const std::vector<Array*>& out) const {
+  Array& y = *out[0];
+  y.allocate();
+  std::memset(y.raw(), 0, y.nbytes());
+  Array dst;
+  dst.shape = in[0]->shape;
+  dst.dtype = y.dtype;
+  Strides st = y.strides;
+  int64_t off = y.offset + start_ * st[static_cast<size_t>(axis_)];
+  st[static_cast<size_t>(axis_)] *= step_;
+  dst.view_of(y, st, off);
+  copy_strided(*in[0], dst);
+}
+
+}  // namespace hetrain

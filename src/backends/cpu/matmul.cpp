@@ -1,0 +1,137 @@
+// CPU GEMM: f32 through oneDNN's sgemm (its JIT picks AVX2/AVX-512/AMX kernels at run time,
+// unlike Debian's OpenBLAS, which takes AVX-512 CPUs for "Prescott"); f64 through BLAS;
+// f16/bf16 converted to f32 around the f32 GEMM.
+#include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <optional>
+
+#include "backends/cpu/gemm.h"
+#include "graph/prims/elementwise.h"
+#include "graph/prims/linalg.h"
+#include "hetrain/base/error.h"
+
+namespace hetrain {
+
+namespace cpu {
+
+std::optional<MatrixLayout> matrix_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1) {
+  if ((s1 == 1 || cols == 1) && (rows == 1 || s0 >= std::max<int64_t>(cols, 1)))
+    return MatrixLayout{false, rows == 1 ? std::max<int64_t>(cols, 1) : s0};
+  if ((s0 == 1 || rows == 1) && (cols == 1 || s1 >= std::max<int64_t>(rows, 1)))
+    return MatrixLayout{true, cols == 1 ? std::max<int64_t>(rows, 1) : s1};
+  return std::nullopt;
+}
+
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
+                                beta, C, ldc);
+  if (st != dnnl_success)
+    fail("[matmul] oneDNN sgemm failed (status ", static_cast<int>(st), ") for M=", M, " N=", N,
+         " K=", K);
+}
+
+void dgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+           int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
+              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
+              static_cast<blasint>(ldc));
+}
+
+}  // namespace cpu
+
+namespace {
+
+/// A matrix operand: base array made GEMM-compatible (copied if its strides are not).
+struct Operand {
+  Array arr;
+  cpu::MatrixLayout layout;
+};
+
+Operand prepare(const Array& x, Dtype compute) {
+  const size_t n = x.shape.size();
+  Array a = x;
+  bool need_copy = x.dtype != compute;
+  std::optional<cpu::MatrixLayout> l;
+  if (!need_copy) {
+    l = cpu::matrix_layout(x.shape[n - 2], x.shape[n - 1], x.strides[n - 2], x.strides[n - 1]);
+    need_copy = !l;
+  }
+  if (need_copy) {
+    a = Array();
+    a.shape = x.shape;
+    a.dtype = compute;
+    a.tag = MemoryTag::workspace;
+    a.allocate();
+    copy_strided(x, a);
+    l = cpu::MatrixLayout{false, x.shape[n - 1]};
+  }
+  return {a, *l};
+}
+
+}  // namespace
+
+void Matmul::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+  const Array &a0 = *in[0], &b0 = *in[1];
+  Array& y = *out[0];
+  const Dtype dt = a0.dtype;
+  const Dtype compute = dt == Dtype::f64 ? Dtype::f64 : Dtype::f32;
+  Operand A = prepare(a0, compute), B = prepare(b0, compute);
+  const size_t n = a0.shape.size();
+  const int64_t M = a0.shape[n - 2], K = a0.shape[n - 1], N = b0.shape[n - 1];
+  // The f32/f64 result goes straight into y; f16/bf16 results are rounded from a temporary.
+  Array C;
+  if (dt == compute) {
+    y.allocate();
+    C = y;
+  } else {
+    C.shape = y.shape;
+    C.dtype = compute;
+    C.tag = MemoryTag::workspace;
+    C.allocate();
+  }
+  Shape batch(a0.shape.begin(), a0.shape.end() - 2);
+  const int64_t nb = numel(batch);
+  std::vector<int64_t> coord(batch.size(), 0);
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    int64_t oa = A.arr.offset, ob = B.arr.offset;
+    for (size_t d = 0; d < batch.size(); ++d) {
+      oa += coord[d] * A.arr.strides[d];
+      ob += coord[d] * B.arr.strides[d];
+    }
+    const int64_t oc = bi * M * N;
+    if (compute == Dtype::f32) {
+      const float* ap = static_cast<const float*>(A.arr.buffer->data()) + oa;
+      const float* bp = static_cast<const float*>(B.arr.buffer->data()) + ob;
+      if (K == 0) {
+        std::fill(C.data<float>() + oc, C.data<float>() + oc + M * N, 0.0f);
+      } else {
+        cpu::sgemm(A.layout.transposed, B.layout.transposed, M, N, K, 1.0f, ap, A.layout.ld, bp,
+                   B.layout.ld, 0.0f, C.data<float>() + oc, N);
+      }
+    } else {
+      const double* ap = static_cast<const double*>(A.arr.buffer->data()) + oa;
+      const double* bp = static_cast<const double*>(B.arr.buffer->data()) + ob;
+      if (K == 0) {
+        std::fill(C.data<double>() + oc, C.data<double>() + oc + M * N, 0.0);
+      } else {
+        cpu::dgemm(A.layout.transposed, B.layout.transposed, M, N, K, 1.0, ap, A.layout.ld, bp,
+                   B.layout.ld, 0.0, C.data<double>() + oc, N);
+      }
+    }
+    for (size_t d = batch.size(); d-- > 0;) {
+      if (++coord[d] < batch[d]) break;
+      coord[d] = 0;
+    }
+  }
+  if (dt != compute) {
+    y.allocate();
+    copy_strided(C, y);
+  }
+}
+
+}  // namespace hetrain

@@ -1,0 +1,184 @@
+#include "hetrain/graph/autodiff.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "hetrain/base/error.h"
+#include "hetrain/graph/ops.h"
+#include "hetrain/graph/primitive.h"
+#include "hetrain/runtime/eval.h"
+
+namespace hetrain {
+
+namespace {
+
+/// Post-order of the nodes reachable from roots through producers (inputs first).
+std::vector<std::shared_ptr<Node>> topo_order(const std::vector<Tensor>& roots) {
+  std::vector<std::shared_ptr<Node>> order;
+  std::unordered_set<Node*> seen;
+  std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack;
+  for (const auto& r : roots) {
+    if (!r.defined() || !seen.insert(r.node()).second) continue;
+    stack.emplace_back(r.node_ptr(), 0);
+    while (!stack.empty()) {
+      auto& [cur, i] = stack.back();
+      if (i < cur->inputs.size()) {
+        const auto& in = cur->inputs[i++].node_ptr();
+        if (seen.insert(in.get()).second) stack.emplace_back(in, 0);
+      } else {
+        order.push_back(cur);
+        stack.pop_back();
+      }
+    }
+  }
+  return order;
+}
+
+Tensor accumulate(const Tensor& acc, const Tensor& g) { return acc.defined() ? add(acc, g) : g; }
+
+/// Reverse-mode sweep. relevant(n) says whether cotangents should flow into node n. Returns
+/// the cotangent of every output slot reached.
+std::unordered_map<Node*, std::vector<Tensor>> backprop(
+    const std::vector<Tensor>& outputs, const std::vector<Tensor>& cotangents,
+    const std::vector<std::shared_ptr<Node>>& order, const std::unordered_set<Node*>& relevant) {
+  std::unordered_map<Node*, std::vector<Tensor>> cot;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& o = outputs[i];
+    Tensor c = i < cotangents.size() ? cotangents[i] : Tensor();
+    if (!c.defined()) {
+      if (o.numel() != 1)
+        fail("[grad] output of shape ", shape_str(o.shape()),
+             " is not a scalar; pass a cotangent of the same shape");
+      c = ones_like(o);
+    } else if (c.shape() != o.shape()) {
+      fail("[grad] cotangent shape ", shape_str(c.shape()), " differs from output shape ",
+           shape_str(o.shape()));
+    }
+    auto& slots = cot[o.node()];
+    slots.resize(o.node()->outs.size());
+    slots[o.index()] = accumulate(slots[o.index()], cast(c, o.dtype()));
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* n = it->get();
+    if (!n->prim) continue;
+    auto found = cot.find(n);
+    if (found == cot.end()) continue;
+    std::vector<int> argnums;
+    for (size_t i = 0; i < n->inputs.size(); ++i) {
+      Node* in = n->inputs[i].node();
+      if (relevant.count(in) && is_floating(n->inputs[i].dtype()))
+        argnums.push_back(static_cast<int>(i));
+    }
+    if (argnums.empty()) continue;
+    std::vector<Tensor> outs;
+    for (size_t i = 0; i < n->outs.size(); ++i) outs.emplace_back(*it, static_cast<int>(i));
+    std::vector<Tensor> cts = found->second;
+    cts.resize(n->outs.size());
+    std::vector<Tensor> primals = n->inputs;
+    std::vector<Tensor> grads = n->prim->vjp(primals, outs, cts, argnums);
+    HT_ASSERT(grads.size() == argnums.size());
+    for (size_t j = 0; j < argnums.size(); ++j) {
+      const Tensor& in = primals[static_cast<size_t>(argnums[j])];
+      if (!grads[j].defined()) continue;
+      if (grads[j].shape() != in.shape())
+        fail("[", n->prim->name(), "] internal: vjp gave shape ", shape_str(grads[j].shape()),
+             " for input of shape ", shape_str(in.shape()));
+      auto& slots = cot[in.node()];
+      slots.resize(in.node()->outs.size());
+      Tensor g = grads[j].dtype() == in.dtype() ? grads[j] : cast(grads[j], in.dtype());
+      slots[in.index()] = accumulate(slots[in.index()], g);
+    }
+  }
+  return cot;
+}
+
+}  // namespace
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& wrt,
+                         const std::vector<Tensor>& cotangents) {
+  auto order = topo_order(outputs);
+  std::unordered_set<Node*> targets;
+  for (const auto& w : wrt) {
+    if (!w.defined()) fail("[grad] a wrt tensor is undefined");
+    targets.insert(w.node());
+  }
+  // Relevant: nodes that depend on some wrt node (cotangent must reach them).
+  std::unordered_set<Node*> relevant;
+  for (const auto& n : order) {
+    bool r = targets.count(n.get()) > 0;
+    for (const auto& t : n->inputs) r = r || relevant.count(t.node());
+    if (r) relevant.insert(n.get());
+  }
+  auto cot = backprop(outputs, cotangents, order, relevant);
+  std::vector<Tensor> result;
+  for (const auto& w : wrt) {
+    auto it = cot.find(w.node());
+    Tensor g;
+    if (it != cot.end() && static_cast<size_t>(w.index()) < it->second.size())
+      g = it->second[w.index()];
+    result.push_back(g.defined() ? g : zeros_like(w));
+  }
+  return result;
+}
+
+std::pair<Tensor, std::vector<Tensor>> value_and_grad(const TensorFn& f,
+                                                      const std::vector<Tensor>& args) {
+  // Fresh leaves that require grad, so evaluation inside f keeps the graph.
+  std::vector<Tensor> leaves;
+  for (const auto& a : args) {
+    Tensor l = a.detach();
+    if (is_floating(l.dtype())) l.requires_grad_(true);
+    leaves.push_back(l);
+  }
+  Tensor value = f(leaves);
+  return {value, grad({value}, leaves)};
+}
+
+void backward(const Tensor& output, const Tensor& cotangent) {
+  if (!output.defined()) fail("[backward] undefined tensor");
+  if (!output.requires_grad())
+    fail("[backward] the tensor does not require grad: no leaf it depends on was marked with "
+         "requires_grad_()");
+  auto order = topo_order({output});
+  std::unordered_set<Node*> relevant;
+  for (const auto& n : order) {
+    if (n->requires_grad) relevant.insert(n.get());
+  }
+  auto cot = backprop({output}, {cotangent}, order, relevant);
+  std::vector<Tensor> targets{output};
+  std::vector<Node*> leaf_nodes;
+  for (const auto& np : order) {
+    Node* n = np.get();
+    if (!n->leaf_requires_grad) continue;
+    auto it = cot.find(n);
+    if (it == cot.end() || !it->second[0].defined()) continue;
+    Tensor g = it->second[0];
+    n->grad = n->grad.defined() ? add(n->grad, g) : g;
+    targets.push_back(n->grad);
+    leaf_nodes.push_back(n);
+  }
+  eval(targets);
+  // Gradients are accounted as such; a gradient that aliases another buffer gets its own.
+  for (Node* n : leaf_nodes) {
+    Array& a = n->grad.node()->outs[n->grad.index()];
+    if (a.buffer.use_count() == 1 && a.contiguous() && a.offset == 0) {
+      a.buffer->retag(MemoryTag::gradients);
+      a.tag = MemoryTag::gradients;
+    } else {
+      MemoryTagScope tag(MemoryTag::gradients);
+      Tensor c = copy(n->grad);
+      c.node()->outs[0].tag = MemoryTag::gradients;
+      c.eval();
+      n->grad = c.detach();
+    }
+  }
+  // Free the graph: evaluated nodes forget their producers.
+  for (const auto& n : order) {
+    if (n->prim && n->evaluated()) {
+      n->prim.reset();
+      n->inputs.clear();
+    }
+  }
+}
+
+}  // namespace hetrain

@@ -1,0 +1,22 @@
+#include "hetrain/graph/primitive.h"
+
+#include "hetrain/base/error.h"
+
+namespace hetrain {
+
+Cost Primitive::cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const {
+  Cost c;
+  for (const auto& m : in) c.bytes_read += static_cast<double>(numel(m.shape) * dtype_size(m.dtype));
+  for (const auto& m : out) {
+    c.bytes_written += static_cast<double>(numel(m.shape) * dtype_size(m.dtype));
+    c.flops += static_cast<double>(numel(m.shape));
+  }
+  return c;
+}
+
+std::vector<Tensor> Primitive::vjp(const std::vector<Tensor>&, const std::vector<Tensor>&,
+                                   const std::vector<Tensor>&, const std::vector<int>&) const {
+  fail("[", name(), "] has no gradient");
+}
+
+}  // namespace hetrain
