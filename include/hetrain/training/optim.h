@@ -1,0 +1,84 @@
+// Optimizers with PyTorch's update rules, gradient clipping and learning-rate schedules.
+// A step builds the update of every parameter as one graph and evaluates it at once.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hetrain/graph/ops.h"
+
+namespace hetrain::optim {
+
+using NamedParams = std::vector<std::pair<std::string, Tensor*>>;
+
+class Optimizer {
+ public:
+  explicit Optimizer(NamedParams params, double lr) : params_(std::move(params)), lr_(lr) {}
+  virtual ~Optimizer() = default;
+  /// Updates every parameter that has a gradient.
+  virtual void step() = 0;
+  virtual const char* name() const = 0;
+  void zero_grad();
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
+  int64_t steps() const { return steps_; }
+  /// Per-parameter state ("exp_avg.<param>", ...) and the step count, for checkpoints.
+  std::map<std::string, Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, Tensor>& state, int64_t steps);
+
+ protected:
+  /// state_[slot][param index]; an undefined tensor until first used.
+  Tensor& slot(const std::string& name, size_t i);
+  NamedParams params_;
+  double lr_;
+  int64_t steps_ = 0;
+  std::map<std::string, std::vector<Tensor>> state_;
+};
+
+struct SgdOptions {
+  double lr = 0.01, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+};
+class SGD final : public Optimizer {
+ public:
+  SGD(NamedParams params, SgdOptions o);
+  void step() override;
+  const char* name() const override { return "sgd"; }
+
+ private:
+  SgdOptions o_;
+};
+
+struct AdamWOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+};
+class AdamW final : public Optimizer {
+ public:
+  AdamW(NamedParams params, AdamWOptions o);
+  void step() override;
+  const char* name() const override { return "adamw"; }
+
+ private:
+  AdamWOptions o_;
+};
+
+/// Scales all gradients so their global L2 norm is at most max_norm (torch's
+/// clip_grad_norm_: factor max_norm / (norm + 1e-6), capped at 1). Returns the norm before.
+double clip_grad_norm(const std::vector<Tensor*>& params, double max_norm);
+
+/// Learning rate at a step (0-based) for constant, step and cosine-with-warm-up schedules.
+struct LrSchedule {
+  std::string kind = "constant";  // constant | step | cosine
+  double base_lr = 1e-3;
+  int64_t warmup_steps = 0;   // linear warm-up from 0 (all kinds)
+  int64_t total_steps = 0;    // cosine: decay to min_lr at total_steps
+  double min_lr = 0;          // cosine floor
+  int64_t step_size = 1000;   // step: multiply by gamma every step_size steps
+  double gamma = 0.1;
+  double at(int64_t step) const;
+};
+
+}  // namespace hetrain::optim
