@@ -216,7 +216,7 @@ CausalSelfAttention::CausalSelfAttention(int64_t dim, int64_t heads, double drop
     fail("[CausalSelfAttention] width ", dim, " is not divisible by heads ", heads);
   qkv_ = register_module("qkv", std::make_shared<Linear>(dim, 3 * dim, true, gen));
   proj_ = register_module("proj", std::make_shared<Linear>(dim, dim, true, gen));
-  drop_ = register_module("drop", std::make_shared<Dropout>(dropout, gen));
+  drop_ = register_module("drop", std::make_shared<Dropout>(dropout));
 }
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   if (x.ndim() != 3 || x.shape()[2] != dim_)
@@ -236,7 +236,7 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, double dropout, G
   ln2_ = register_module("ln2", std::make_shared<LayerNorm>(dim));
   fc_ = register_module("fc", std::make_shared<Linear>(dim, 4 * dim, true, gen));
   fc_proj_ = register_module("fc_proj", std::make_shared<Linear>(4 * dim, dim, true, gen));
-  drop_ = register_module("drop", std::make_shared<Dropout>(dropout, gen));
+  drop_ = register_module("drop", std::make_shared<Dropout>(dropout));
 }
 Tensor TransformerBlock::forward(const Tensor& x) {
   Tensor h = x + attn_->forward(ln1_->forward(x));
@@ -314,7 +314,7 @@ Gpt::Gpt(const GptConfig& cfg, Generator& gen) : cfg_(cfg) {
     fail("[gpt] vocab, context, layers and width must be positive");
   wte_ = register_module("wte", std::make_shared<Embedding>(cfg.vocab, cfg.dim, gen));
   wpe_ = register_module("wpe", std::make_shared<Embedding>(cfg.context, cfg.dim, gen));
-  drop_ = register_module("drop", std::make_shared<Dropout>(cfg.dropout, gen));
+  drop_ = register_module("drop", std::make_shared<Dropout>(cfg.dropout));
   for (int64_t l = 0; l < cfg.layers; ++l)
     blocks_.push_back(register_module("blocks." + std::to_string(l),
                                       std::make_shared<TransformerBlock>(cfg.dim, cfg.heads,

@@ -1,0 +1,70 @@
+// The training loop behind `hetrain train`: presets, configuration, checkpoints with exact
+// resume, progress display and a JSON log.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace hetrain::training {
+
+struct TrainConfig {
+  std::string preset = "fashion-mlp";  // fashion-mlp | fashion-cnn | gpt-mini
+  std::string model;                   // mlp | cnn | gpt (from the preset)
+  std::string data;                    // dataset directory or text file/dir
+  // model shape
+  std::vector<int64_t> hidden;  // mlp hidden sizes
+  std::vector<int64_t> widths;  // cnn stage widths
+  int64_t blocks = 1;           // cnn residual blocks per stage
+  int64_t layers = 4, heads = 4, width = 128, context = 64;
+  double dropout = 0.0;
+  // optimisation
+  int64_t epochs = 0, steps = 0;  // steps wins when > 0
+  int64_t batch_size = 128;
+  double lr = 1e-3, min_lr = 0, weight_decay = 0, momentum = 0.9, clip = 0;
+  std::string optimizer = "adamw";  // adamw | sgd
+  std::string schedule = "cosine";  // constant | step | cosine
+  int64_t warmup = 0;
+  uint64_t seed = 0;
+  int threads = 0;  // 0: all cores
+  // output
+  std::string save_dir, resume_dir, json_log;
+  int64_t save_every = 0, log_every = 50;
+  int64_t eval_batches = 0;  // language models: validation batches (0: all)
+  bool progress = true;      // a live bar when stderr is a terminal
+};
+
+/// A preset's defaults; throws for an unknown name (listing the known ones).
+TrainConfig preset_config(const std::string& name);
+std::vector<std::string> preset_names();
+/// Applies "key = value" settings (TOML file keys or flags; '-' and '_' are the same) and
+/// checks every value; an unknown key or bad value names it and where it came from.
+void apply_setting(TrainConfig& cfg, const std::string& key, const std::string& value,
+                   const std::string& origin);
+/// Reads a TOML file of settings (top-level keys, or keys inside any table). Its 'preset' key,
+/// applied first, is skipped when allow_preset is false (a --preset flag wins).
+void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_preset = true);
+/// Checks the whole configuration for consistency (positive sizes, known names, ...).
+void validate(const TrainConfig& cfg);
+std::string config_to_toml(const TrainConfig& cfg);
+
+struct TrainResult {
+  int64_t steps = 0;
+  double train_loss = 0;
+  double test_loss = 0, test_accuracy = -1;  // classification
+  double val_loss = -1;                      // language models
+  double unigram_entropy = -1;               // language models: of the validation bytes
+  double wall_s = 0, samples_per_s = 0;
+  std::map<std::string, int64_t> peak_memory_bytes;
+};
+
+/// Runs training as configured. Output (progress, log lines) goes to stderr; the JSON log
+/// to cfg.json_log.
+TrainResult train(const TrainConfig& cfg);
+
+/// Formats a loss the way the logs do (9 significant digits).
+std::string format_loss(double v);
+
+}  // namespace hetrain::training

@@ -1,0 +1,259 @@
+// TrainConfig: presets, settings from flags and TOML, validation.
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "hetrain/base/error.h"
+#include "hetrain/training/trainer.h"
+
+namespace hetrain::training {
+
+std::vector<std::string> preset_names() { return {"fashion-mlp", "fashion-cnn", "gpt-mini"}; }
+
+TrainConfig preset_config(const std::string& name) {
+  TrainConfig c;
+  c.preset = name;
+  if (name == "fashion-mlp") {
+    c.model = "mlp";
+    c.data = "/usr/share/datasets/fashion-mnist";
+    c.hidden = {512, 256};
+    c.epochs = 5;
+    c.batch_size = 128;
+    c.lr = 1e-3;
+    c.weight_decay = 0.0;
+    c.schedule = "cosine";
+  } else if (name == "fashion-cnn") {
+    c.model = "cnn";
+    c.data = "/usr/share/datasets/fashion-mnist";
+    c.widths = {16, 32, 64};
+    c.blocks = 1;
+    c.epochs = 3;
+    c.batch_size = 128;
+    c.lr = 2e-3;
+    c.weight_decay = 1e-4;
+    c.schedule = "cosine";
+  } else if (name == "gpt-mini") {
+    c.model = "gpt";
+    c.data = "/usr/share/games/fortunes";
+    c.layers = 4;
+    c.heads = 4;
+    c.width = 128;
+    c.context = 64;
+    c.steps = 1500;
+    c.batch_size = 32;
+    c.lr = 3e-3;
+    c.min_lr = 3e-4;
+    c.warmup = 100;
+    c.weight_decay = 0.1;
+    c.clip = 1.0;
+    c.schedule = "cosine";
+    c.eval_batches = 100;
+  } else {
+    std::string known;
+    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+    fail("[train] unknown preset '", name, "'; known presets: ", known);
+  }
+  return c;
+}
+
+namespace {
+
+std::string norm_key(std::string k) {
+  std::replace(k.begin(), k.end(), '_', '-');
+  return k;
+}
+
+int64_t to_int(const std::string& key, const std::string& v, const std::string& origin) {
+  try {
+    size_t used = 0;
+    long long x = std::stoll(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  fail("[train] ", origin, ": '", key, "' expects an integer, got '", v, "'");
+}
+double to_double(const std::string& key, const std::string& v, const std::string& origin) {
+  try {
+    size_t used = 0;
+    double x = std::stod(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  fail("[train] ", origin, ": '", key, "' expects a number, got '", v, "'");
+}
+std::vector<int64_t> to_list(const std::string& key, const std::string& v,
+                             const std::string& origin) {
+  std::vector<int64_t> out;
+  std::string s = v;
+  s.erase(std::remove_if(s.begin(), s.end(), [](char c) { return c == '[' || c == ']' || c == ' '; }),
+          s.end());
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    out.push_back(to_int(key, item, origin));
+  }
+  return out;
+}
+
+}  // namespace
+
+void apply_setting(TrainConfig& c, const std::string& key_in, const std::string& v,
+                   const std::string& origin) {
+  const std::string key = norm_key(key_in);
+  auto i = [&] { return to_int(key, v, origin); };
+  auto d = [&] { return to_double(key, v, origin); };
+  if (key == "preset") {
+    // A preset resets everything else to its defaults; flags given later override it.
+    TrainConfig p = preset_config(v);
+    p.save_dir = c.save_dir;
+    p.resume_dir = c.resume_dir;
+    p.json_log = c.json_log;
+    c = p;
+  } else if (key == "model") {
+    if (v != "mlp" && v != "cnn" && v != "gpt")
+      fail("[train] ", origin, ": model must be mlp, cnn or gpt, got '", v, "'");
+    c.model = v;
+  } else if (key == "data") c.data = v;
+  else if (key == "hidden") c.hidden = to_list(key, v, origin);
+  else if (key == "widths") c.widths = to_list(key, v, origin);
+  else if (key == "blocks") c.blocks = i();
+  else if (key == "layers") c.layers = i();
+  else if (key == "heads") c.heads = i();
+  else if (key == "width") c.width = i();
+  else if (key == "context") c.context = i();
+  else if (key == "dropout") c.dropout = d();
+  else if (key == "epochs") { c.epochs = i(); c.steps = 0; }
+  else if (key == "steps") c.steps = i();
+  else if (key == "batch-size") c.batch_size = i();
+  else if (key == "lr") c.lr = d();
+  else if (key == "min-lr") c.min_lr = d();
+  else if (key == "weight-decay") c.weight_decay = d();
+  else if (key == "momentum") c.momentum = d();
+  else if (key == "clip") c.clip = d();
+  else if (key == "optimizer") c.optimizer = v;
+  else if (key == "schedule") c.schedule = v;
+  else if (key == "warmup") c.warmup = i();
+  else if (key == "seed") {
+    int64_t s = i();
+    if (s < 0) fail("[train] ", origin, ": seed must be >= 0, got ", s);
+    c.seed = static_cast<uint64_t>(s);
+  } else if (key == "threads") c.threads = static_cast<int>(i());
+  else if (key == "save") c.save_dir = v;
+  else if (key == "save-every") c.save_every = i();
+  else if (key == "resume") c.resume_dir = v;
+  else if (key == "json-log") c.json_log = v;
+  else if (key == "log-every") c.log_every = i();
+  else if (key == "eval-batches") c.eval_batches = i();
+  else fail("[train] ", origin, ": unknown setting '", key_in, "'");
+}
+
+void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_preset) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << e.description() << " at line " << e.source().begin.line << ", column "
+       << e.source().begin.column;
+    fail("[train] config ", path, ": ", os.str());
+  } catch (const std::exception& e) {
+    fail("[train] cannot read config ", path, ": ", e.what());
+  }
+  // The preset goes first so that the file's other keys override it.
+  std::vector<std::pair<std::string, std::string>> items;
+  std::function<void(const toml::table&)> walk = [&](const toml::table& t) {
+    for (const auto& [k, node] : t) {
+      std::string key(k.str());
+      if (const auto* sub = node.as_table()) {
+        walk(*sub);
+        continue;
+      }
+      std::string value;
+      if (auto s = node.value<std::string>()) value = *s;
+      else if (node.is_integer()) value = std::to_string(*node.value<int64_t>());
+      else if (node.is_floating_point()) {
+        std::ostringstream os;
+        os.precision(17);
+        os << *node.value<double>();
+        value = os.str();
+      } else if (auto b = node.value<bool>()) value = *b ? "1" : "0";
+      else if (const auto* arr = node.as_array()) {
+        for (const auto& el : *arr) {
+          if (!el.is_integer()) fail("[train] config ", path, ": '", key, "' must be a list of integers");
+          value += (value.empty() ? "" : ",") + std::to_string(*el.value<int64_t>());
+        }
+      } else {
+        fail("[train] config ", path, ": '", key, "' has an unsupported value type");
+      }
+      items.emplace_back(key, value);
+    }
+  };
+  walk(tbl);
+  std::stable_partition(items.begin(), items.end(), [](const auto& kv) { return kv.first == "preset"; });
+  for (const auto& [k, v] : items) {
+    if (k == "preset" && !allow_preset) continue;
+    apply_setting(cfg, k, v, "config " + path);
+  }
+}
+
+void validate(const TrainConfig& c) {
+  auto positive = [](const char* name, double v) {
+    if (!(v > 0)) fail("[train] ", name, " must be positive, got ", v);
+  };
+  if (c.model != "mlp" && c.model != "cnn" && c.model != "gpt")
+    fail("[train] model must be mlp, cnn or gpt, got '", c.model, "'");
+  positive("batch-size", static_cast<double>(c.batch_size));
+  if (c.steps <= 0 && c.epochs <= 0) fail("[train] give --steps or --epochs (a positive number)");
+  if (c.steps < 0 || c.epochs < 0) fail("[train] steps and epochs must not be negative");
+  positive("lr", c.lr);
+  if (c.optimizer != "adamw" && c.optimizer != "sgd")
+    fail("[train] optimizer must be adamw or sgd, got '", c.optimizer, "'");
+  if (c.schedule != "constant" && c.schedule != "cosine" && c.schedule != "step")
+    fail("[train] schedule must be constant, step or cosine, got '", c.schedule, "'");
+  if (c.weight_decay < 0) fail("[train] weight-decay must be >= 0");
+  if (c.clip < 0) fail("[train] clip must be >= 0 (0 disables clipping)");
+  if (c.dropout < 0 || c.dropout >= 1) fail("[train] dropout must be in [0, 1)");
+  if (c.threads < 0) fail("[train] threads must be >= 0 (0 uses every core)");
+  if (c.save_every < 0 || c.warmup < 0 || c.eval_batches < 0)
+    fail("[train] save-every, warmup and eval-batches must be >= 0");
+  positive("log-every", static_cast<double>(c.log_every));
+  if (c.model == "mlp")
+    for (auto h : c.hidden) positive("hidden sizes", static_cast<double>(h));
+  if (c.model == "cnn") {
+    if (c.widths.empty()) fail("[train] widths must list at least one stage width");
+    for (auto w : c.widths) positive("widths", static_cast<double>(w));
+    positive("blocks", static_cast<double>(c.blocks));
+  }
+  if (c.model == "gpt") {
+    positive("layers", static_cast<double>(c.layers));
+    positive("heads", static_cast<double>(c.heads));
+    positive("width", static_cast<double>(c.width));
+    positive("context", static_cast<double>(c.context));
+    if (c.width % c.heads != 0)
+      fail("[train] width ", c.width, " must be divisible by heads ", c.heads);
+  }
+}
+
+std::string config_to_toml(const TrainConfig& c) {
+  std::ostringstream os;
+  os.precision(17);
+  auto list = [](const std::vector<int64_t>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  os << "preset = \"" << c.preset << "\"\nmodel = \"" << c.model << "\"\ndata = \"" << c.data
+     << "\"\nhidden = " << list(c.hidden) << "\nwidths = " << list(c.widths)
+     << "\nblocks = " << c.blocks << "\nlayers = " << c.layers << "\nheads = " << c.heads
+     << "\nwidth = " << c.width << "\ncontext = " << c.context << "\ndropout = " << c.dropout
+     << "\nepochs = " << c.epochs << "\nsteps = " << c.steps << "\nbatch_size = " << c.batch_size
+     << "\nlr = " << c.lr << "\nmin_lr = " << c.min_lr << "\nweight_decay = " << c.weight_decay
+     << "\nmomentum = " << c.momentum << "\nclip = " << c.clip << "\noptimizer = \""
+     << c.optimizer << "\"\nschedule = \"" << c.schedule << "\"\nwarmup = " << c.warmup
+     << "\nseed = " << c.seed << "\n";
+  return os.str();
+}
+
+}  // namespace hetrain::training
