@@ -144,7 +144,7 @@ TEST(Idx, WrongMagic) {
   std::string msg = error_of([&] { data::load_idx(f.labels, f.labels); });
   EXPECT_TRUE(has(msg, f.labels));
   EXPECT_TRUE(has(msg, "wrong magic 0x00000801"));
-  EXPECT_TRUE(has(msg, "1 dimensions"));
+  EXPECT_TRUE(has(msg, "1 dimension, but an IDX images file has 3"));
   // Not IDX at all.
   testing::write_bytes(f.images, {'P', 'K', 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
   msg = error_of([&] { data::load_idx(f.images, f.labels); });
@@ -240,7 +240,17 @@ TEST(FashionMnist, RealDataset) {
   for (int k = 0; k < 7; ++k)
     EXPECT_EQ(x[14 * 28 + k], (static_cast<float>(row14[k]) / 255.0f - 0.2860f) / 0.3530f);
   EXPECT_LT(load_s, 2.0) << "loading 60000 gzip images took " << load_s << " s";
-  std::printf("fashion-mnist train load: %.3f s\n", load_s);
+  // One epoch of shuffled batches of 256 through the prefetching loader.
+  data::DataLoader loader(train, 256, true, 1);
+  const auto t1 = std::chrono::steady_clock::now();
+  double checksum = 0;
+  for (int64_t i = 0; i < loader.batches_per_epoch(); ++i)
+    checksum += static_cast<double>(loader.next().targets.array().data<int64_t>()[0]);
+  const double epoch_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  EXPECT_EQ(loader.epoch(), 1);
+  std::printf("fashion-mnist train: load %.3f s, one epoch of %lld batches of 256 %.3f s (%g)\n",
+              load_s, static_cast<long long>(loader.batches_per_epoch()), epoch_s, checksum);
 }
 
 }  // namespace

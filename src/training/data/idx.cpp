@@ -52,8 +52,9 @@ IdxFile read_idx(const std::string& path, int expected_ndim, const char* what) {
     fail("[data] ", path, ": wrong magic ", hex, ": element type 0x", std::hex, int{b[2]}, std::dec,
          " is not unsigned byte (0x08); expected ", want, " for ", what);
   if (b[3] != expected_ndim)
-    fail("[data] ", path, ": wrong magic ", hex, ": ", int{b[3]}, " dimensions, but ", what,
-         " files have ", expected_ndim, " (magic ", want, ")");
+    fail("[data] ", path, ": wrong magic ", hex, ": ", int{b[3]}, " dimension",
+         b[3] == 1 ? "" : "s", ", but an IDX ", what, " file has ", expected_ndim, " (magic ", want,
+         ")");
   const size_t header = 4 + 4 * static_cast<size_t>(expected_ndim);
   if (b.size() < header)
     fail("[data] ", path, ": truncated: ", b.size(), " bytes, shorter than the ", header,
