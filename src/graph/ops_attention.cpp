@@ -47,7 +47,8 @@ std::vector<TensorMeta> SdpaForward::infer(const std::vector<TensorMeta>& in) co
   return {{o, in[0].dtype}, {lse, lse_dtype(in[0].dtype)}};
 }
 
-Cost SdpaForward::cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const {
+Cost SdpaForward::cost(const std::vector<TensorMeta>& in,
+                       const std::vector<TensorMeta>& out) const {
   Cost c = Primitive::cost(in, out);
   c.flops = attention_flops(in[0].shape, in[2].shape, causal_);
   return c;
@@ -75,7 +76,8 @@ std::vector<TensorMeta> SdpaBackward::infer(const std::vector<TensorMeta>& in) c
   return {in[0], in[1], in[2]};
 }
 
-Cost SdpaBackward::cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const {
+Cost SdpaBackward::cost(const std::vector<TensorMeta>& in,
+                        const std::vector<TensorMeta>& out) const {
   Cost c = Primitive::cost(in, out);
   // Recomputing q k^T plus four GEMMs: 2.5x the forward.
   c.flops = 2.5 * attention_flops(in[0].shape, in[2].shape, causal_);
@@ -99,19 +101,17 @@ Prepared check_and_prepare(const Tensor& q, const Tensor& k, const Tensor& v,
          dtype_name(k.dtype()), " and ", dtype_name(v.dtype()));
   const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
   if (qs.back() != ks.back())
-    fail("[", kOp, "] q and k differ in embedding size: q ", shape_str(qs), ", k ",
-         shape_str(ks));
+    fail("[", kOp, "] q and k differ in embedding size: q ", shape_str(qs), ", k ", shape_str(ks));
   if (ks[ks.size() - 2] != vs[vs.size() - 2])
-    fail("[", kOp, "] k and v differ in sequence length: k ", shape_str(ks), ", v ",
-         shape_str(vs));
+    fail("[", kOp, "] k and v differ in sequence length: k ", shape_str(ks), ", v ", shape_str(vs));
   if (ks[ks.size() - 2] == 0) fail("[", kOp, "] k and v are empty: k ", shape_str(ks));
   Shape qb(qs.begin(), qs.end() - 2), kb(ks.begin(), ks.end() - 2), vb(vs.begin(), vs.end() - 2);
   Shape batch;
   try {
     batch = broadcast_shapes(broadcast_shapes(qb, kb, kOp), vb, kOp);
   } catch (const Error&) {
-    fail("[", kOp, "] batch dimensions do not broadcast: q ", shape_str(qs), ", k ",
-         shape_str(ks), ", v ", shape_str(vs));
+    fail("[", kOp, "] batch dimensions do not broadcast: q ", shape_str(qs), ", k ", shape_str(ks),
+         ", v ", shape_str(vs));
   }
   Dtype dt = promote_types(promote_types(q.dtype(), k.dtype()), v.dtype());
   auto full_shape = [&](const Shape& s) {

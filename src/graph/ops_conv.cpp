@@ -7,9 +7,9 @@
 namespace hetrain {
 
 std::string Window2d::str() const {
-  return "kernel=(" + std::to_string(kernel[0]) + ", " + std::to_string(kernel[1]) +
-         ") stride=(" + std::to_string(stride[0]) + ", " + std::to_string(stride[1]) +
-         ") padding=(" + std::to_string(padding[0]) + ", " + std::to_string(padding[1]) + ")";
+  return "kernel=(" + std::to_string(kernel[0]) + ", " + std::to_string(kernel[1]) + ") stride=(" +
+         std::to_string(stride[0]) + ", " + std::to_string(stride[1]) + ") padding=(" +
+         std::to_string(padding[0]) + ", " + std::to_string(padding[1]) + ")";
 }
 
 namespace {
@@ -55,8 +55,8 @@ Window2d make_window(const char* op, const Shape& xs, std::array<int64_t, 2> ker
     if (win.stride[i] <= 0)
       fail("[", op, "] stride must be positive, got (", win.stride[0], ", ", win.stride[1], ")");
     if (win.padding[i] < 0)
-      fail("[", op, "] padding must be non-negative, got (", win.padding[0], ", ",
-           win.padding[1], ")");
+      fail("[", op, "] padding must be non-negative, got (", win.padding[0], ", ", win.padding[1],
+           ")");
     if (xs[2 + i] + 2 * win.padding[i] < win.kernel[i])
       fail("[", op, "] kernel (", win.kernel[0], ", ", win.kernel[1],
            ") is larger than the padded input (", xs[2] + 2 * win.padding[0], ", ",
@@ -86,12 +86,16 @@ Cost Conv2d::cost(const std::vector<TensorMeta>& in, const std::vector<TensorMet
 }
 
 std::vector<Tensor> Conv2d::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>&,
-                                const std::vector<Tensor>& g, const std::vector<int>& argnums) const {
+                                const std::vector<Tensor>& g,
+                                const std::vector<int>& argnums) const {
   std::vector<Tensor> r;
   for (int i : argnums) {
-    if (i == 0) r.push_back(conv_backward_input(g[0], x[1], win_, {x[0].size(2), x[0].size(3)}));
-    else if (i == 1) r.push_back(conv_backward_weight(x[0], g[0], win_));
-    else r.push_back(sum(g[0], {0, 2, 3}));
+    if (i == 0)
+      r.push_back(conv_backward_input(g[0], x[1], win_, {x[0].size(2), x[0].size(3)}));
+    else if (i == 1)
+      r.push_back(conv_backward_weight(x[0], g[0], win_));
+    else
+      r.push_back(sum(g[0], {0, 2, 3}));
   }
   return r;
 }
@@ -117,8 +121,10 @@ std::vector<Tensor> Conv2dBackwardInput::vjp(const std::vector<Tensor>& x,
   // dx = convT(g, w) is bilinear: d/dg = conv(c, w), d/dw = backward_weight(c, g).
   std::vector<Tensor> r;
   for (int i : argnums) {
-    if (i == 0) r.push_back(conv_node(g[0], x[1], {}, win_));
-    else r.push_back(conv_backward_weight(g[0], x[0], win_));
+    if (i == 0)
+      r.push_back(conv_node(g[0], x[1], {}, win_));
+    else
+      r.push_back(conv_backward_weight(g[0], x[0], win_));
   }
   return r;
 }
@@ -144,18 +150,18 @@ std::vector<Tensor> Conv2dBackwardWeight::vjp(const std::vector<Tensor>& x,
   // dw = corr(x, g) is bilinear: d/dx = backward_input(g, c), d/dg = conv(x, c).
   std::vector<Tensor> r;
   for (int i : argnums) {
-    if (i == 0) r.push_back(conv_backward_input(x[1], g[0], win_, {x[0].size(2), x[0].size(3)}));
-    else r.push_back(conv_node(x[0], g[0], {}, win_));
+    if (i == 0)
+      r.push_back(conv_backward_input(x[1], g[0], win_, {x[0].size(2), x[0].size(3)}));
+    else
+      r.push_back(conv_node(x[0], g[0], {}, win_));
   }
   return r;
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, std::vector<int64_t> stride,
               std::vector<int64_t> padding) {
-  if (x.ndim() != 4)
-    fail("[conv2d] input must be 4-D (N, C, H, W), got ", shape_str(x.shape()));
-  if (w.ndim() != 4)
-    fail("[conv2d] weight must be 4-D (O, C, kh, kw), got ", shape_str(w.shape()));
+  if (x.ndim() != 4) fail("[conv2d] input must be 4-D (N, C, H, W), got ", shape_str(x.shape()));
+  if (w.ndim() != 4) fail("[conv2d] weight must be 4-D (O, C, kh, kw), got ", shape_str(w.shape()));
   if (!is_floating(x.dtype()) || !is_floating(w.dtype()))
     fail("[conv2d] needs floating-point input and weight, got ", dtype_name(x.dtype()), " and ",
          dtype_name(w.dtype()));
@@ -195,8 +201,7 @@ Tensor pool(const char* op, const Tensor& x, const std::vector<int64_t>& kernel,
             const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
             const std::function<Tensor(const Tensor&, const Window2d&)>& make) {
   if (x.ndim() != 3 && x.ndim() != 4)
-    fail("[", op, "] input must be 3-D (C, H, W) or 4-D (N, C, H, W), got ",
-         shape_str(x.shape()));
+    fail("[", op, "] input must be 3-D (C, H, W) or 4-D (N, C, H, W), got ", shape_str(x.shape()));
   Tensor x4 = x.ndim() == 3 ? unsqueeze(x, 0) : x;
   if (kernel.empty()) fail("[", op, "] kernel must have 1 or 2 values, got 0");
   std::array<int64_t, 2> k = pair_arg(kernel, op, "kernel", {1, 1});
@@ -219,9 +224,9 @@ std::vector<TensorMeta> MaxPool2d::infer(const std::vector<TensorMeta>& in) cons
 
 std::vector<Tensor> MaxPool2d::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                                    const std::vector<Tensor>& g, const std::vector<int>&) const {
-  return {make_node1(std::make_shared<MaxPool2dBackward>(
-                         std::array<int64_t, 2>{x[0].size(2), x[0].size(3)}),
-                     {g[0], y[1]})};
+  return {make_node1(
+      std::make_shared<MaxPool2dBackward>(std::array<int64_t, 2>{x[0].size(2), x[0].size(3)}),
+      {g[0], y[1]})};
 }
 
 std::vector<TensorMeta> MaxPool2dBackward::infer(const std::vector<TensorMeta>& in) const {
@@ -236,9 +241,9 @@ std::vector<TensorMeta> AvgPool2d::infer(const std::vector<TensorMeta>& in) cons
 
 std::vector<Tensor> AvgPool2d::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>&,
                                    const std::vector<Tensor>& g, const std::vector<int>&) const {
-  return {make_node1(std::make_shared<AvgPool2dBackward>(
-                         win_, std::array<int64_t, 2>{x[0].size(2), x[0].size(3)}),
-                     {g[0]})};
+  return {make_node1(
+      std::make_shared<AvgPool2dBackward>(win_, std::array<int64_t, 2>{x[0].size(2), x[0].size(3)}),
+      {g[0]})};
 }
 
 std::vector<TensorMeta> AvgPool2dBackward::infer(const std::vector<TensorMeta>& in) const {

@@ -47,9 +47,9 @@ TEST(Attention, MatchesPyTorch) {
   // (PyTorch 1.13 has no F.scaled_dot_product_attention; this is its definition:)
   // torch.softmax(q @ k.transpose(-1, -2) / 2.0, -1) @ v
   const std::vector<double> plain = {
-      -0.65772265, 0.082277354, 0.3378579,   -0.51574048, 0.22425952,  0.081705034,
-      -0.52092712, 0.21907288,  0.38162545,  0.42436994,  -0.2812005,  -0.11563006,
-      0.47425575,  -0.58638176, -0.065744254, 0.42034084, -0.27089131, -0.11965916};
+      -0.65772265, 0.082277354, 0.3378579,    -0.51574048, 0.22425952,  0.081705034,
+      -0.52092712, 0.21907288,  0.38162545,   0.42436994,  -0.2812005,  -0.11563006,
+      0.47425575,  -0.58638176, -0.065744254, 0.42034084,  -0.27089131, -0.11965916};
   // mask = torch.ones(3, 5).tril().bool(); s = (q @ k.transpose(-1, -2)) * 0.7
   // torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v
   const std::vector<double> causal = {
@@ -58,7 +58,9 @@ TEST(Attention, MatchesPyTorch) {
       0.24830556, -0.71158063, -0.29169444, 0.28750713,  -0.15066131,  -0.25249287};
   for (Dtype dt : {Dtype::f64, Dtype::f32, Dtype::bf16}) {
     Tensor q = seq({1, 2, 3, 4}, 1, dt), k = seq({1, 2, 5, 4}, 2, dt), v = seq({1, 2, 5, 3}, 4, dt);
-    const double tol = dt == Dtype::f64 ? 2e-8 : dt == Dtype::f32 ? 1e-6 : 3e-2;  // 8 digits printed
+    const double tol = dt == Dtype::f64   ? 2e-8
+                       : dt == Dtype::f32 ? 1e-6
+                                          : 3e-2;  // 8 digits printed
     Tensor o = scaled_dot_product_attention(q, k, v);
     EXPECT_EQ(o.shape(), (Shape{1, 2, 3, 3}));
     EXPECT_EQ(o.dtype(), dt);
@@ -70,7 +72,7 @@ TEST(Attention, MatchesPyTorch) {
 }
 
 TEST(Attention, FusedMatchesReferenceAcrossTiles) {
-  // Lengths that cross the 64-row and 128-key tiles, Lq < Lk and Lq > Lk, broadcast batch.
+  // Lengths that cross the 128-row and 256-key tiles, Lq < Lk and Lq > Lk, broadcast batch.
   struct Case {
     Shape q, k, v;
     bool causal;
@@ -92,17 +94,17 @@ TEST(Attention, FusedMatchesReferenceAcrossTiles) {
           return sum(o * r);
         };
       };
-      auto fused = loss_of([](const Tensor& a, const Tensor& b, const Tensor& d, bool cz,
-                              std::optional<double> s) {
-        return scaled_dot_product_attention(a, b, d, cz, s);
-      });
-      auto ref = loss_of([](const Tensor& a, const Tensor& b, const Tensor& d, bool cz,
-                            std::optional<double> s) {
-        return scaled_dot_product_attention_reference(a, b, d, cz, s);
-      });
+      auto fused = loss_of(
+          [](const Tensor& a, const Tensor& b, const Tensor& d, bool cz, std::optional<double> s) {
+            return scaled_dot_product_attention(a, b, d, cz, s);
+          });
+      auto ref = loss_of(
+          [](const Tensor& a, const Tensor& b, const Tensor& d, bool cz, std::optional<double> s) {
+            return scaled_dot_product_attention_reference(a, b, d, cz, s);
+          });
       const double tol = dt == Dtype::f64 ? 1e-10 : 2e-4;
-      std::string what = shape_str(c.q) + (c.causal ? " causal " : " ") +
-                         std::string(dtype_name(dt));
+      std::string what =
+          shape_str(c.q) + (c.causal ? " causal " : " ") + std::string(dtype_name(dt));
       expect_close(scaled_dot_product_attention(q, k, v, c.causal),
                    scaled_dot_product_attention_reference(q, k, v, c.causal).to_vector<double>(),
                    tol, tol, what);
@@ -170,16 +172,26 @@ TEST(Attention, MemoryGrowsWithLengthNotItsSquare) {
 
 TEST(Attention, BadShapesGiveClearErrors) {
   const std::string op = "[scaled_dot_product_attention] ";
-  expect_error([] { scaled_dot_product_attention(zeros({2, 4, 8, 16}), zeros({2, 4, 8, 32}),
-                                                 zeros({2, 4, 8, 16})); },
-               op + "q and k differ in embedding size: q (2, 4, 8, 16), k (2, 4, 8, 32)");
-  expect_error([] { scaled_dot_product_attention(zeros({4, 8, 16}), zeros({4, 9, 16}),
-                                                 zeros({4, 8, 16})); },
-               op + "k and v differ in sequence length: k (4, 9, 16), v (4, 8, 16)");
-  expect_error([] { scaled_dot_product_attention(zeros({3, 8, 16}), zeros({4, 8, 16}),
-                                                 zeros({4, 8, 16})); },
-               op + "batch dimensions do not broadcast: q (3, 8, 16), k (4, 8, 16), v (4, 8, 16)");
-  expect_error([] { scaled_dot_product_attention(zeros({16}), zeros({4, 16}), zeros({4, 16})); },
-               op + "q, k and v need at least 2 dimensions (..., L, E), got q (16), k (4, 16), "
-                    "v (4, 16)");
+  expect_error(
+      [] {
+        scaled_dot_product_attention(zeros({2, 4, 8, 16}), zeros({2, 4, 8, 32}),
+                                     zeros({2, 4, 8, 16}));
+      },
+      op + "q and k differ in embedding size: q (2, 4, 8, 16), k (2, 4, 8, 32)");
+  expect_error(
+      [] {
+        scaled_dot_product_attention(zeros({4, 8, 16}), zeros({4, 9, 16}), zeros({4, 8, 16}));
+      },
+      op + "k and v differ in sequence length: k (4, 9, 16), v (4, 8, 16)");
+  expect_error(
+      [] {
+        scaled_dot_product_attention(zeros({3, 8, 16}), zeros({4, 8, 16}), zeros({4, 8, 16}));
+      },
+      op + "batch dimensions do not broadcast: q (3, 8, 16), k (4, 8, 16), v (4, 8, 16)");
+  expect_error(
+      [] {
+        scaled_dot_product_attention(zeros({16}), zeros({4, 16}), zeros({4, 16}));
+      },
+      op + "q, k and v need at least 2 dimensions (..., L, E), got q (16), k (4, 16), "
+           "v (4, 16)");
 }

@@ -77,8 +77,8 @@ TEST(Conv2d, MatchesPyTorch) {
       0.15,    1.0704,  -1.6272, 1.2504,  0.6704,  -1.2476, 2.764,   0.2944,  -2.5792, 1.62,
       1.5192,  -1.1088, 1.5168,  1.5568,  -0.5652, 2.6872,  0.3504,  -2.2952, 2.816,   0.5972};
   for (Dtype dt : {Dtype::f64, Dtype::f32, Dtype::bf16}) {
-    Tensor y = conv2d(seq({1, 2, 4, 5}, 3, dt), seq({3, 2, 3, 3}, 17, dt), seq({3}, 5, dt),
-                      {2, 1}, {1, 1});
+    Tensor y = conv2d(seq({1, 2, 4, 5}, 3, dt), seq({3, 2, 3, 3}, 17, dt), seq({3}, 5, dt), {2, 1},
+                      {1, 1});
     EXPECT_EQ(y.shape(), (Shape{1, 3, 2, 5}));
     EXPECT_EQ(y.dtype(), dt);
     double tol = dt == Dtype::f64 ? 1e-12 : dt == Dtype::f32 ? 1e-5 : 0.08;
@@ -93,10 +93,10 @@ TEST(Conv2d, MatchesDirectLoopAcrossShapes) {
     bool bias;
   };
   const Case cases[] = {
-      {{3, 4, 9, 7}, {5, 4, 3, 3}, {1, 1}, {1, 1}, true},  // same padding
-      {{2, 3, 8, 8}, {6, 3, 1, 1}, {1, 1}, {0, 0}, true},  // pointwise: no im2col
-      {{5, 2, 7, 9}, {3, 2, 2, 3}, {3, 2}, {0, 2}, false}, // stride > kernel, wide padding
-      {{1, 1, 1, 1}, {2, 1, 3, 3}, {1, 1}, {1, 1}, true},  // window mostly padding
+      {{3, 4, 9, 7}, {5, 4, 3, 3}, {1, 1}, {1, 1}, true},   // same padding
+      {{2, 3, 8, 8}, {6, 3, 1, 1}, {1, 1}, {0, 0}, true},   // pointwise: no im2col
+      {{5, 2, 7, 9}, {3, 2, 2, 3}, {3, 2}, {0, 2}, false},  // stride > kernel, wide padding
+      {{1, 1, 1, 1}, {2, 1, 3, 3}, {1, 1}, {1, 1}, true},   // window mostly padding
       {{2, 3, 6, 5}, {4, 3, 5, 5}, {2, 2}, {2, 2}, true},
   };
   for (const Case& c : cases) {
@@ -156,19 +156,37 @@ TEST(Conv2d, HalfPrecisionConvertsToF32) {
 }
 
 TEST(Conv2d, BadShapesGiveClearErrors) {
-  expect_error([] { conv2d(zeros({2, 3, 8, 8}), zeros({5, 4, 3, 3})); },
-               "[conv2d] input has 3 channels but weight expects 4: x (2, 3, 8, 8), w (5, 4, 3, 3)");
-  expect_error([] { conv2d(zeros({3, 8, 8}), zeros({5, 3, 3, 3})); },
-               "[conv2d] input must be 4-D (N, C, H, W), got (3, 8, 8)");
-  expect_error([] { conv2d(zeros({1, 3, 8, 8}), zeros({5, 3, 3, 3}), zeros({4})); },
-               "[conv2d] bias must have shape (5) for weight (5, 3, 3, 3), got (4)");
-  expect_error([] { conv2d(zeros({1, 3, 2, 8}), zeros({5, 3, 5, 3}), {}, {1, 1}, {1, 0}); },
-               "[conv2d] kernel (5, 3) is larger than the padded input (4, 8) of input "
-               "(1, 3, 2, 8)");
-  expect_error([] { conv2d(zeros({1, 3, 8, 8}), zeros({5, 3, 3, 3}), {}, {0, 1}); },
-               "[conv2d] stride must be positive, got (0, 1)");
-  expect_error([] { conv2d(zeros({1, 3, 8, 8}), zeros({5, 3, 3, 3}), {}, {1, 1}, {1, 2, 3}); },
-               "[conv2d] padding must have 1 or 2 values, got 3");
+  expect_error(
+      [] {
+        conv2d(zeros({2, 3, 8, 8}), zeros({5, 4, 3, 3}));
+      },
+      "[conv2d] input has 3 channels but weight expects 4: x (2, 3, 8, 8), w (5, 4, 3, 3)");
+  expect_error(
+      [] {
+        conv2d(zeros({3, 8, 8}), zeros({5, 3, 3, 3}));
+      },
+      "[conv2d] input must be 4-D (N, C, H, W), got (3, 8, 8)");
+  expect_error(
+      [] {
+        conv2d(zeros({1, 3, 8, 8}), zeros({5, 3, 3, 3}), zeros({4}));
+      },
+      "[conv2d] bias must have shape (5) for weight (5, 3, 3, 3), got (4)");
+  expect_error(
+      [] {
+        conv2d(zeros({1, 3, 2, 8}), zeros({5, 3, 5, 3}), {}, {1, 1}, {1, 0});
+      },
+      "[conv2d] kernel (5, 3) is larger than the padded input (4, 8) of input "
+      "(1, 3, 2, 8)");
+  expect_error(
+      [] {
+        conv2d(zeros({1, 3, 8, 8}), zeros({5, 3, 3, 3}), {}, {0, 1});
+      },
+      "[conv2d] stride must be positive, got (0, 1)");
+  expect_error(
+      [] {
+        conv2d(zeros({1, 3, 8, 8}), zeros({5, 3, 3, 3}), {}, {1, 1}, {1, 2, 3});
+      },
+      "[conv2d] padding must have 1 or 2 values, got 3");
 }
 
 TEST(Pool2d, MaxMatchesPyTorch) {
@@ -195,9 +213,9 @@ TEST(Pool2d, MaxGradientGoesToFirstMaximum) {
 TEST(Pool2d, AvgMatchesPyTorch) {
   // x = seq((1, 2, 5, 5), 7); F.avg_pool2d(x, 3, 2, 1)  (count_include_pad=True)
   const std::vector<double> want = {
-      -0.068888889, -0.14888889,  -0.20444444,  0.11777778,  -0.06,       -0.19777778,
-      0.15111111,   0.068888889,  0.015555556,  -0.15111111, 0.064444444, -0.062222222,
-      -0.11777778,  0.035555556,  0.015555556,  0.068888889, 0.057777778, -0.066666667};
+      -0.068888889, -0.14888889, -0.20444444, 0.11777778,  -0.06,       -0.19777778,
+      0.15111111,   0.068888889, 0.015555556, -0.15111111, 0.064444444, -0.062222222,
+      -0.11777778,  0.035555556, 0.015555556, 0.068888889, 0.057777778, -0.066666667};
   for (Dtype dt : {Dtype::f64, Dtype::f32, Dtype::f16}) {
     Tensor y = avg_pool2d(seq({1, 2, 5, 5}, 7, dt), {3}, {2}, {1});
     expect_close(y, want, dt == Dtype::f16 ? 2e-3 : 1e-7, 1e-6);
@@ -206,8 +224,8 @@ TEST(Pool2d, AvgMatchesPyTorch) {
 
 TEST(Pool2d, GradientsMatchFiniteDifferences) {
   // seq has distinct values in each window, so max is differentiable at these points.
-  for (auto [k, s, p] : {std::tuple<int64_t, int64_t, int64_t>{3, 2, 1}, {2, 2, 0}, {3, 1, 1},
-                         {2, 3, 1}}) {
+  for (auto [k, s, p] :
+       {std::tuple<int64_t, int64_t, int64_t>{3, 2, 1}, {2, 2, 0}, {3, 1, 1}, {2, 3, 1}}) {
     check_grad_fd([&](const std::vector<Tensor>& in) { return max_pool2d(in[0], {k}, {s}, {p}); },
                   {seq({2, 2, 6, 7}, 5)}, 1e-6, 1e-6);
     check_grad_fd([&](const std::vector<Tensor>& in) { return avg_pool2d(in[0], {k}, {s}, {p}); },
@@ -215,21 +233,37 @@ TEST(Pool2d, GradientsMatchFiniteDifferences) {
   }
   // Non-square windows and strides.
   check_grad_fd(
-      [&](const std::vector<Tensor>& in) { return max_pool2d(in[0], {2, 3}, {1, 2}, {1, 1}); },
+      [&](const std::vector<Tensor>& in) {
+        return max_pool2d(in[0], {2, 3}, {1, 2}, {1, 1});
+      },
       {seq({1, 3, 5, 6}, 9)}, 1e-6, 1e-6);
   check_grad_fd(
-      [&](const std::vector<Tensor>& in) { return avg_pool2d(in[0], {2, 3}, {1, 2}, {1, 1}); },
+      [&](const std::vector<Tensor>& in) {
+        return avg_pool2d(in[0], {2, 3}, {1, 2}, {1, 1});
+      },
       {seq({1, 3, 5, 6}, 9)}, 1e-6, 1e-6);
 }
 
 TEST(Pool2d, BadArgumentsGiveClearErrors) {
-  expect_error([] { max_pool2d(zeros({1, 1, 4, 4}), {2}, {}, {2}); },
-               "[max_pool2d] padding (2, 2) must be at most half the kernel (2, 2)");
-  expect_error([] { avg_pool2d(zeros({4, 4}), {2}); },
-               "[avg_pool2d] input must be 3-D (C, H, W) or 4-D (N, C, H, W), got (4, 4)");
-  expect_error([] { max_pool2d(zeros({1, 1, 2, 4}), {3}); },
-               "[max_pool2d] kernel (3, 3) is larger than the padded input (2, 4) of input "
-               "(1, 1, 2, 4)");
-  expect_error([] { avg_pool2d(zeros({1, 1, 4, 4}), {}); },
-               "[avg_pool2d] kernel must have 1 or 2 values, got 0");
+  expect_error(
+      [] {
+        max_pool2d(zeros({1, 1, 4, 4}), {2}, {}, {2});
+      },
+      "[max_pool2d] padding (2, 2) must be at most half the kernel (2, 2)");
+  expect_error(
+      [] {
+        avg_pool2d(zeros({4, 4}), {2});
+      },
+      "[avg_pool2d] input must be 3-D (C, H, W) or 4-D (N, C, H, W), got (4, 4)");
+  expect_error(
+      [] {
+        max_pool2d(zeros({1, 1, 2, 4}), {3});
+      },
+      "[max_pool2d] kernel (3, 3) is larger than the padded input (2, 4) of input "
+      "(1, 1, 2, 4)");
+  expect_error(
+      [] {
+        avg_pool2d(zeros({1, 1, 4, 4}), {});
+      },
+      "[avg_pool2d] kernel must have 1 or 2 values, got 0");
 }

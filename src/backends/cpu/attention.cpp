@@ -2,12 +2,15 @@
 // query rows with an online softmax, so a task holds one (Bq x Bk) score tile, never the
 // (Lq x Lk) matrix. The backward (flash-attention-2) recomputes each probability tile from
 // q, k and the saved row logsumexp. Block products go through sgemm/dgemm.
+#include "graph/prims/attention.h"
+
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 
 #include "backends/cpu/compute_buffers.h"
-#include "graph/prims/attention.h"
 #include "hetrain/base/thread_pool.h"
 
 namespace hetrain {
@@ -22,8 +25,8 @@ using cpu::gemm;
 using cpu::start_output;
 using cpu::workspace;
 
-constexpr int64_t kBq = 64;   // query rows per tile
-constexpr int64_t kBk = 128;  // keys per tile
+constexpr int64_t kBq = 128;  // query rows per tile
+constexpr int64_t kBk = 256;  // keys per tile
 
 struct AttnGeom {
   int64_t B, Lq, Lk, E, Ev;
@@ -37,14 +40,47 @@ AttnGeom attn_geom(const Shape& q, const Shape& v, bool causal) {
   return g;
 }
 
+/// e^x for f32 in a form the compiler vectorises (Cephes' expf polynomial, ~1 ulp): std::exp
+/// stays a scalar call without -ffast-math and would cost as much as the tile GEMMs.
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, -87.3f), 88.3f);  // NaN passes through
+  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round(x / ln 2)
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  return p * std::bit_cast<float>(bits);
+}
+
+/// s[c] = exp(s[c] - shift) for c < n; returns their sum.
+template <class T>
+T exp_shifted(T* s, int64_t n, T shift) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t c = 0; c < n; ++c) s[c] = exp_approx(s[c] - shift);
+  } else {
+    for (int64_t c = 0; c < n; ++c) s[c] = std::exp(s[c] - shift);
+  }
+  T acc[8] = {};
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += s[c + j];
+  for (; c < n; ++c) acc[0] += s[c];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 /// Keys [0, limit) of a tile starting at key j0 are visible to query row i.
 int64_t visible(const AttnGeom& g, int64_t i, int64_t j0, int64_t nk) {
   return g.causal ? std::clamp<int64_t>(i - j0 + 1, 0, nk) : nk;
 }
 
 template <class T>
-void attention_forward(const T* Q, const T* K, const T* V, T* O, T* LSE, const AttnGeom& g,
-                       T scale, Dtype dt) {
+void attention_forward(const T* Q, const T* K, const T* V, T* O, T* LSE, const AttnGeom& g, T scale,
+                       Dtype dt) {
   const int64_t nqb = (g.Lq + kBq - 1) / kBq;
   parallel_for(g.B * nqb, 1, [&](int64_t t0, int64_t t1) {
     Array ws = workspace({kBq * kBk + kBq * g.Ev + 2 * kBq}, dt);
@@ -71,11 +107,7 @@ void attention_forward(const T* Q, const T* K, const T* V, T* O, T* LSE, const A
           for (int64_t c = 0; c < lim; ++c) mx = std::max(mx, s[c]);
           // Row r saw key 0 in the first tile, so mx is finite from then on.
           const T alpha = std::exp(m[r] - mx);
-          T sum = 0;
-          for (int64_t c = 0; c < lim; ++c) {
-            s[c] = std::exp(s[c] - mx);
-            sum += s[c];
-          }
+          const T sum = exp_shifted(s, lim, mx);
           std::fill(s + lim, s + nk, T(0));
           l[r] = l[r] * alpha + sum;
           m[r] = mx;
@@ -95,8 +127,8 @@ void attention_forward(const T* Q, const T* K, const T* V, T* O, T* LSE, const A
 }
 
 template <class T>
-void attention_backward(const T* Q, const T* K, const T* V, const T* O, const T* dO,
-                        const T* LSE, T* dQ, T* dK, T* dV, const AttnGeom& g, T scale, Dtype dt) {
+void attention_backward(const T* Q, const T* K, const T* V, const T* O, const T* dO, const T* LSE,
+                        T* dQ, T* dK, T* dV, const AttnGeom& g, T scale, Dtype dt) {
   // D_i = rowsum(dO_i * O_i), the softmax-backward correction per query row.
   Array dws = workspace({g.B * g.Lq}, dt);
   T* D = dws.data<T>();
@@ -147,8 +179,7 @@ void attention_backward(const T* Q, const T* K, const T* V, const T* O, const T*
           for (int64_t r = 0; r < nq; ++r) {
             T* p = P + r * kBk;
             const int64_t lim = visible(g, i0 + r, j0, nk);
-            const T ls = lse[i0 + r];
-            for (int64_t c = 0; c < lim; ++c) p[c] = std::exp(p[c] - ls);
+            exp_shifted(p, lim, lse[i0 + r]);
             std::fill(p + lim, p + nk, T(0));
           }
           const T* doi = dout + i0 * g.Ev;
@@ -156,10 +187,11 @@ void attention_backward(const T* Q, const T* K, const T* V, const T* O, const T*
           gemm<T>(false, true, nq, nk, g.Ev, T(1), doi, g.Ev, v + j0 * g.Ev, g.Ev, T(0), dS, kBk);
           for (int64_t r = 0; r < nq; ++r) {
             const T d = Db[i0 + r];
-            for (int64_t c = 0; c < nk; ++c) dS[r * kBk + c] = P[r * kBk + c] * (dS[r * kBk + c] - d);
+            for (int64_t c = 0; c < nk; ++c)
+              dS[r * kBk + c] = P[r * kBk + c] * (dS[r * kBk + c] - d);
           }
-          gemm<T>(false, false, nq, g.E, nk, scale, dS, kBk, k + j0 * g.E, g.E, T(1),
-                  dq + i0 * g.E, g.E);
+          gemm<T>(false, false, nq, g.E, nk, scale, dS, kBk, k + j0 * g.E, g.E, T(1), dq + i0 * g.E,
+                  g.E);
           gemm<T>(true, false, nk, g.E, nq, scale, dS, kBk, q + i0 * g.E, g.E, T(1), dk, g.E);
         }
       }

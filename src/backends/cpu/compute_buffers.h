@@ -60,8 +60,10 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
 /// Calls f.template operator()<T>() with T = float or double for a compute dtype.
 template <class F>
 void dispatch_compute(Dtype compute, F&& f) {
-  if (compute == Dtype::f64) f.template operator()<double>();
-  else f.template operator()<float>();
+  if (compute == Dtype::f64)
+    f.template operator()<double>();
+  else
+    f.template operator()<float>();
 }
 
 }  // namespace hetrain::cpu

@@ -1,14 +1,15 @@
 // CPU convolution (im2col + GEMM per image, col2im for the input gradient) and pooling.
 // f32 and f64 compute natively; f16/bf16 are converted to f32 around the f32 kernels.
+#include "graph/prims/conv.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <utility>
 #include <limits>
+#include <utility>
 
 #include "backends/cpu/compute_buffers.h"
-#include "graph/prims/conv.h"
 #include "hetrain/base/dispatch.h"
 #include "hetrain/base/thread_pool.h"
 
@@ -41,8 +42,8 @@ struct ConvGeom {
   int64_t howo() const { return Ho * Wo; }
   /// 1x1, stride 1, no padding: the image itself is the column matrix.
   bool pointwise() const {
-    return kh == 1 && kw == 1 && win.stride[0] == 1 && win.stride[1] == 1 &&
-           win.padding[0] == 0 && win.padding[1] == 0;
+    return kh == 1 && kw == 1 && win.stride[0] == 1 && win.stride[1] == 1 && win.padding[0] == 0 &&
+           win.padding[1] == 0;
   }
 };
 
@@ -184,8 +185,8 @@ void Conv2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Arr
   Array y = start_output(*out[0], dt);
   ConvGeom g = geom(x.shape, y.shape, win_);
   dispatch_compute(dt, [&]<class T>() {
-    conv_forward<T>(x.data<T>(), w.data<T>(), b.has_data() ? b.data<T>() : nullptr, y.data<T>(),
-                    g, dt);
+    conv_forward<T>(x.data<T>(), w.data<T>(), b.has_data() ? b.data<T>() : nullptr, y.data<T>(), g,
+                    dt);
   });
   finish_output(y, *out[0]);
 }
@@ -209,15 +210,18 @@ void Conv2dBackwardWeight::eval_cpu(const std::vector<const Array*>& in,
   Array dw = start_output(*out[0], dt);
   ConvGeom g = geom(x.shape, gy.shape, win_);
   dispatch_compute(dt, [&]<class T>() {
-    if (g.N == 0) std::fill(dw.data<T>(), dw.data<T>() + dw.numel(), T(0));
-    else conv_backward_weight<T>(x.data<T>(), gy.data<T>(), dw.data<T>(), g, dt);
+    if (g.N == 0)
+      std::fill(dw.data<T>(), dw.data<T>() + dw.numel(), T(0));
+    else
+      conv_backward_weight<T>(x.data<T>(), gy.data<T>(), dw.data<T>(), g, dt);
   });
   finish_output(dw, *out[0]);
 }
 
 // ---- pooling --------------------------------------------------------------------------------
 
-void MaxPool2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+void MaxPool2d::eval_cpu(const std::vector<const Array*>& in,
+                         const std::vector<Array*>& out) const {
   Array x = contiguous_array(*in[0]);
   Array &y = *out[0], &idx = *out[1];
   y.allocate();
@@ -288,7 +292,8 @@ void MaxPool2dBackward::eval_cpu(const std::vector<const Array*>& in,
   finish_output(acc, dx);
 }
 
-void AvgPool2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+void AvgPool2d::eval_cpu(const std::vector<const Array*>& in,
+                         const std::vector<Array*>& out) const {
   Array x = contiguous_array(*in[0]);
   Array& y = *out[0];
   y.allocate();
@@ -302,23 +307,22 @@ void AvgPool2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<
     const C inv = C(1) / static_cast<C>(k[0] * k[1]);  // padding counts in the divisor
     const T* xp = x.data<T>();
     T* yp = y.data<T>();
-    parallel_for(planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(H * W, 1)),
-                 [&](int64_t b, int64_t e) {
-                   for (int64_t pl = b; pl < e; ++pl) {
-                     const T* xpl = xp + pl * H * W;
-                     for (int64_t oh = 0; oh < Ho; ++oh)
-                       for (int64_t ow = 0; ow < Wo; ++ow) {
-                         C acc = 0;
-                         const int64_t h0 = oh * s[0] - p[0], w0 = ow * s[1] - p[1];
-                         for (int64_t ih = std::max<int64_t>(h0, 0);
-                              ih < std::min(h0 + k[0], H); ++ih)
-                           for (int64_t iw = std::max<int64_t>(w0, 0);
-                                iw < std::min(w0 + k[1], W); ++iw)
-                             acc += to_compute(xpl[ih * W + iw]);
-                         yp[(pl * Ho + oh) * Wo + ow] = from_compute<T>(acc * inv);
-                       }
-                   }
-                 });
+    parallel_for(
+        planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(H * W, 1)),
+        [&](int64_t b, int64_t e) {
+          for (int64_t pl = b; pl < e; ++pl) {
+            const T* xpl = xp + pl * H * W;
+            for (int64_t oh = 0; oh < Ho; ++oh)
+              for (int64_t ow = 0; ow < Wo; ++ow) {
+                C acc = 0;
+                const int64_t h0 = oh * s[0] - p[0], w0 = ow * s[1] - p[1];
+                for (int64_t ih = std::max<int64_t>(h0, 0); ih < std::min(h0 + k[0], H); ++ih)
+                  for (int64_t iw = std::max<int64_t>(w0, 0); iw < std::min(w0 + k[1], W); ++iw)
+                    acc += to_compute(xpl[ih * W + iw]);
+                yp[(pl * Ho + oh) * Wo + ow] = from_compute<T>(acc * inv);
+              }
+          }
+        });
   });
 }
 
@@ -338,23 +342,22 @@ void AvgPool2dBackward::eval_cpu(const std::vector<const Array*>& in,
     const C inv = C(1) / static_cast<C>(k[0] * k[1]);
     const T* gp = g.data<T>();
     C* dp = acc.data<C>();
-    parallel_for(planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(H * W, 1)),
-                 [&](int64_t b, int64_t e) {
-                   for (int64_t pl = b; pl < e; ++pl) {
-                     C* d = dp + pl * H * W;
-                     std::fill(d, d + H * W, C(0));
-                     for (int64_t oh = 0; oh < Ho; ++oh)
-                       for (int64_t ow = 0; ow < Wo; ++ow) {
-                         const C v = to_compute(gp[(pl * Ho + oh) * Wo + ow]) * inv;
-                         const int64_t h0 = oh * s[0] - p[0], w0 = ow * s[1] - p[1];
-                         for (int64_t ih = std::max<int64_t>(h0, 0);
-                              ih < std::min(h0 + k[0], H); ++ih)
-                           for (int64_t iw = std::max<int64_t>(w0, 0);
-                                iw < std::min(w0 + k[1], W); ++iw)
-                             d[ih * W + iw] += v;
-                       }
-                   }
-                 });
+    parallel_for(
+        planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(H * W, 1)),
+        [&](int64_t b, int64_t e) {
+          for (int64_t pl = b; pl < e; ++pl) {
+            C* d = dp + pl * H * W;
+            std::fill(d, d + H * W, C(0));
+            for (int64_t oh = 0; oh < Ho; ++oh)
+              for (int64_t ow = 0; ow < Wo; ++ow) {
+                const C v = to_compute(gp[(pl * Ho + oh) * Wo + ow]) * inv;
+                const int64_t h0 = oh * s[0] - p[0], w0 = ow * s[1] - p[1];
+                for (int64_t ih = std::max<int64_t>(h0, 0); ih < std::min(h0 + k[0], H); ++ih)
+                  for (int64_t iw = std::max<int64_t>(w0, 0); iw < std::min(w0 + k[1], W); ++iw)
+                    d[ih * W + iw] += v;
+              }
+          }
+        });
   });
   finish_output(acc, dx);
 }
