@@ -1,0 +1,243 @@
+// Fused CPU attention, flash-attention style. The forward walks key blocks for each block of
+// query rows with an online softmax, so a task holds one (Bq x Bk) score tile, never the
+// (Lq x Lk) matrix. The backward (flash-attention-2) recomputes each probability tile from
+// q, k and the saved row logsumexp. Block products go through sgemm/dgemm.
+#include "graph/prims/attention.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cmath>
+#include <limits>
+
+#include "backends/cpu/compute_buffers.h"
+#include "hetrain/base/thread_pool.h"
+
+namespace hetrain {
+
+namespace {
+
+using cpu::as_contiguous;
+using cpu::compute_dtype;
+using cpu::dispatch_compute;
+using cpu::finish_output;
+using cpu::gemm;
+using cpu::start_output;
+using cpu::workspace;
+
+constexpr int64_t kBq = 128;  // query rows per tile
+constexpr int64_t kBk = 256;  // keys per tile
+
+struct AttnGeom {
+  int64_t B, Lq, Lk, E, Ev;
+  bool causal;
+};
+
+AttnGeom attn_geom(const Shape& q, const Shape& v, bool causal) {
+  const size_t n = q.size();
+  AttnGeom g{1, q[n - 2], v[n - 2], q[n - 1], v[n - 1], causal};
+  for (size_t d = 0; d + 2 < n; ++d) g.B *= q[d];
+  return g;
+}
+
+/// e^x for f32 in a form the compiler vectorises (Cephes' expf polynomial, ~1 ulp): std::exp
+/// stays a scalar call without -ffast-math and would cost as much as the tile GEMMs.
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, -87.3f), 88.3f);  // NaN passes through
+  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round(x / ln 2)
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  return p * std::bit_cast<float>(bits);
+}
+
+/// s[c] = exp(s[c] - shift) for c < n; returns their sum.
+template <class T>
+T exp_shifted(T* s, int64_t n, T shift) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t c = 0; c < n; ++c) s[c] = exp_approx(s[c] - shift);
+  } else {
+    for (int64_t c = 0; c < n; ++c) s[c] = std::exp(s[c] - shift);
+  }
+  T acc[8] = {};
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += s[c + j];
+  for (; c < n; ++c) acc[0] += s[c];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/// Keys [0, limit) of a tile starting at key j0 are visible to query row i.
+int64_t visible(const AttnGeom& g, int64_t i, int64_t j0, int64_t nk) {
+  return g.causal ? std::clamp<int64_t>(i - j0 + 1, 0, nk) : nk;
+}
+
+template <class T>
+void attention_forward(const T* Q, const T* K, const T* V, T* O, T* LSE, const AttnGeom& g, T scale,
+                       Dtype dt) {
+  const int64_t nqb = (g.Lq + kBq - 1) / kBq;
+  parallel_for(g.B * nqb, 1, [&](int64_t t0, int64_t t1) {
+    Array ws = workspace({kBq * kBk + kBq * g.Ev + 2 * kBq}, dt);
+    T* S = ws.data<T>();
+    T* acc = S + kBq * kBk;
+    T* m = acc + kBq * g.Ev;
+    T* l = m + kBq;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / nqb, i0 = (t % nqb) * kBq, nq = std::min(kBq, g.Lq - i0);
+      const T* q = Q + (b * g.Lq + i0) * g.E;
+      const T* k = K + b * g.Lk * g.E;
+      const T* v = V + b * g.Lk * g.Ev;
+      std::fill(m, m + nq, -std::numeric_limits<T>::infinity());
+      std::fill(l, l + nq, T(0));
+      std::fill(acc, acc + nq * g.Ev, T(0));
+      const int64_t kend = g.causal ? std::min(g.Lk, i0 + nq) : g.Lk;
+      for (int64_t j0 = 0; j0 < kend; j0 += kBk) {
+        const int64_t nk = std::min(kBk, kend - j0);
+        gemm<T>(false, true, nq, nk, g.E, scale, q, g.E, k + j0 * g.E, g.E, T(0), S, kBk);
+        for (int64_t r = 0; r < nq; ++r) {
+          T* s = S + r * kBk;
+          const int64_t lim = visible(g, i0 + r, j0, nk);
+          T mx = m[r];
+          for (int64_t c = 0; c < lim; ++c) mx = std::max(mx, s[c]);
+          // Row r saw key 0 in the first tile, so mx is finite from then on.
+          const T alpha = std::exp(m[r] - mx);
+          const T sum = exp_shifted(s, lim, mx);
+          std::fill(s + lim, s + nk, T(0));
+          l[r] = l[r] * alpha + sum;
+          m[r] = mx;
+          if (alpha != T(1))
+            for (int64_t e = 0; e < g.Ev; ++e) acc[r * g.Ev + e] *= alpha;
+        }
+        gemm<T>(false, false, nq, g.Ev, nk, T(1), S, kBk, v + j0 * g.Ev, g.Ev, T(1), acc, g.Ev);
+      }
+      for (int64_t r = 0; r < nq; ++r) {
+        const T inv = T(1) / l[r];
+        T* o = O + (b * g.Lq + i0 + r) * g.Ev;
+        for (int64_t e = 0; e < g.Ev; ++e) o[e] = acc[r * g.Ev + e] * inv;
+        LSE[b * g.Lq + i0 + r] = m[r] + std::log(l[r]);
+      }
+    }
+  });
+}
+
+template <class T>
+void attention_backward(const T* Q, const T* K, const T* V, const T* O, const T* dO, const T* LSE,
+                        T* dQ, T* dK, T* dV, const AttnGeom& g, T scale, Dtype dt) {
+  // D_i = rowsum(dO_i * O_i), the softmax-backward correction per query row.
+  Array dws = workspace({g.B * g.Lq}, dt);
+  T* D = dws.data<T>();
+  parallel_for(g.B * g.Lq, 256, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      T s = 0;
+      for (int64_t e = 0; e < g.Ev; ++e) s += dO[r * g.Ev + e] * O[r * g.Ev + e];
+      D[r] = s;
+    }
+  });
+  // Tasks own disjoint key blocks (their dK, dV rows). dQ sums over key blocks: with fewer
+  // batch-heads than threads, the key blocks of one head are split and each split adds
+  // into its own dQ partial (O(L) memory), summed at the end in a fixed order.
+  const int64_t nkb = (g.Lk + kBk - 1) / kBk;
+  const int64_t splits =
+      std::clamp<int64_t>((num_threads() + g.B - 1) / std::max<int64_t>(g.B, 1), 1, nkb);
+  const int64_t qsize = g.Lq * g.E;
+  Array partial;
+  if (splits > 1) {
+    partial = workspace({(splits - 1) * g.B * qsize}, dt);
+    std::fill(partial.data<T>(), partial.data<T>() + partial.numel(), T(0));
+  }
+  std::fill(dQ, dQ + g.B * qsize, T(0));
+  parallel_for(g.B * splits, 1, [&](int64_t t0, int64_t t1) {
+    Array ws = workspace({2 * kBq * kBk}, dt);
+    T* P = ws.data<T>();
+    T* dS = P + kBq * kBk;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / splits, sp = t % splits;
+      const T* q = Q + b * qsize;
+      const T* k = K + b * g.Lk * g.E;
+      const T* v = V + b * g.Lk * g.Ev;
+      const T* dout = dO + b * g.Lq * g.Ev;
+      const T* lse = LSE + b * g.Lq;
+      const T* Db = D + b * g.Lq;
+      T* dq = sp == 0 ? dQ + b * qsize : partial.data<T>() + ((sp - 1) * g.B + b) * qsize;
+      for (int64_t jb = sp * nkb / splits; jb < (sp + 1) * nkb / splits; ++jb) {
+        const int64_t j0 = jb * kBk, nk = std::min(kBk, g.Lk - j0);
+        T* dk = dK + (b * g.Lk + j0) * g.E;
+        T* dv = dV + (b * g.Lk + j0) * g.Ev;
+        std::fill(dk, dk + nk * g.E, T(0));
+        std::fill(dv, dv + nk * g.Ev, T(0));
+        // Causal: rows before j0 see none of these keys.
+        for (int64_t i0 = g.causal ? j0 : 0; i0 < g.Lq; i0 += kBq) {
+          const int64_t nq = std::min(kBq, g.Lq - i0);
+          gemm<T>(false, true, nq, nk, g.E, scale, q + i0 * g.E, g.E, k + j0 * g.E, g.E, T(0), P,
+                  kBk);
+          for (int64_t r = 0; r < nq; ++r) {
+            T* p = P + r * kBk;
+            const int64_t lim = visible(g, i0 + r, j0, nk);
+            exp_shifted(p, lim, lse[i0 + r]);
+            std::fill(p + lim, p + nk, T(0));
+          }
+          const T* doi = dout + i0 * g.Ev;
+          gemm<T>(true, false, nk, g.Ev, nq, T(1), P, kBk, doi, g.Ev, T(1), dv, g.Ev);
+          gemm<T>(false, true, nq, nk, g.Ev, T(1), doi, g.Ev, v + j0 * g.Ev, g.Ev, T(0), dS, kBk);
+          for (int64_t r = 0; r < nq; ++r) {
+            const T d = Db[i0 + r];
+            for (int64_t c = 0; c < nk; ++c)
+              dS[r * kBk + c] = P[r * kBk + c] * (dS[r * kBk + c] - d);
+          }
+          gemm<T>(false, false, nq, g.E, nk, scale, dS, kBk, k + j0 * g.E, g.E, T(1), dq + i0 * g.E,
+                  g.E);
+          gemm<T>(true, false, nk, g.E, nq, scale, dS, kBk, q + i0 * g.E, g.E, T(1), dk, g.E);
+        }
+      }
+    }
+  });
+  for (int64_t sp = 1; sp < splits; ++sp)
+    parallel_for(g.B * qsize, 1 << 14, [&](int64_t a, int64_t e) {
+      const T* p = partial.data<T>() + (sp - 1) * g.B * qsize;
+      for (int64_t i = a; i < e; ++i) dQ[i] += p[i];
+    });
+}
+
+}  // namespace
+
+void SdpaForward::eval_cpu(const std::vector<const Array*>& in,
+                           const std::vector<Array*>& out) const {
+  const Dtype dt = compute_dtype(in[0]->dtype);
+  Array q = as_contiguous(*in[0], dt), k = as_contiguous(*in[1], dt), v = as_contiguous(*in[2], dt);
+  Array o = start_output(*out[0], dt);
+  Array& lse = *out[1];
+  lse.allocate();
+  AttnGeom g = attn_geom(q.shape, v.shape, causal_);
+  dispatch_compute(dt, [&]<class T>() {
+    attention_forward<T>(q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), lse.data<T>(), g,
+                         static_cast<T>(scale_), dt);
+  });
+  finish_output(o, *out[0]);
+}
+
+void SdpaBackward::eval_cpu(const std::vector<const Array*>& in,
+                            const std::vector<Array*>& out) const {
+  const Dtype dt = compute_dtype(in[0]->dtype);
+  Array q = as_contiguous(*in[0], dt), k = as_contiguous(*in[1], dt), v = as_contiguous(*in[2], dt);
+  Array o = as_contiguous(*in[3], dt), dout = as_contiguous(*in[4], dt);
+  Array lse = as_contiguous(*in[5], dt);
+  Array dq = start_output(*out[0], dt), dk = start_output(*out[1], dt),
+        dv = start_output(*out[2], dt);
+  AttnGeom g = attn_geom(q.shape, v.shape, causal_);
+  dispatch_compute(dt, [&]<class T>() {
+    attention_backward<T>(q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), dout.data<T>(),
+                          lse.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), g,
+                          static_cast<T>(scale_), dt);
+  });
+  finish_output(dq, *out[0]);
+  finish_output(dk, *out[1]);
+  finish_output(dv, *out[2]);
+}
+
+}  // namespace hetrain

@@ -1,0 +1,133 @@
+// Convolution and pooling primitives (NCHW, groups = 1).
+#pragma once
+
+#include <array>
+
+#include "hetrain/graph/primitive.h"
+
+namespace hetrain {
+
+/// Spatial geometry shared by the conv and pool primitives.
+struct Window2d {
+  std::array<int64_t, 2> kernel{1, 1};
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> padding{0, 0};
+  /// Output extent along axis a (0: H, 1: W) for an input extent n.
+  int64_t out_size(int a, int64_t n) const {
+    return (n + 2 * padding[static_cast<size_t>(a)] - kernel[static_cast<size_t>(a)]) /
+               stride[static_cast<size_t>(a)] +
+           1;
+  }
+  std::string str() const;
+};
+
+/// y (N, O, Ho, Wo) = conv(x (N, C, H, W), w (O, C, kh, kw)) [+ bias (O)].
+class Conv2d final : public Primitive {
+ public:
+  explicit Conv2d(Window2d win) : win_(win) {}
+  const char* name() const override { return "conv2d"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
+  Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
+  void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
+                          const std::vector<Tensor>& g, const std::vector<int>&) const override;
+  std::string attrs() const override { return win_.str(); }
+
+ private:
+  Window2d win_;
+};
+
+/// dx (N, C, H, W) from g (N, O, Ho, Wo) and w (O, C, kh, kw): the transposed convolution
+/// (GEMM into columns, then col2im).
+class Conv2dBackwardInput final : public Primitive {
+ public:
+  Conv2dBackwardInput(Window2d win, std::array<int64_t, 2> in_hw) : win_(win), in_hw_(in_hw) {}
+  const char* name() const override { return "conv2d_backward_input"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
+  Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
+  void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
+                          const std::vector<Tensor>& g, const std::vector<int>&) const override;
+  std::string attrs() const override { return win_.str(); }
+
+ private:
+  Window2d win_;
+  std::array<int64_t, 2> in_hw_;
+};
+
+/// dw (O, C, kh, kw) from x (N, C, H, W) and g (N, O, Ho, Wo).
+class Conv2dBackwardWeight final : public Primitive {
+ public:
+  explicit Conv2dBackwardWeight(Window2d win) : win_(win) {}
+  const char* name() const override { return "conv2d_backward_weight"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
+  Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
+  void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
+                          const std::vector<Tensor>& g, const std::vector<int>&) const override;
+  std::string attrs() const override { return win_.str(); }
+
+ private:
+  Window2d win_;
+};
+
+/// Max pooling with -inf padding: outputs y and the flat index (h * W + w, i64) of each
+/// maximum within its (n, c) plane; the first maximum in window order wins, NaN beats all.
+class MaxPool2d final : public Primitive {
+ public:
+  explicit MaxPool2d(Window2d win) : win_(win) {}
+  const char* name() const override { return "max_pool2d"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
+  void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
+                          const std::vector<Tensor>& g, const std::vector<int>&) const override;
+  std::string attrs() const override { return win_.str(); }
+
+ private:
+  Window2d win_;
+};
+
+/// dx (N, C, H, W): g (N, C, Ho, Wo) added at the saved argmax indices.
+class MaxPool2dBackward final : public Primitive {
+ public:
+  explicit MaxPool2dBackward(std::array<int64_t, 2> in_hw) : in_hw_(in_hw) {}
+  const char* name() const override { return "max_pool2d_backward"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
+  void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+
+ private:
+  std::array<int64_t, 2> in_hw_;
+};
+
+/// Average pooling with zero padding counted in the divisor (count_include_pad=True).
+class AvgPool2d final : public Primitive {
+ public:
+  explicit AvgPool2d(Window2d win) : win_(win) {}
+  const char* name() const override { return "avg_pool2d"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
+  void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
+                          const std::vector<Tensor>& g, const std::vector<int>&) const override;
+  std::string attrs() const override { return win_.str(); }
+
+ private:
+  Window2d win_;
+};
+
+/// dx (N, C, H, W): each g (N, C, Ho, Wo) spread evenly over its window; linear in g.
+class AvgPool2dBackward final : public Primitive {
+ public:
+  AvgPool2dBackward(Window2d win, std::array<int64_t, 2> in_hw) : win_(win), in_hw_(in_hw) {}
+  const char* name() const override { return "avg_pool2d_backward"; }
+  std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
+  void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
+                          const std::vector<Tensor>& g, const std::vector<int>&) const override;
+  std::string attrs() const override { return win_.str(); }
+
+ private:
+  Window2d win_;
+  std::array<int64_t, 2> in_hw_;
+};
+
+}  // namespace hetrain
