@@ -8,6 +8,8 @@ namespace hetrain::cli {
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> cmds = {
+      {"train", "train a model on this machine (presets fashion-mlp, fashion-cnn, gpt-mini)",
+       cmd_train},
       {"version", "print the version, backends and CPU features", cmd_version},
   };
   return cmds;

@@ -1,0 +1,104 @@
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "hetrain/base/error.h"
+#include "hetrain/training/trainer.h"
+
+namespace hetrain::cli {
+
+namespace {
+// Flags that map one-to-one onto config settings.
+const char* const kSettingFlags[] = {
+    "data",   "epochs",  "steps",    "batch-size", "lr",           "min-lr",    "optimizer",
+    "seed",   "threads", "save",     "save-every", "resume",       "json-log",  "weight-decay",
+    "momentum", "clip",  "schedule", "warmup",     "log-every",    "eval-batches", "hidden",
+    "widths", "blocks",  "layers",   "heads",      "width",        "context",   "dropout"};
+}  // namespace
+
+int cmd_train(const Args& args) {
+  ArgParser p("train",
+              "Train a model on this machine: the first stage of the Hetrain workflow (validate\n"
+              "small). Settings come from the preset, then the --config file, then flags.");
+  p.option("preset", "NAME", "fashion-mlp, fashion-cnn or gpt-mini", "fashion-mlp")
+      .option("config", "FILE", "TOML file of settings (keys as the flags: lr = 3e-4, ...)")
+      .option("data", "PATH",
+              "dataset: Fashion-MNIST IDX directory (package dataset-fashion-mnist) or a text "
+              "file/directory for gpt (default corpus: package fortunes)")
+      .option("epochs", "N", "passes over the training set")
+      .option("steps", "N", "optimizer steps (overrides --epochs)")
+      .option("batch-size", "N", "examples per step")
+      .option("lr", "X", "peak learning rate")
+      .option("min-lr", "X", "final learning rate of the cosine schedule")
+      .option("optimizer", "NAME", "adamw or sgd")
+      .option("weight-decay", "X", "decoupled (adamw) or L2 (sgd) weight decay")
+      .option("momentum", "X", "SGD momentum")
+      .option("schedule", "NAME", "constant, step or cosine (with --warmup)")
+      .option("warmup", "N", "linear warm-up steps")
+      .option("clip", "X", "clip the global gradient norm to X (0: off)")
+      .option("seed", "N", "seed for initialisation, shuffling and dropout")
+      .option("threads", "N", "worker threads (0: every core)")
+      .option("save", "DIR", "write a checkpoint (safetensors weights + training state) to DIR")
+      .option("save-every", "N", "also checkpoint every N steps, into DIR/step-N")
+      .option("resume", "DIR", "continue from a checkpoint; the result is bit-identical to an "
+                               "uninterrupted run")
+      .option("json-log", "FILE", "write one JSON record per log interval and a final record")
+      .option("log-every", "N", "steps per log interval")
+      .option("eval-batches", "N", "validation batches for language models (0: all)")
+      .option("hidden", "LIST", "mlp hidden sizes, e.g. 512,256")
+      .option("widths", "LIST", "cnn stage widths, e.g. 16,32,64")
+      .option("blocks", "N", "cnn residual blocks per stage")
+      .option("layers", "N", "gpt layers")
+      .option("heads", "N", "gpt attention heads")
+      .option("width", "N", "gpt model width")
+      .option("context", "N", "gpt context length (bytes)")
+      .option("dropout", "X", "gpt dropout probability")
+      .flag("no-progress", "no live progress bar, even on a terminal")
+      .flag("json", "print the final result as JSON on stdout")
+      .epilog(
+          "examples:\n"
+          "  hetrain train --preset fashion-mlp\n"
+          "  hetrain train --preset gpt-mini --steps 300 --save ckpt --json-log log.jsonl\n"
+          "  hetrain train --preset gpt-mini --steps 600 --resume ckpt");
+  if (!p.parse(args)) return 0;
+  if (!p.positional().empty())
+    fail("[train] unexpected argument '", p.positional()[0], "'; see 'hetrain train --help'");
+
+  training::TrainConfig cfg = training::preset_config(p.get("preset"));
+  if (p.given("config")) training::apply_toml_file(cfg, p.get("config"), !p.given("preset"));
+  for (const char* f : kSettingFlags)
+    if (p.given(f)) training::apply_setting(cfg, f, p.get(f), "flag --" + std::string(f));
+  cfg.progress = !p.get_flag("no-progress");
+
+  training::TrainResult r = training::train(cfg);
+
+  double peak_mib = static_cast<double>(r.peak_memory_bytes["total"]) / (1024.0 * 1024.0);
+  if (p.get_flag("json")) {
+    nlohmann::json j = {{"steps", r.steps}, {"train_loss", r.train_loss}, {"wall_s", r.wall_s},
+                        {"samples_per_s", r.samples_per_s}, {"peak_memory_bytes", r.peak_memory_bytes}};
+    if (r.test_accuracy >= 0) {
+      j["test_accuracy"] = r.test_accuracy;
+      j["test_loss"] = r.test_loss;
+    } else {
+      j["val_loss"] = r.val_loss;
+      j["unigram_entropy"] = r.unigram_entropy;
+    }
+    std::cout << j.dump(2) << "\n";
+  } else if (r.test_accuracy >= 0) {
+    std::printf("result: test accuracy %.2f%% (test loss %.4f), train loss %s, %lld steps in %.1f s, "
+                "%.0f samples/s, peak memory %.1f MiB\n",
+                100.0 * r.test_accuracy, r.test_loss, training::format_loss(r.train_loss).c_str(),
+                static_cast<long long>(r.steps), r.wall_s, r.samples_per_s, peak_mib);
+  } else {
+    std::printf("result: val loss %.4f nats/byte (unigram entropy %.4f, ratio %.2f), train loss %s, "
+                "%lld steps in %.1f s, %.0f samples/s, peak memory %.1f MiB\n",
+                r.val_loss, r.unigram_entropy, r.val_loss / r.unigram_entropy,
+                training::format_loss(r.train_loss).c_str(), static_cast<long long>(r.steps),
+                r.wall_s, r.samples_per_s, peak_mib);
+  }
+  return 0;
+}
+
+}  // namespace hetrain::cli

@@ -1,0 +1,378 @@
+// The training loop behind `hetrain train`.
+#include "hetrain/training/trainer.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "hetrain/base/error.h"
+#include "hetrain/base/thread_pool.h"
+#include "hetrain/graph/autodiff.h"
+#include "hetrain/interop/safetensors.h"
+#include "hetrain/memory/allocator.h"
+#include "hetrain/runtime/eval.h"
+#include "hetrain/training/data.h"
+#include "hetrain/training/nn.h"
+#include "hetrain/training/optim.h"
+
+namespace hetrain::training {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string format_loss(double v) {
+  std::ostringstream os;
+  os << std::setprecision(9) << v;
+  return os.str();
+}
+
+namespace {
+
+struct Data {
+  std::shared_ptr<data::Dataset> train, test;
+  double entropy = -1;
+  bool language = false;
+};
+
+Data load_data(const TrainConfig& c) {
+  Data d;
+  if (c.model == "gpt") {
+    d.language = true;
+    data::TextCorpus corpus = data::load_text_corpus(c.data);
+    d.entropy = data::unigram_entropy(corpus.val);
+    d.train = data::make_text_dataset(std::move(corpus.train), c.context);
+    d.test = data::make_text_dataset(std::move(corpus.val), c.context);
+  } else {
+    d.train = data::load_fashion_mnist(c.data, "train");
+    d.test = data::load_fashion_mnist(c.data, "test");
+  }
+  if (d.train->size() < c.batch_size)
+    fail("[train] the training set (", d.train->describe(), ") has fewer examples than one batch of ",
+         c.batch_size);
+  return d;
+}
+
+std::shared_ptr<nn::Module> build_model(const TrainConfig& c, Generator& init, Generator& dropout) {
+  if (c.model == "mlp") return nn::make_mlp(28 * 28, c.hidden, 10, init);
+  if (c.model == "cnn") return std::make_shared<nn::ResNet>(1, 10, c.widths, c.blocks, init);
+  nn::GptConfig g{.vocab = 256, .context = c.context, .layers = c.layers, .heads = c.heads,
+                  .dim = c.width, .dropout = c.dropout};
+  (void)dropout;
+  return std::make_shared<nn::Gpt>(g, init);
+}
+
+Tensor loss_of(const Tensor& logits, const Tensor& targets, bool language) {
+  if (!language) return cross_entropy(logits, targets);
+  const int64_t V = logits.shape().back();
+  return cross_entropy(reshape(logits, {-1, V}), reshape(targets, {-1}));
+}
+
+/// Mean loss (and accuracy) over the evaluation set, in eval mode, without gradients.
+std::pair<double, double> evaluate(nn::Module& model, const data::Dataset& ds, int64_t batch,
+                                   bool language, int64_t max_batches) {
+  NoGradScope ng;
+  model.eval();
+  double loss_sum = 0;
+  int64_t count = 0, correct = 0, batches = 0;
+  for (const data::Batch& b : data::DataLoader::all_batches(ds, batch)) {
+    if (max_batches > 0 && batches >= max_batches) break;
+    ++batches;
+    Tensor logits = model.forward(b.inputs);
+    Tensor loss = loss_of(logits, b.targets, language);
+    int64_t n = b.targets.numel();
+    if (!language) {
+      Tensor hits = sum(equal(argmax(logits, 1), b.targets));
+      eval({loss, hits});
+      correct += hits.item<int64_t>();
+    }
+    loss_sum += loss.item<double>() * static_cast<double>(n);
+    count += n;
+  }
+  model.train();
+  return {count ? loss_sum / static_cast<double>(count) : 0.0,
+          count ? static_cast<double>(correct) / static_cast<double>(count) : 0.0};
+}
+
+std::string fmt_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "--";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  std::ostringstream os;
+  if (t >= 3600) os << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t / 60) % 60 << "m";
+  else if (t >= 60) os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
+  else os << t << "s";
+  return os.str();
+}
+
+/// A live bar on a terminal, plain lines otherwise.
+class Progress {
+ public:
+  Progress(int64_t total, bool enabled) : total_(total), tty_(enabled && isatty(STDERR_FILENO)) {}
+  void update(int64_t step, double loss, double sps, double eta, bool log_line, int64_t epoch,
+              double lr) {
+    if (tty_) {
+      const int width = 24;
+      int filled = static_cast<int>(width * static_cast<double>(step) / static_cast<double>(total_));
+      std::string bar(static_cast<size_t>(filled), '=');
+      if (filled < width) bar += '>';
+      bar.resize(width, ' ');
+      std::fprintf(stderr, "\r\033[K step %lld/%lld [%s] loss %.4f | %.0f samples/s | ETA %s",
+                   static_cast<long long>(step), static_cast<long long>(total_), bar.c_str(), loss,
+                   sps, fmt_duration(eta).c_str());
+      std::fflush(stderr);
+    } else if (log_line) {
+      std::fprintf(stderr, "step %lld/%lld epoch %lld loss %.4f lr %.3g %.0f samples/s ETA %s\n",
+                   static_cast<long long>(step), static_cast<long long>(total_),
+                   static_cast<long long>(epoch), loss, lr, sps, fmt_duration(eta).c_str());
+    }
+  }
+  void finish() {
+    if (tty_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  int64_t total_;
+  bool tty_;
+};
+
+// ---- checkpoints --------------------------------------------------------------------------
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kStateFile = "train_state.safetensors";
+
+struct ResumeState {
+  int64_t step = 0, data_epoch = 0, data_position = 0;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
+};
+
+void save_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
+                     const TrainConfig& cfg, const ResumeState& st) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail("[train] cannot create checkpoint directory ", dir, ": ", ec.message());
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (auto& [n, t] : model.state_dict()) weights.emplace_back(n, t);
+  std::vector<std::pair<std::string, Tensor>> opt_state;
+  for (auto& [n, t] : opt.state_dict()) opt_state.emplace_back(n, t);
+  std::map<std::string, std::string> meta = {
+      {"format", "hetrain-train-state"},
+      {"version", "1"},
+      {"step", std::to_string(st.step)},
+      {"optimizer", opt.name()},
+      {"optimizer_steps", std::to_string(opt.steps())},
+      {"data_epoch", std::to_string(st.data_epoch)},
+      {"data_position", std::to_string(st.data_position)},
+      {"dropout_seed", std::to_string(st.dropout_seed)},
+      {"dropout_offset", std::to_string(st.dropout_offset)},
+      {"config", config_to_toml(cfg)},
+  };
+  // Weights first, state second: the state file names the step both belong to.
+  safetensors::save(dir + "/" + kModelFile, weights, {{"format", "pt"}, {"step", std::to_string(st.step)}});
+  safetensors::save(dir + "/" + kStateFile, opt_state, meta);
+}
+
+int64_t meta_int(const std::map<std::string, std::string>& m, const std::string& key,
+                 const std::string& file) {
+  auto it = m.find(key);
+  if (it == m.end()) fail("[train] checkpoint ", file, " lacks metadata field '", key, "'");
+  try {
+    return std::stoll(it->second);
+  } catch (const std::exception&) {
+    fail("[train] checkpoint ", file, ": metadata field '", key, "' is not a number: '",
+         it->second, "'");
+  }
+}
+
+ResumeState load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt) {
+  if (!fs::is_directory(dir)) fail("[train] --resume: ", dir, " is not a directory");
+  const std::string mfile = dir + "/" + kModelFile, sfile = dir + "/" + kStateFile;
+  safetensors::File weights = safetensors::load(mfile);
+  safetensors::File state = safetensors::load(sfile);
+  auto fmt = state.metadata.find("format");
+  if (fmt == state.metadata.end() || fmt->second != "hetrain-train-state")
+    fail("[train] ", sfile, " is not a Hetrain training state (metadata 'format' missing or wrong)");
+  if (state.metadata["optimizer"] != opt.name())
+    fail("[train] checkpoint ", sfile, " was written with optimizer '", state.metadata["optimizer"],
+         "' but this run uses '", opt.name(), "'");
+  ResumeState st;
+  st.step = meta_int(state.metadata, "step", sfile);
+  st.data_epoch = meta_int(state.metadata, "data_epoch", sfile);
+  st.data_position = meta_int(state.metadata, "data_position", sfile);
+  st.dropout_seed = static_cast<uint64_t>(meta_int(state.metadata, "dropout_seed", sfile));
+  st.dropout_offset = static_cast<uint64_t>(meta_int(state.metadata, "dropout_offset", sfile));
+  int64_t wstep = meta_int(weights.metadata, "step", mfile);
+  if (wstep != st.step)
+    fail("[train] checkpoint ", dir, " is inconsistent: weights are from step ", wstep,
+         " but the training state is from step ", st.step);
+  try {
+    model.load_state_dict(weights.tensors);
+  } catch (const Error& e) {
+    fail("[train] checkpoint ", mfile, " does not match this model: ", e.what());
+  }
+  opt.load_state_dict(state.tensors, meta_int(state.metadata, "optimizer_steps", sfile));
+  return st;
+}
+
+void check_writable_dir(const std::string& dir, const char* flag) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || access(dir.c_str(), W_OK) != 0)
+    fail("[train] ", flag, " ", dir, " is not a writable directory");
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& cfg) {
+  validate(cfg);
+  // Fail on unwritable outputs before any work.
+  std::ofstream jlog;
+  if (!cfg.json_log.empty()) {
+    jlog.open(cfg.json_log, std::ios::trunc);
+    if (!jlog) fail("[train] cannot write --json-log file ", cfg.json_log);
+  }
+  if (!cfg.save_dir.empty()) check_writable_dir(cfg.save_dir, "--save");
+  set_num_threads(cfg.threads);
+
+  Data data = load_data(cfg);
+  Generator init_gen(cfg.seed), dropout_gen(cfg.seed + 1);
+  std::shared_ptr<nn::Module> model = build_model(cfg, init_gen, dropout_gen);
+  default_generator().set_state(cfg.seed + 1, 0);  // dropout draws from the default generator
+
+  optim::NamedParams params = model->named_parameters();
+  // Weight decay applies to matrices and convolutions, not to biases and norm scales.
+  std::unique_ptr<optim::Optimizer> opt;
+  if (cfg.optimizer == "adamw")
+    opt = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = cfg.lr, .weight_decay = cfg.weight_decay});
+  else
+    opt = std::make_unique<optim::SGD>(params, optim::SgdOptions{.lr = cfg.lr, .momentum = cfg.momentum,
+                                                                .weight_decay = cfg.weight_decay});
+
+  data::DataLoader loader(data.train, cfg.batch_size, true, cfg.seed);
+  const int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * loader.batches_per_epoch();
+  optim::LrSchedule sched{.kind = cfg.schedule, .base_lr = cfg.lr, .warmup_steps = cfg.warmup,
+                          .total_steps = total, .min_lr = cfg.min_lr};
+
+  int64_t step = 0;
+  if (!cfg.resume_dir.empty()) {
+    ResumeState st = load_checkpoint(cfg.resume_dir, *model, *opt);
+    step = st.step;
+    loader.seek(st.data_epoch, st.data_position);
+    default_generator().set_state(st.dropout_seed, st.dropout_offset);
+    if (step > total)
+      fail("[train] checkpoint is at step ", step, ", past the ", total, " steps of this run");
+    std::fprintf(stderr, "resumed from %s at step %lld\n", cfg.resume_dir.c_str(),
+                 static_cast<long long>(step));
+  }
+  std::fprintf(stderr, "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld, %d threads\n",
+               cfg.preset.c_str(), cfg.model.c_str(), static_cast<long long>(model->num_parameters()),
+               data.train->describe().c_str(), static_cast<long long>(total),
+               static_cast<long long>(cfg.batch_size), num_threads());
+
+  host_allocator().reset_peak();
+  Progress progress(total, cfg.progress);
+  const auto t0 = Clock::now();
+  auto interval_start = t0;
+  int64_t interval_steps = 0, samples_done = 0, first_step = step;
+  double interval_loss = 0, last_loss = NAN;
+  model->train();
+  while (step < total) {
+    const double lr = sched.at(step);
+    opt->set_lr(lr);
+    const int64_t epoch = loader.epoch();
+    data::Batch batch = loader.next();
+    Tensor logits = model->forward(batch.inputs);
+    Tensor loss = loss_of(logits, batch.targets, data.language);
+    loss.backward();
+    std::vector<Tensor> buffers;
+    for (auto& [n, b] : model->named_buffers()) buffers.push_back(*b);
+    eval(buffers);
+    for (auto& [n, b] : model->named_buffers()) *b = b->detach();
+    if (cfg.clip > 0) optim::clip_grad_norm(model->parameters(), cfg.clip);
+    opt->step();
+    opt->zero_grad();
+    last_loss = loss.item<double>();
+    if (!std::isfinite(last_loss))
+      fail("[train] loss became ", last_loss, " at step ", step + 1,
+           "; lower --lr or enable --clip");
+    ++step;
+    ++interval_steps;
+    interval_loss += last_loss;
+    samples_done += cfg.batch_size;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double sps = static_cast<double>(samples_done) / std::max(elapsed, 1e-9);
+    const double eta = elapsed / static_cast<double>(step - first_step) * static_cast<double>(total - step);
+    const bool log_now = step % cfg.log_every == 0 || step == total;
+    progress.update(step, last_loss, sps, eta, log_now, epoch, lr);
+    if (log_now) {
+      const double dt = std::chrono::duration<double>(Clock::now() - interval_start).count();
+      if (jlog) {
+        nlohmann::json rec = {{"step", step},
+                              {"epoch", epoch},
+                              {"loss", interval_loss / static_cast<double>(interval_steps)},
+                              {"lr", lr},
+                              {"samples_per_s", static_cast<double>(interval_steps * cfg.batch_size) / std::max(dt, 1e-9)}};
+        jlog << rec.dump() << "\n" << std::flush;
+      }
+      interval_start = Clock::now();
+      interval_steps = 0;
+      interval_loss = 0;
+    }
+    if (!cfg.save_dir.empty() && cfg.save_every > 0 && step % cfg.save_every == 0 && step < total)
+      save_checkpoint(cfg.save_dir + "/step-" + std::to_string(step), *model, *opt, cfg,
+                      {step, loader.epoch(), loader.position(), default_generator().seed(),
+                       default_generator().offset()});
+  }
+  progress.finish();
+  const double train_wall = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  TrainResult r;
+  r.steps = step;
+  r.train_loss = last_loss;
+  r.wall_s = train_wall;
+  r.samples_per_s = static_cast<double>(samples_done) / std::max(train_wall, 1e-9);
+  auto stats = host_allocator().stats();
+  for (int t = 0; t < kNumMemoryTags; ++t)
+    r.peak_memory_bytes[std::string(memory_tag_name(static_cast<MemoryTag>(t)))] = stats.peak[static_cast<size_t>(t)];
+  r.peak_memory_bytes["total"] = stats.peak_total;
+
+  auto [tl, acc] = evaluate(*model, *data.test, cfg.batch_size, data.language,
+                            data.language ? cfg.eval_batches : 0);
+  if (data.language) {
+    r.val_loss = tl;
+    r.unigram_entropy = data.entropy;
+  } else {
+    r.test_loss = tl;
+    r.test_accuracy = acc;
+  }
+  if (!cfg.save_dir.empty())
+    save_checkpoint(cfg.save_dir, *model, *opt, cfg,
+                    {step, loader.epoch(), loader.position(), default_generator().seed(),
+                     default_generator().offset()});
+  if (jlog) {
+    nlohmann::json fin = {{"final", true},
+                          {"steps", r.steps},
+                          {"train_loss", nlohmann::json::parse(format_loss(r.train_loss))},
+                          {"wall_s", r.wall_s},
+                          {"samples_per_s", r.samples_per_s},
+                          {"peak_memory_bytes", r.peak_memory_bytes}};
+    if (data.language) {
+      fin["val_loss"] = r.val_loss;
+      fin["unigram_entropy"] = r.unigram_entropy;
+    } else {
+      fin["test_loss"] = r.test_loss;
+      fin["test_accuracy"] = r.test_accuracy;
+    }
+    jlog << fin.dump() << "\n" << std::flush;
+  }
+  return r;
+}
+
+}  // namespace hetrain::training

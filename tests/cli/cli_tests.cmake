@@ -1,0 +1,24 @@
+# Command-line tests: run the real binary and check what it prints.
+set(HT $<TARGET_FILE:hetrain>)
+function(hetrain_cli_test name regex)
+  add_test(NAME ${name} COMMAND ${ARGN})
+  set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${regex}" TIMEOUT 300)
+endfunction()
+
+hetrain_cli_test(cli.version "hetrain [0-9]+\\.[0-9]+\\.[0-9]+.*cpu features:" ${HT} --version)
+hetrain_cli_test(cli.train_help "--resume DIR.*--json-log FILE" ${HT} train --help)
+hetrain_cli_test(cli.unknown_flag "unknown flag '--bogus'" ${HT} train --bogus)
+hetrain_cli_test(cli.bad_number "'lr' expects a number, got 'fast'" ${HT} train --lr fast)
+hetrain_cli_test(cli.unknown_preset "unknown preset 'nope'; known presets: fashion-mlp" ${HT} train --preset nope)
+hetrain_cli_test(cli.missing_data_dir "/nonexistent/fmnist.*dataset-fashion-mnist"
+                 ${HT} train --data /nonexistent/fmnist --steps 1)
+hetrain_cli_test(cli.unwritable_log "cannot write --json-log file /proc/forbidden/log.jsonl"
+                 ${HT} train --json-log /proc/forbidden/log.jsonl --steps 1)
+add_test(NAME cli.resume_identical_gpt
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/resume_identical.sh ${HT} gpt-mini
+                 --layers 1 --width 32 --heads 2 --context 16 --batch-size 8 --dropout 0.1
+                 --eval-batches 2 --threads 2)
+add_test(NAME cli.resume_identical_mlp
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/resume_identical.sh ${HT} fashion-mlp
+                 --hidden 32 --batch-size 32 --threads 2)
+set_tests_properties(cli.resume_identical_gpt cli.resume_identical_mlp PROPERTIES TIMEOUT 600)
