@@ -144,7 +144,12 @@ void backward(const Tensor& output, const Tensor& cotangent) {
   for (const auto& n : order) {
     if (n->requires_grad) relevant.insert(n.get());
   }
-  auto cot = backprop({output}, {cotangent}, order, relevant);
+  // The gradient graph needs no graph of its own (no create_graph).
+  std::unordered_map<Node*, std::vector<Tensor>> cot;
+  {
+    NoGradScope no_grad;
+    cot = backprop({output}, {cotangent}, order, relevant);
+  }
   std::vector<Tensor> targets{output};
   std::vector<Node*> leaf_nodes;
   for (const auto& np : order) {
@@ -153,11 +158,20 @@ void backward(const Tensor& output, const Tensor& cotangent) {
     auto it = cot.find(n);
     if (it == cot.end() || !it->second[0].defined()) continue;
     Tensor g = it->second[0];
+    NoGradScope no_grad;
     n->grad = n->grad.defined() ? add(n->grad, g) : g;
     targets.push_back(n->grad);
     leaf_nodes.push_back(n);
   }
-  eval(targets);
+  // Evaluated forward nodes forget their producers now: what the gradient graph needs it
+  // references directly, so each activation is freed after its last backward use.
+  for (const auto& n : order) {
+    if (n->prim && n->evaluated()) {
+      n->prim.reset();
+      n->inputs.clear();
+    }
+  }
+  eval(targets, /*release_graph=*/true);
   // Gradients are accounted as such; a gradient that aliases another buffer gets its own.
   for (Node* n : leaf_nodes) {
     Array& a = n->grad.node()->outs[n->grad.index()];

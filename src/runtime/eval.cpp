@@ -23,7 +23,7 @@ int64_t now_ns() {
       .count();
 }
 
-void run_node(Node* n) {
+void run_node(Node* n, bool release_graph) {
   std::vector<const Array*> in;
   in.reserve(n->inputs.size());
   for (const auto& t : n->inputs) in.push_back(&t.node()->outs[t.index()]);
@@ -40,7 +40,7 @@ void run_node(Node* n) {
   if (obs) obs->on_node(*n, t0, now_ns());
   // A node that no gradient will need forgets how it was made, so its inputs can be
   // freed as soon as their last consumer has run.
-  if (!n->requires_grad) {
+  if (!n->requires_grad || release_graph) {
     n->prim.reset();
     n->inputs.clear();
   }
@@ -51,7 +51,7 @@ void set_node_observer(NodeObserver* obs) { g_observer.store(obs); }
 
 ExecutorStats executor_stats() { return {g_nodes_run.load(), g_evals.load()}; }
 
-void eval(const std::vector<Tensor>& targets) {
+void eval(const std::vector<Tensor>& targets, bool release_graph) {
   const uint64_t mark = ++g_epoch;
   // Post-order DFS over unevaluated nodes: inputs come before their consumers.
   std::vector<Node*> order;
@@ -86,7 +86,7 @@ void eval(const std::vector<Tensor>& targets) {
 
   const size_t n = order.size();
   if (n == 1) {
-    run_node(order[0]);
+    run_node(order[0], release_graph);
     return;
   }
   // Position of each node in order (stored in mark's place would clash; use a side table).
@@ -123,7 +123,7 @@ void eval(const std::vector<Tensor>& targets) {
   };
   auto run = [&](int i) {
     try {
-      run_node(order[i]);
+      run_node(order[i], release_graph);
     } catch (...) {
       std::lock_guard<std::mutex> lk(mu);
       if (!error) error = std::current_exception();

@@ -9,8 +9,10 @@
 
 namespace hetrain {
 
-/// Evaluates all targets (one traversal, shared subgraphs run once).
-void eval(const std::vector<Tensor>& targets);
+/// Evaluates all targets (one traversal, shared subgraphs run once). Nodes that no gradient
+/// needs forget their producers once run; with release_graph every node does (backward(),
+/// which frees the graph anyway, uses it so activations go at their last use).
+void eval(const std::vector<Tensor>& targets, bool release_graph = false);
 
 struct ExecutorStats {
   int64_t nodes_run = 0;
