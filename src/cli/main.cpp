@@ -9,6 +9,7 @@ namespace hetrain::cli {
 const std::vector<Command>& commands() {
   static const std::vector<Command> cmds = {
       {"version", "print the version, backends and CPU features", cmd_version},
+      {"plan", "memory, time and cost of a training job; search hardware and strategy", cmd_plan},
   };
   return cmds;
 }

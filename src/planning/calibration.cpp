@@ -55,7 +55,7 @@ double median(std::vector<double> v) {
 
 Plan predict(const MeasuredRun& r, const Catalog& cat, double scale) {
   Hardware hw = cat.get(r.hardware);
-  hw.gemm_efficiency /= scale;
+  hw.compute_scale *= scale;
   return evaluate(r.job, hw, r.gpus, r.strategy);
 }
 
@@ -150,7 +150,7 @@ Catalog calibrated(const Catalog& catalog, const CalibrationReport& report) {
   out.path = catalog.path;
   for (Hardware h : catalog.all()) {
     if (auto it = report.step_scale.find(h.id); it != report.step_scale.end() && it->second > 0)
-      h.gemm_efficiency /= it->second;
+      h.compute_scale *= it->second;
     out.add(std::move(h));
   }
   return out;

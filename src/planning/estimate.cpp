@@ -94,8 +94,21 @@ ModelStates model_state_bytes(double P, int dp, int zero, Offload off, Precision
 namespace detail {
 
 std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const Strategy& s) {
-  std::ostringstream os;
   const ModelSpec& m = job.model;
+  // Cheap checks first: the search calls this for every candidate.
+  int tpp = std::max(1, s.tp * s.pp);
+  int dp0 = gpus / tpp;
+  bool likely_ok = gpus >= 1 && s.tp >= 1 && s.pp >= 1 && gpus % tpp == 0 && s.zero >= 0 &&
+                   s.zero <= 3 && s.micro_batch >= 1 && !(s.pp > 1 && s.zero >= 2) &&
+                   (s.offload == Offload::none || (s.zero >= 1 && hw.pcie_gen > 0)) &&
+                   (s.offload != Offload::optimizer_params || s.zero == 3) &&
+                   (hw.peak_tflops(job.precision) > 0 || job.achieved_tflops) && dp0 > 0 &&
+                   job.global_batch % (static_cast<int64_t>(dp0) * s.micro_batch) == 0 &&
+                   (m.is_transformer() ? m.tf.heads % s.tp == 0 && m.tf.kv_heads % s.tp == 0 &&
+                                             s.pp <= m.tf.layers
+                                       : s.tp == 1 && s.pp == 1);
+  if (likely_ok) return "";
+  std::ostringstream os;
   if (gpus < 1) return "--gpus must be at least 1";
   if (s.tp < 1 || s.pp < 1) return "--tp and --pp must be at least 1";
   if (gpus % (s.tp * s.pp) != 0) {
@@ -157,9 +170,7 @@ void check_strategy(const Job& job, const Hardware& hw, int gpus, const Strategy
 
 namespace {
 
-struct StageCompute {
-  double fwd = 0, bwd = 0, recompute = 0;  // seconds for one micro-batch on one stage
-};
+using detail::StageCompute;
 
 // Forward/backward time of one micro-batch on the slowest pipeline stage (the last: it
 // also computes the logits) from GEMM shapes and memory-bound elementwise work.
@@ -185,6 +196,7 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
       }
     }
     if (s.recompute == Recompute::full) c.recompute = c.fwd;
+    c.fwd *= hw.compute_scale, c.bwd *= hw.compute_scale, c.recompute *= hw.compute_scale;
     return c;
   }
   const auto& tf = m.tf;
@@ -217,12 +229,12 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
   c.bwd = 2 * c.fwd;
   if (s.recompute == Recompute::full) c.recompute = lps * layer_fwd;
   if (s.recompute == Recompute::selective) c.recompute = lps * core;
+  c.fwd *= hw.compute_scale, c.bwd *= hw.compute_scale, c.recompute *= hw.compute_scale;
   return c;
 }
 
 // Parameters held by one device under tensor and pipeline parallelism (the largest stage).
-double params_per_device(const ModelSpec& m, const Strategy& s) {
-  ParamLayout l = m.layout();
+double params_per_device(const ModelSpec& m, const ParamLayout& l, const Strategy& s) {
   if (!m.is_transformer()) return static_cast<double>(l.total);
   double lps = std::ceil(static_cast<double>(m.tf.layers) / s.pp);
   double body = lps * l.per_layer;
@@ -238,13 +250,30 @@ double params_per_device(const ModelSpec& m, const Strategy& s) {
 
 Plan evaluate(const Job& job, const Hardware& hw, int gpus, const Strategy& s) {
   check_strategy(job, hw, gpus, s);
-  return detail::evaluate_unchecked(job, hw, gpus, s);
+  Plan p = detail::evaluate_unchecked(job, hw, gpus, s);
+  detail::describe_fit(p);
+  return p;
 }
 
 namespace detail {
 
-Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Strategy& s) {
+void describe_fit(Plan& p) {
+  if (p.fits) return;
+  const auto& mem = p.memory;
+  std::ostringstream os;
+  os.precision(3);
+  if (mem.total > mem.capacity)
+    os << "needs " << mem.total / 1e9 << " GB per device, has " << mem.capacity / 1e9 << " GB";
+  else
+    os << "offload needs " << mem.host_per_device / 1e9 << " GB host memory per device, has "
+       << mem.host_capacity / 1e9 << " GB";
+  p.fit_reason = os.str();
+}
+
+Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Strategy& s,
+                        StageComputeCache* cache) {
   const ModelSpec& m = job.model;
+  const ParamLayout layout = m.layout();
   Plan p;
   p.hardware = hw.id;
   p.gpus = gpus;
@@ -253,12 +282,12 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
   const Strategy& st = p.strategy;
   p.dp = gpus / (s.tp * s.pp);
   p.micro_batches = job.global_batch / (static_cast<int64_t>(p.dp) * s.micro_batch);
-  p.params = m.params();
+  p.params = layout.total;
   double wb = job.precision == Precision::fp32 ? 4 : 2;
   double act_scale = job.precision == Precision::fp32 ? 2 : 1;
 
   // ---- memory ----
-  double P = params_per_device(m, st);
+  double P = params_per_device(m, layout, st);
   ModelStates ms = model_state_bytes(P, p.dp, st.zero, st.offload, job.precision);
   MemoryBreakdown& mem = p.memory;
   mem.weights = ms.weights;
@@ -289,7 +318,7 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
                                        tf, st.micro_batch, st.tp, st.sequence_parallel,
                                        Recompute::selective);
     if (st.zero == 3)  // the gathered weights of the current and the prefetched layer
-      mem.temporary += 2 * wb * m.layout().per_layer / st.tp;
+      mem.temporary += 2 * wb * layout.per_layer / st.tp;
   } else {
     mem.activations = act_scale * convnet_activation_bytes(m.conv, st.micro_batch, st.recompute);
     if (st.zero == 3) mem.temporary += wb * P / 4;  // a conv stage's gathered weights
@@ -298,16 +327,6 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
   mem.total = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.temporary +
               mem.reserved;
   p.fits = mem.total <= mem.capacity && mem.host_per_device <= mem.host_capacity;
-  if (!p.fits) {
-    std::ostringstream os;
-    os.precision(3);
-    if (mem.total > mem.capacity)
-      os << "needs " << mem.total / 1e9 << " GB per device, has " << mem.capacity / 1e9 << " GB";
-    else
-      os << "offload needs " << mem.host_per_device / 1e9 << " GB host memory per device, has "
-         << mem.host_capacity / 1e9 << " GB";
-    p.fit_reason = os.str();
-  }
 
   // ---- FLOPs ----
   double fwd = m.forward_flops_per_sample();
@@ -327,6 +346,12 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
     c.fwd = per_dev * fwd / rate;
     c.bwd = 2 * c.fwd;
     c.recompute = per_dev * rc / rate;
+  } else if (cache) {
+    auto key = std::make_tuple(st.tp, st.pp, st.micro_batch, static_cast<int>(st.recompute),
+                               st.sequence_parallel);
+    auto it = cache->find(key);
+    if (it == cache->end()) it = cache->emplace(key, stage_compute(job, hw, st)).first;
+    c = it->second;
   } else {
     c = stage_compute(job, hw, st);
   }
@@ -337,7 +362,15 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
 
   int gpn = hw.gpus_per_node;
   double a_in = hw.alpha_intra_us * 1e-6, a_out = hw.alpha_inter_us * 1e-6;
-  auto bw_for = [&](int span) { return span <= gpn ? hw.intra_bw() : hw.inter_bw(); };
+  // A group that spans nodes: NCCL runs one ring per NIC, so the ranks the group has in a
+  // node share that node's NICs with the other tensor-parallel groups: its bandwidth is
+  // (devices per node / tp) x the per-device network bandwidth, at most the intra-node link.
+  auto bw_for = [&](int span) {
+    if (span <= gpn) return hw.intra_bw();
+    double ranks_per_node = std::max(1, gpn / s.tp);
+    return std::min(hw.intra_bw() > 0 ? hw.intra_bw() : hw.inter_bw() * ranks_per_node,
+                    hw.inter_bw() * ranks_per_node);
+  };
   auto alpha_for = [&](int span) { return span <= gpn ? a_in : a_out; };
   double tp_mb = 0, pp_mb = 0;
   if (m.is_transformer()) {
@@ -353,7 +386,8 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
     if (st.pp > 1) {
       double n = act / (st.sequence_parallel ? st.tp : 1);
       int span = st.tp * st.pp;
-      pp_mb = 2 * (alpha_for(span) + n / bw_for(span));
+      double bw = span <= gpn ? hw.intra_bw() : hw.inter_bw();  // one path per send
+      pp_mb = 2 * (alpha_for(span) + n / bw);
     }
   }
   T.tp_comm = mbs * tp_mb;

@@ -56,6 +56,7 @@ struct HardwareOutcome {
   Plan cheapest_in_deadline;
   double cheapest_cost = std::numeric_limits<double>::infinity();
   std::vector<Plan> feasible;  // the best few
+  int smallest_fitting = 0;    // fewest devices with a plan that fits
 };
 
 }  // namespace
@@ -93,8 +94,10 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
 
   std::vector<Plan> all_best;
   std::map<std::string, std::vector<Plan>> runners_up;
+  std::map<std::string, int> smallest_fitting;
   for (const Hardware* hw : hws) {
     HardwareOutcome o;
+    detail::StageComputeCache cache;
     for (int n : counts) {
       if (n > hw->gpus_per_node && n % hw->gpus_per_node != 0) continue;  // whole nodes
       for (int tp : tps) {
@@ -120,15 +123,17 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
                     continue;
                   }
                   o.any_valid = true;
-                  Plan p = detail::evaluate_unchecked(job, *hw, n, s);
+                  Plan p = detail::evaluate_unchecked(job, *hw, n, s, &cache);
                   ++r.evaluated;
                   if (!p.fits) {
                     if (p.memory.total < o.least_memory_total) {
                       o.least_memory_total = p.memory.total;
                       o.least_memory = p;
+                      detail::describe_fit(o.least_memory);
                     }
                     continue;
                   }
+                  if (!o.any_fit || n < o.smallest_fitting) o.smallest_fitting = n;
                   o.any_fit = true;
                   if (p.train_days < o.fastest_days) {
                     o.fastest_days = p.train_days;
@@ -157,6 +162,7 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
       }
     }
     std::sort(o.feasible.begin(), o.feasible.end(), better);
+    smallest_fitting[hw->id] = o.any_fit ? o.smallest_fitting : 0;
     if (!o.feasible.empty()) {
       all_best.push_back(o.feasible.front());
       runners_up[hw->id] = std::move(o.feasible);
@@ -228,8 +234,10 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
   std::string fits_line = "hardware that fits:";
   for (const Hardware* hw : hws) {
     double per = states / (hw->mem_gb * 1e9);
-    fits_line += " " + hw->id + " (states alone need >= " + fmt(std::ceil(per), 4) +
-                 " devices without offload)";
+    int n = smallest_fitting[hw->id];
+    fits_line += " " + hw->id + " from " +
+                 (n ? std::to_string(n) + " devices" : std::string("no count searched")) +
+                 " (model states alone fill " + fmt(std::ceil(per), 4) + " without offload)";
     if (hw != hws.back()) fits_line += ";";
   }
   ex.push_back(fits_line);

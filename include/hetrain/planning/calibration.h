@@ -52,12 +52,13 @@ struct CalibrationReport {
   double mean_abs_step_error = 0, max_abs_step_error = 0;
   std::optional<double> mean_abs_loo_error;  // leave-one-out, when a hardware has >= 2 runs
   /// Per hardware: median of measured/predicted step time. Planning with --calibrate
-  /// divides that hardware's GEMM efficiency by it.
+  /// multiplies that hardware's modelled compute time by it (communication is not
+  /// calibrated: single-device runs cannot measure it).
   std::map<std::string, double> step_scale;
 };
 
 CalibrationReport compare_measured(const std::vector<MeasuredRun>& runs, const Catalog& catalog);
-/// A copy of the catalog with each calibrated hardware's compute efficiency corrected.
+/// A copy of the catalog with each calibrated hardware's compute time corrected.
 Catalog calibrated(const Catalog& catalog, const CalibrationReport& report);
 
 }  // namespace hetrain::planning

@@ -40,6 +40,7 @@ struct Hardware {
   double gemm_efficiency = 0.8;  // fraction of peak a large GEMM reaches
   double alpha_intra_us = 5, alpha_inter_us = 15;
   double reserved_gb = 1.0;      // runtime context and allocator slack per device
+  double compute_scale = 1.0;     // calibration: measured/predicted compute time
   bool measured = false;         // from this machine's device profile
   std::map<std::string, Source> sources;
 
