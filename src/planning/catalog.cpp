@@ -124,6 +124,14 @@ Hardware parse_entry(const json& e, const std::string& file, size_t index) {
       fail("[plan] ", where, ": sources.", key, " needs a non-empty doc and date");
     h.sources[key] = s;
   }
+  for (const auto& [key, v] : e["sources"].items()) {  // optional extras, e.g. gemm_efficiency
+    if (h.sources.count(key)) continue;
+    if (!v.is_object()) fail("[plan] ", where, ": sources.", key, " must be {doc, date}");
+    h.sources[key] = Source{text(v, "doc", where + " sources." + key),
+                            text(v, "date", where + " sources." + key)};
+  }
+  if (e.contains("gemm_efficiency") && !h.sources.count("gemm_efficiency"))
+    fail("[plan] ", where, ": gemm_efficiency needs sources.gemm_efficiency");
   return h;
 }
 

@@ -83,6 +83,8 @@ ModelStates model_state_bytes(double P, int dp, int zero, Offload off, Precision
     double shard = zero >= 1 ? P / N : P;
     m.host = (K + 4) * shard;  // optimizer states and fp32 gradients for the CPU step
     m.optimizer = 0;
+    // Gradient shards stream to the host bucket by bucket (ZeRO-Offload with stage >= 2).
+    if (zero >= 2) m.gradients = 0;
     if (off == Offload::optimizer_params) {
       m.host += wb * P / N;
       m.weights = 0;  // fetched per layer: counted under temporary

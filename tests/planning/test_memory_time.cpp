@@ -149,3 +149,42 @@ TEST(PlanNumbers, ParseCount) {
   EXPECT_THROW(parse_count("seven", "--tokens"), Error);
   EXPECT_THROW(parse_count("7X", "--tokens"), Error);
 }
+
+TEST(PlanTime, MegatronTable1AchievedTflops) {
+  // Narayanan et al. 2021, Table 1: GPT models (seq 2048, vocab 51200, full recompute) on
+  // DGX A100 80GB nodes of Selene (8 x 200 Gb/s HDR InfiniBand per node = 25 GB/s per GPU),
+  // achieved TFLOP/s per GPU. The planner, uncalibrated, with micro-batch 1.
+  struct Row {
+    double billions;
+    int heads, hidden, layers, tp, pp, gpus, batch;
+    double measured;
+  };
+  const Row rows[] = {{1.7, 24, 2304, 24, 1, 1, 32, 512, 137},
+                      {3.6, 32, 3072, 30, 2, 1, 64, 512, 138},
+                      {7.5, 32, 4096, 36, 4, 1, 128, 512, 142},
+                      {18.4, 48, 6144, 40, 8, 1, 256, 1024, 135},
+                      {39.1, 64, 8192, 48, 8, 2, 512, 1536, 138},
+                      {76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140},
+                      {145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148},
+                      {310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155},
+                      {529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163},
+                      {1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163}};
+  Hardware selene = catalog().get("a100-80gb-sxm");
+  selene.network_gbs = 25;
+  double sum = 0;
+  for (const Row& r : rows) {
+    Job j;
+    j.model = gpt_model(r.layers, r.hidden, r.heads, 2048, 51200);
+    j.tokens = 1e9;
+    j.global_batch = r.batch;
+    EXPECT_NEAR(j.model.params() / 1e9, r.billions, 0.05 * r.billions) << r.billions;
+    Strategy s;
+    s.tp = r.tp, s.pp = r.pp, s.recompute = Recompute::full;
+    Plan p = evaluate(j, selene, r.gpus, s);
+    double err = (p.achieved_tflops_per_gpu - r.measured) / r.measured;
+    EXPECT_TRUE(p.fits) << r.billions;
+    EXPECT_LT(std::abs(err), 0.25) << r.billions << "B: predicted " << p.achieved_tflops_per_gpu;
+    sum += std::abs(err);
+  }
+  EXPECT_LT(sum / 10, 0.15);  // mean |error|; docs/PLANNING.md lists each row
+}
