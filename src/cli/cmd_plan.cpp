@@ -145,7 +145,8 @@ void print_plan(const Job& job, const Plan& p, const Hardware& hw) {
             << " TFLOP/s peak\n"
             << "flops per step: " << sig(p.flops_per_step) << " (model " << sig(p.model_flops_per_step)
             << ")\n"
-            << "training: " << sig(job.tokens) << " tokens = " << sig(p.steps) << " steps, "
+            << "training: " << sig(job.tokens)
+            << (model.is_transformer() ? " tokens = " : " images = ") << sig(p.steps) << " steps, "
             << sig(p.train_days) << " days, " << sig(p.gpu_hours) << " device-hours, "
             << (p.priced ? money(p.cost_usd) : std::string("cost unknown (no price; --price)"))
             << "\n";
@@ -209,7 +210,7 @@ int cmd_plan(const Args& args) {
       .option("heads", "A", "attention heads")
       .option("seq", "S", "sequence length (also overrides a preset's)")
       .option("vocab", "V", "vocabulary size")
-      .option("tokens", "T", "training tokens, e.g. 300e9, 1.4T (default: 20 per parameter)")
+      .option("tokens", "T", "training tokens (images for a conv net), e.g. 300e9, 1.4T (default: 20 per parameter)")
       .option("global-batch", "B", "samples per optimizer step (default: ~1M tokens; 1024 images)")
       .option("micro-batch", "b", "samples per device per micro-step (fixed plan default: 1)")
       .option("hardware", "ID[,ID..]", "catalog id(s); see --list-hardware")

@@ -235,8 +235,8 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
   for (const Hardware* hw : hws) {
     double per = states / (hw->mem_gb * 1e9);
     int n = smallest_fitting[hw->id];
-    fits_line += " " + hw->id + " from " +
-                 (n ? std::to_string(n) + " devices" : std::string("no count searched")) +
+    fits_line += " " + hw->id + " " +
+                 (n ? "from " + std::to_string(n) + " devices" : std::string("at no count")) +
                  " (model states alone fill " + fmt(std::ceil(per), 4) + " without offload)";
     if (hw != hws.back()) fits_line += ";";
   }
