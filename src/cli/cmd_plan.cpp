@@ -71,19 +71,23 @@ nlohmann::json hardware_json(const Catalog& cat) {
   for (const auto& h : cat.all()) {
     nlohmann::json src;
     for (const auto& [k, s] : h.sources) src[k] = {{"doc", s.doc}, {"date", s.date}};
-    a.push_back({{"id", h.id},
-                 {"name", h.name},
-                 {"peak_tflops",
-                  {{"f32", h.tflops_f32}, {"tf32", h.tflops_tf32}, {"bf16", h.tflops_bf16},
-                   {"f16", h.tflops_f16}, {"fp8", h.tflops_fp8}}},
-                 {"mem_gb", h.mem_gb},
-                 {"mem_bw_gbs", h.mem_bw_gbs},
-                 {"link", {{"kind", h.link_kind}, {"gbs", h.link_gbs}, {"gpus_per_node", h.gpus_per_node}}},
-                 {"pcie_gen", h.pcie_gen},
-                 {"tdp_w", h.tdp_w},
-                 {"price_usd_per_hour", h.price_per_hour},
-                 {"measured", h.measured},
-                 {"sources", src}});
+    a.push_back(
+        {{"id", h.id},
+         {"name", h.name},
+         {"peak_tflops",
+          {{"f32", h.tflops_f32},
+           {"tf32", h.tflops_tf32},
+           {"bf16", h.tflops_bf16},
+           {"f16", h.tflops_f16},
+           {"fp8", h.tflops_fp8}}},
+         {"mem_gb", h.mem_gb},
+         {"mem_bw_gbs", h.mem_bw_gbs},
+         {"link", {{"kind", h.link_kind}, {"gbs", h.link_gbs}, {"gpus_per_node", h.gpus_per_node}}},
+         {"pcie_gen", h.pcie_gen},
+         {"tdp_w", h.tdp_w},
+         {"price_usd_per_hour", h.price_per_hour},
+         {"measured", h.measured},
+         {"sources", src}});
   }
   return {{"catalog", cat.path}, {"hardware", a}};
 }
@@ -104,15 +108,13 @@ void print_plan(const Job& job, const Plan& p, const Hardware& hw) {
   std::cout << "plan: " << model.name << " on " << p.gpus << " x " << p.hardware << " ("
             << p.strategy.describe() << ")\n"
             << "  data parallel " << p.dp << ", " << p.micro_batches
-            << " micro-batches per step per replica, precision " << to_string(job.precision)
-            << "\n"
+            << " micro-batches per step per replica, precision " << to_string(job.precision) << "\n"
             << "model: " << with_commas(p.params) << " parameters";
   if (model.is_transformer()) std::cout << ", seq " << model.tf.seq;
   std::cout << ", global batch " << job.global_batch << " samples ("
             << sig(static_cast<double>(job.global_batch * model.tokens_per_sample()))
             << " tokens) per step\n\n";
-  std::cout << "memory per device" << std::string(21, ' ') << pad("GB (1e9)", 10)
-            << "GiB (2^30)\n";
+  std::cout << "memory per device" << std::string(21, ' ') << pad("GB (1e9)", 10) << "GiB (2^30)\n";
   row("weights", m.weights);
   row("gradients", m.gradients);
   row("optimizer (states, master weights)", m.optimizer);
@@ -143,8 +145,8 @@ void print_plan(const Job& job, const Plan& p, const Hardware& hw) {
             << "compute alone runs at " << sig(p.compute_tflops_per_gpu) << "), MFU "
             << fixed(100 * p.mfu, 1) << "% of " << sig(hw.peak_tflops(job.precision))
             << " TFLOP/s peak\n"
-            << "flops per step: " << sig(p.flops_per_step) << " (model " << sig(p.model_flops_per_step)
-            << ")\n"
+            << "flops per step: " << sig(p.flops_per_step) << " (model "
+            << sig(p.model_flops_per_step) << ")\n"
             << "training: " << sig(job.tokens)
             << (model.is_transformer() ? " tokens = " : " images = ") << sig(p.steps) << " steps, "
             << sig(p.train_days) << " days, " << sig(p.gpu_hours) << " device-hours, "
@@ -204,13 +206,16 @@ int cmd_plan(const Args& args) {
               "cheapest plan\nunder --budget and --deadline that says why the other hardware "
               "lost.");
   p.option("preset", "ID", "model preset (see --list-presets)")
-      .option("model", "KIND", "build a model from flags: gpt (with --layers --hidden --heads --seq --vocab)")
+      .option("model", "KIND",
+              "build a model from flags: gpt (with --layers --hidden --heads --seq --vocab)")
       .option("layers", "L", "transformer layers")
       .option("hidden", "H", "hidden size")
       .option("heads", "A", "attention heads")
       .option("seq", "S", "sequence length (also overrides a preset's)")
       .option("vocab", "V", "vocabulary size")
-      .option("tokens", "T", "training tokens (images for a conv net), e.g. 300e9, 1.4T (default: 20 per parameter)")
+      .option(
+          "tokens", "T",
+          "training tokens (images for a conv net), e.g. 300e9, 1.4T (default: 20 per parameter)")
       .option("global-batch", "B", "samples per optimizer step (default: ~1M tokens; 1024 images)")
       .option("micro-batch", "b", "samples per device per micro-step (fixed plan default: 1)")
       .option("hardware", "ID[,ID..]", "catalog id(s); see --list-hardware")
@@ -231,7 +236,8 @@ int cmd_plan(const Args& args) {
       .flag("search", "search strategies even when --hardware and --gpus are both given")
       .flag("explain", "print the decision path of a search")
       .option("catalog", "FILE", "hardware catalog (default: data/hardware.json)")
-      .option("measured", "FILE", "measured runs to report the planner's error against (default: "
+      .option("measured", "FILE",
+              "measured runs to report the planner's error against (default: "
               "$XDG_CACHE_HOME/hetrain/measured_runs.json if present)")
       .flag("calibrate", "correct each hardware's compute rate from the measured runs")
       .flag("list-hardware", "print the hardware catalog")
@@ -262,8 +268,10 @@ int cmd_plan(const Args& args) {
   if (!warning.empty()) std::cerr << "hetrain plan: warning: " << warning << "\n";
 
   if (p.get_flag("list-hardware")) {
-    if (json_out) std::cout << hardware_json(cat).dump(2) << "\n";
-    else print_hardware(cat);
+    if (json_out)
+      std::cout << hardware_json(cat).dump(2) << "\n";
+    else
+      print_hardware(cat);
     return 0;
   }
   if (p.get_flag("list-presets")) {
@@ -303,11 +311,13 @@ int cmd_plan(const Args& args) {
            p.get("model"), "'");
     for (const char* f : {"layers", "hidden", "heads", "seq", "vocab"})
       if (!p.given(f)) fail("[plan] --model gpt needs --", f);
-    job.model = gpt_model(positive_int(p, "layers"), positive_int(p, "hidden"),
-                          positive_int(p, "heads"), positive_int(p, "seq"), positive_int(p, "vocab"));
+    job.model =
+        gpt_model(positive_int(p, "layers"), positive_int(p, "hidden"), positive_int(p, "heads"),
+                  positive_int(p, "seq"), positive_int(p, "vocab"));
   } else {
-    fail("[plan] give a model: --preset ID (see --list-presets) or --model gpt --layers L "
-         "--hidden H --heads A --seq S --vocab V");
+    fail(
+        "[plan] give a model: --preset ID (see --list-presets) or --model gpt --layers L "
+        "--hidden H --heads A --seq S --vocab V");
   }
   job.model.check();
   job.precision = precision_from_string(p.get("precision"));
@@ -316,9 +326,10 @@ int cmd_plan(const Args& args) {
   if (p.given("global-batch")) {
     job.global_batch = positive_int(p, "global-batch");
   } else {
-    job.global_batch = job.model.is_transformer()
-                           ? std::max<int64_t>(1, std::llround((1 << 20) / double(job.model.tf.seq)))
-                           : 1024;
+    job.global_batch =
+        job.model.is_transformer()
+            ? std::max<int64_t>(1, std::llround((1 << 20) / double(job.model.tf.seq)))
+            : 1024;
   }
   if (p.given("achieved-tflops")) {
     job.achieved_tflops = p.get_double("achieved-tflops");
@@ -329,17 +340,21 @@ int cmd_plan(const Args& args) {
   // ---- measured runs: the planner's own error ----
   nlohmann::json out;
   std::string measured = p.given("measured") ? p.get("measured") : default_measured_runs_path();
-  bool have_measured = p.given("measured") || (!measured.empty() && std::filesystem::exists(measured));
+  bool have_measured =
+      p.given("measured") || (!measured.empty() && std::filesystem::exists(measured));
   if (have_measured) {
     CalibrationReport rep = compare_measured(load_measured_runs(measured), cat);
-    if (json_out) out["calibration"] = to_json(rep);
-    else print_calibration(rep, measured);
+    if (json_out)
+      out["calibration"] = to_json(rep);
+    else
+      print_calibration(rep, measured);
     if (p.get_flag("calibrate")) cat = calibrated(cat, rep);
   } else if (p.get_flag("calibrate")) {
     fail("[plan] --calibrate needs measured runs: --measured FILE (format: docs/PLANNING.md)");
   }
 
-  std::vector<std::string> hw_ids = p.given("hardware") ? split(p.get("hardware")) : std::vector<std::string>{};
+  std::vector<std::string> hw_ids =
+      p.given("hardware") ? split(p.get("hardware")) : std::vector<std::string>{};
   for (const auto& id : hw_ids) cat.get(id);  // unknown ids fail here, listing the known ones
   bool fixed_plan = hw_ids.size() == 1 && p.given("gpus") && !p.get_flag("search");
   Strategy s;
@@ -347,7 +362,8 @@ int cmd_plan(const Args& args) {
   if (p.given("pp")) s.pp = static_cast<int>(positive_int(p, "pp"));
   if (p.given("zero")) {
     std::string z = p.get("zero");
-    if (z != "0" && z != "1" && z != "2" && z != "3") fail("[plan] --zero expects 0, 1, 2 or 3, got '", z, "'");
+    if (z != "0" && z != "1" && z != "2" && z != "3")
+      fail("[plan] --zero expects 0, 1, 2 or 3, got '", z, "'");
     s.zero = z[0] - '0';
   }
   if (p.given("offload")) s.offload = offload_from_string(p.get("offload"));

@@ -38,10 +38,10 @@ ModelSpec model_from_json(const json& m, const std::string& where) {
       spec.tf.seq = static_cast<int64_t>(num(m, "seq", where + " model"));
   } else {
     std::string w = where + " model";
-    spec = gpt_model(static_cast<int64_t>(num(m, "layers", w)),
-                     static_cast<int64_t>(num(m, "hidden", w)),
-                     static_cast<int64_t>(num(m, "heads", w)), static_cast<int64_t>(num(m, "seq", w)),
-                     static_cast<int64_t>(num(m, "vocab", w)));
+    spec = gpt_model(
+        static_cast<int64_t>(num(m, "layers", w)), static_cast<int64_t>(num(m, "hidden", w)),
+        static_cast<int64_t>(num(m, "heads", w)), static_cast<int64_t>(num(m, "seq", w)),
+        static_cast<int64_t>(num(m, "vocab", w)));
   }
   spec.check();
   return spec;
@@ -92,7 +92,8 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& path) {
     r.strategy.tp = e.contains("tp") ? static_cast<int>(num(e, "tp", where)) : 1;
     r.strategy.pp = e.contains("pp") ? static_cast<int>(num(e, "pp", where)) : 1;
     r.strategy.zero = e.contains("zero") ? static_cast<int>(num(e, "zero", where)) : 0;
-    if (e.contains("offload")) r.strategy.offload = offload_from_string(e["offload"].get<std::string>());
+    if (e.contains("offload"))
+      r.strategy.offload = offload_from_string(e["offload"].get<std::string>());
     if (e.contains("recompute"))
       r.strategy.recompute = recompute_from_string(e["recompute"].get<std::string>());
     if (e.contains("precision"))
@@ -127,7 +128,8 @@ CalibrationReport compare_measured(const std::vector<MeasuredRun>& runs, const C
   if (!rep.runs.empty()) rep.mean_abs_step_error = sum / rep.runs.size();
   for (const auto& [hw, idx] : by_hw) {
     std::vector<double> ratios;
-    for (size_t i : idx) ratios.push_back(rep.runs[i].run.step_time_s / rep.runs[i].predicted.time.step);
+    for (size_t i : idx)
+      ratios.push_back(rep.runs[i].run.step_time_s / rep.runs[i].predicted.time.step);
     rep.step_scale[hw] = median(ratios);
     if (idx.size() < 2) continue;
     for (size_t k = 0; k < idx.size(); ++k) {

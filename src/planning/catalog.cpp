@@ -13,9 +13,12 @@ using nlohmann::json;
 
 const char* to_string(Precision p) {
   switch (p) {
-    case Precision::bf16: return "bf16";
-    case Precision::fp16: return "fp16";
-    case Precision::fp32: return "fp32";
+    case Precision::bf16:
+      return "bf16";
+    case Precision::fp16:
+      return "fp16";
+    case Precision::fp32:
+      return "fp32";
   }
   return "?";
 }
@@ -29,9 +32,12 @@ Precision precision_from_string(const std::string& s) {
 
 double Hardware::peak_tflops(Precision p) const {
   switch (p) {
-    case Precision::bf16: return tflops_bf16;
-    case Precision::fp16: return tflops_f16;
-    case Precision::fp32: return tflops_f32;
+    case Precision::bf16:
+      return tflops_bf16;
+    case Precision::fp16:
+      return tflops_f16;
+    case Precision::fp32:
+      return tflops_f32;
   }
   return 0;
 }
@@ -73,7 +79,7 @@ std::string text(const json& obj, const std::string& key, const std::string& whe
 }
 
 // Figure groups that must each carry a source and a date.
-const char* kSourced[] = {"peak_tflops", "memory", "link", "pcie_gen", "tdp_w",
+const char* kSourced[] = {"peak_tflops",        "memory", "link", "pcie_gen", "tdp_w",
                           "price_usd_per_hour", "host"};
 
 Hardware parse_entry(const json& e, const std::string& file, size_t index) {
@@ -119,7 +125,8 @@ Hardware parse_entry(const json& e, const std::string& file, size_t index) {
     auto it = e["sources"].find(key);
     if (it == e["sources"].end() || !it->is_object())
       fail("[plan] ", where, ": sources.", key, " is missing (every figure needs a source)");
-    Source s{text(*it, "doc", where + " sources." + key), text(*it, "date", where + " sources." + key)};
+    Source s{text(*it, "doc", where + " sources." + key),
+             text(*it, "date", where + " sources." + key)};
     if (s.doc.empty() || s.date.empty())
       fail("[plan] ", where, ": sources.", key, " needs a non-empty doc and date");
     h.sources[key] = s;

@@ -11,9 +11,12 @@ namespace hetrain::planning {
 
 const char* to_string(Offload o) {
   switch (o) {
-    case Offload::none: return "none";
-    case Offload::optimizer: return "optimizer";
-    case Offload::optimizer_params: return "optimizer+params";
+    case Offload::none:
+      return "none";
+    case Offload::optimizer:
+      return "optimizer";
+    case Offload::optimizer_params:
+      return "optimizer+params";
   }
   return "?";
 }
@@ -58,8 +61,7 @@ double reduce_scatter_time(double n, int p, double bw, double alpha) {
 
 // ---- compute: GEMM roofline with tile quantisation ----------------------------------------
 
-double gemm_time(double m, double n, double k, double peak, double eff, double bw,
-                 double elem) {
+double gemm_time(double m, double n, double k, double peak, double eff, double bw, double elem) {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
   // cuBLAS-style 128x128 output tiles: a ragged edge costs a whole tile.
   constexpr double tile = 128;
@@ -106,9 +108,9 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
                    (s.offload != Offload::optimizer_params || s.zero == 3) &&
                    (hw.peak_tflops(job.precision) > 0 || job.achieved_tflops) && dp0 > 0 &&
                    job.global_batch % (static_cast<int64_t>(dp0) * s.micro_batch) == 0 &&
-                   (m.is_transformer() ? m.tf.heads % s.tp == 0 && m.tf.kv_heads % s.tp == 0 &&
-                                             s.pp <= m.tf.layers
-                                       : s.tp == 1 && s.pp == 1);
+                   (m.is_transformer()
+                        ? m.tf.heads % s.tp == 0 && m.tf.kv_heads % s.tp == 0 && s.pp <= m.tf.layers
+                        : s.tp == 1 && s.pp == 1);
   if (likely_ok) return "";
   std::ostringstream os;
   if (gpus < 1) return "--gpus must be at least 1";
@@ -147,14 +149,13 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
     return os.str();
   }
   if (hw.peak_tflops(job.precision) <= 0 && !job.achieved_tflops) {
-    os << "'" << hw.id << "' has no " << to_string(job.precision)
-       << " matmul rate in the catalog";
+    os << "'" << hw.id << "' has no " << to_string(job.precision) << " matmul rate in the catalog";
     return os.str();
   }
   int dp = gpus / (s.tp * s.pp);
   if (job.global_batch % (static_cast<int64_t>(dp) * s.micro_batch) != 0) {
-    os << "--global-batch " << job.global_batch << " is not divisible by data-parallel size "
-       << dp << " x --micro-batch " << s.micro_batch;
+    os << "--global-batch " << job.global_batch << " is not divisible by data-parallel size " << dp
+       << " x --micro-batch " << s.micro_batch;
     return os.str();
   }
   return "";
@@ -220,9 +221,8 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
                          gemm_time(sq, d, sq, peak, eff, bw, elem));
   // Elementwise (norms, activation functions, softmax, dropout, residuals): memory bound,
   // about twice the bytes the layer keeps for backward.
-  double kept = act_scale * transformer_layer_activation_bytes(tf, s.micro_batch, s.tp,
-                                                               s.sequence_parallel,
-                                                               Recompute::none);
+  double kept = act_scale * transformer_layer_activation_bytes(
+                                tf, s.micro_batch, s.tp, s.sequence_parallel, Recompute::none);
   double elementwise = 2 * kept / (bw * 0.8);
   double layer_fwd = mm + core + elementwise;
   double lps = std::ceil(static_cast<double>(tf.layers) / s.pp);
@@ -303,9 +303,8 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
   if (m.is_transformer()) {
     const auto& tf = m.tf;
     double lps = std::ceil(static_cast<double>(tf.layers) / st.pp);
-    double layer = act_scale * transformer_layer_activation_bytes(tf, st.micro_batch, st.tp,
-                                                                  st.sequence_parallel,
-                                                                  st.recompute);
+    double layer = act_scale * transformer_layer_activation_bytes(
+                                   tf, st.micro_batch, st.tp, st.sequence_parallel, st.recompute);
     double sbh = static_cast<double>(tf.seq) * st.micro_batch * tf.hidden;
     double sp_div = st.sequence_parallel ? st.tp : 1;
     // Embedding output dropout mask (first stage); fp32 logits for the loss (last stage).
@@ -316,9 +315,9 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
     double last = lps * layer + last_extra;
     mem.activations = st.pp == 1 ? lps * layer + first_extra + last_extra : std::max(first, last);
     if (st.recompute == Recompute::full)  // one layer's activations while it is recomputed
-      mem.temporary += act_scale * transformer_layer_activation_bytes(
-                                       tf, st.micro_batch, st.tp, st.sequence_parallel,
-                                       Recompute::selective);
+      mem.temporary +=
+          act_scale * transformer_layer_activation_bytes(
+                          tf, st.micro_batch, st.tp, st.sequence_parallel, Recompute::selective);
     if (st.zero == 3)  // the gathered weights of the current and the prefetched layer
       mem.temporary += 2 * wb * layout.per_layer / st.tp;
   } else {
@@ -326,8 +325,8 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
     if (st.zero == 3) mem.temporary += wb * P / 4;  // a conv stage's gathered weights
   }
   if (p.dp > 1) mem.temporary += 2 * 25e6;  // gradient communication buckets
-  mem.total = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.temporary +
-              mem.reserved;
+  mem.total =
+      mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.temporary + mem.reserved;
   p.fits = mem.total <= mem.capacity && mem.host_per_device <= mem.host_capacity;
 
   // ---- FLOPs ----
@@ -417,8 +416,8 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
       double rs = reduce_scatter_time(grads, p.dp, bw, al);
       double ag = reduce_scatter_time(weights, p.dp, bw, al);
       T.dp_comm = mbs * (2 * ag + rs);
-      T.dp_exposed = mbs * (std::max(ag - c.fwd, 0.0) + std::max(ag + rs - bwd_mb, 0.0)) +
-                     std::min(rs, tail);
+      T.dp_exposed =
+          mbs * (std::max(ag - c.fwd, 0.0) + std::max(ag + rs - bwd_mb, 0.0)) + std::min(rs, tail);
     }
   }
 
@@ -466,11 +465,21 @@ double parse_count(const std::string& text, const std::string& what) {
   double mult = 1;
   if (!t.empty()) {
     switch (std::tolower(static_cast<unsigned char>(t.back()))) {
-      case 'k': mult = 1e3; break;
-      case 'm': mult = 1e6; break;
-      case 'b': case 'g': mult = 1e9; break;
-      case 't': mult = 1e12; break;
-      default: break;
+      case 'k':
+        mult = 1e3;
+        break;
+      case 'm':
+        mult = 1e6;
+        break;
+      case 'b':
+      case 'g':
+        mult = 1e9;
+        break;
+      case 't':
+        mult = 1e12;
+        break;
+      default:
+        break;
     }
     if (mult != 1) t.pop_back();
   }
@@ -480,8 +489,7 @@ double parse_count(const std::string& text, const std::string& what) {
     if (used != t.size() || !std::isfinite(v) || v < 0) throw std::invalid_argument(text);
     return v * mult;
   } catch (const std::exception&) {
-    fail("[plan] ", what, " expects a number such as 300e9, 7B, 1.4T or 124M, got '", text,
-         "'");
+    fail("[plan] ", what, " expects a number such as 300e9, 7B, 1.4T or 124M, got '", text, "'");
   }
 }
 

@@ -28,7 +28,7 @@ int64_t block_params(const TransformerSpec& t) {
   int64_t h = t.hidden, kv = kv_width(t), f = t.ffn_hidden;
   int64_t p = block_matmul_weights(t) + 2 * norm_params(t);
   if (t.bias) {
-    p += h + 2 * kv + h;                          // q, k, v, out
+    p += h + 2 * kv + h;                              // q, k, v, out
     p += (t.mlp == MlpKind::swiglu ? 2 * f : f) + h;  // mlp in (and gate), mlp out
   }
   return p;
@@ -109,9 +109,8 @@ ModelSpec gpt_model(int64_t layers, int64_t hidden, int64_t heads, int64_t seq, 
 
 const std::vector<std::string>& preset_ids() {
   static const std::vector<std::string> ids = {
-      "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "gpt3-175b", "llama-7b",
-      "llama-13b", "llama-65b", "llama-70b", "bert-large", "vit-l16",  "resnet-50",
-      "resnet-152"};
+      "gpt2-124m", "gpt2-350m", "gpt2-774m",  "gpt2-1.5b", "gpt3-175b", "llama-7b",  "llama-13b",
+      "llama-65b", "llama-70b", "bert-large", "vit-l16",   "resnet-50", "resnet-152"};
   return ids;
 }
 
@@ -148,9 +147,8 @@ ModelSpec preset(const std::string& id) {
     t.tied_embeddings = false;
   } else if (id == "resnet-50" || id == "resnet-152") {
     m.family = ModelFamily::convnet;
-    m.conv = resnet(id == "resnet-50" ? std::vector<int>{3, 4, 6, 3}
-                                      : std::vector<int>{3, 8, 36, 3},
-                    1000);
+    m.conv = resnet(
+        id == "resnet-50" ? std::vector<int>{3, 4, 6, 3} : std::vector<int>{3, 8, 36, 3}, 1000);
   } else {
     std::string all;
     for (const auto& p : preset_ids()) all += (all.empty() ? "" : ", ") + p;
@@ -239,8 +237,8 @@ void ModelSpec::check() const {
     fail("[plan] --seq ", t.seq, " exceeds the ", t.max_positions, " learned positions");
 }
 
-double transformer_layer_activation_bytes(const TransformerSpec& t, int64_t b, int64_t tp,
-                                          bool sp, Recompute rc) {
+double transformer_layer_activation_bytes(const TransformerSpec& t, int64_t b, int64_t tp, bool sp,
+                                          Recompute rc) {
   double s = static_cast<double>(t.seq), h = static_cast<double>(t.hidden);
   double a = static_cast<double>(t.heads), sbh = s * static_cast<double>(b) * h;
   double tpd = static_cast<double>(tp);
@@ -279,9 +277,12 @@ double convnet_activation_bytes(const ConvNetSpec& c, int64_t b, Recompute rc) {
 
 const char* to_string(Recompute r) {
   switch (r) {
-    case Recompute::none: return "none";
-    case Recompute::selective: return "selective";
-    case Recompute::full: return "full";
+    case Recompute::none:
+      return "none";
+    case Recompute::selective:
+      return "selective";
+    case Recompute::full:
+      return "full";
   }
   return "?";
 }

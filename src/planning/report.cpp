@@ -23,19 +23,22 @@ json to_json(const Plan& p) {
   j["params"] = p.params;
   j["flops_per_step"] = p.flops_per_step;
   j["model_flops_per_step"] = p.model_flops_per_step;
-  j["memory_per_gpu_bytes"] = {{"weights", m.weights},       {"gradients", m.gradients},
-                               {"optimizer", m.optimizer},   {"activations", m.activations},
-                               {"temporary", m.temporary},   {"reserved", m.reserved},
-                               {"total", m.total},           {"capacity", m.capacity},
+  j["memory_per_gpu_bytes"] = {{"weights", m.weights},
+                               {"gradients", m.gradients},
+                               {"optimizer", m.optimizer},
+                               {"activations", m.activations},
+                               {"temporary", m.temporary},
+                               {"reserved", m.reserved},
+                               {"total", m.total},
+                               {"capacity", m.capacity},
                                {"host_per_gpu", m.host_per_device},
                                {"host_capacity_per_gpu", m.host_capacity}};
   j["fits"] = p.fits;
   if (!p.fits) j["fit_reason"] = p.fit_reason;
-  j["time_per_step_s"] = {{"compute", t.compute},       {"recompute", t.recompute},
-                          {"tp_comm", t.tp_comm},       {"pp_comm", t.pp_comm},
-                          {"dp_comm", t.dp_comm},       {"dp_comm_exposed", t.dp_exposed},
-                          {"pipeline_bubble", t.bubble}, {"optimizer", t.optimizer},
-                          {"offload", t.offload}};
+  j["time_per_step_s"] = {
+      {"compute", t.compute},        {"recompute", t.recompute}, {"tp_comm", t.tp_comm},
+      {"pp_comm", t.pp_comm},        {"dp_comm", t.dp_comm},     {"dp_comm_exposed", t.dp_exposed},
+      {"pipeline_bubble", t.bubble}, {"optimizer", t.optimizer}, {"offload", t.offload}};
   j["step_time_s"] = t.step;
   j["steps"] = p.steps;
   j["tokens_per_s"] = p.tokens_per_s;
@@ -53,7 +56,8 @@ json to_json(const SearchResult& r) {
   j["plans"] = json::array();
   for (const auto& p : r.plans) j["plans"].push_back(to_json(p));
   j["rejected"] = json::array();
-  for (const auto& x : r.rejected) j["rejected"].push_back({{"hardware", x.hardware}, {"reason", x.reason}});
+  for (const auto& x : r.rejected)
+    j["rejected"].push_back({{"hardware", x.hardware}, {"reason", x.reason}});
   j["alternatives"] = json::array();
   for (const auto& p : r.alternatives) j["alternatives"].push_back(to_json(p));
   j["explanation"] = r.explanation;

@@ -51,7 +51,7 @@ struct HardwareOutcome {
   std::string first_problem;
   Plan least_memory;  // smallest per-device total among non-fitting plans
   double least_memory_total = std::numeric_limits<double>::infinity();
-  Plan fastest;       // fastest fitting plan
+  Plan fastest;  // fastest fitting plan
   double fastest_days = std::numeric_limits<double>::infinity();
   Plan cheapest_in_deadline;
   double cheapest_cost = std::numeric_limits<double>::infinity();
@@ -75,8 +75,8 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
   std::vector<int> counts = opt.gpus.empty() ? default_counts(opt.max_gpus) : opt.gpus;
   const ModelSpec& m = job.model;
   std::vector<int> tps = opt.tp ? std::vector<int>{*opt.tp} : std::vector<int>{1, 2, 4, 8};
-  std::vector<int> pps = opt.pp ? std::vector<int>{*opt.pp}
-                                : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
+  std::vector<int> pps =
+      opt.pp ? std::vector<int>{*opt.pp} : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
   std::vector<int> zeros = opt.zero ? std::vector<int>{*opt.zero} : std::vector<int>{0, 1, 2, 3};
   std::vector<Offload> offs = opt.offload ? std::vector<Offload>{*opt.offload}
                                           : std::vector<Offload>{Offload::none, Offload::optimizer,
@@ -150,8 +150,8 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
                   o.feasible.push_back(p);
                   // Keep the list short: best first.
                   if (o.feasible.size() > 64) {
-                    std::partial_sort(o.feasible.begin(), o.feasible.begin() + 16,
-                                      o.feasible.end(), better);
+                    std::partial_sort(o.feasible.begin(), o.feasible.begin() + 16, o.feasible.end(),
+                                      better);
                     o.feasible.resize(16);
                   }
                 }
@@ -178,18 +178,16 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
                    " devices: the leanest plan (" + std::to_string(q.gpus) + " x, " +
                    q.strategy.describe() + ") " + q.fit_reason;
     } else if (!o.any_deadline) {
-      rej.reason = "over deadline: the fastest plan that fits takes " +
-                   fmt(o.fastest_days) + " days (" + std::to_string(o.fastest.gpus) +
-                   " devices, " + o.fastest.strategy.describe() + ") > " +
-                   fmt(*opt.deadline_days) + " days";
+      rej.reason = "over deadline: the fastest plan that fits takes " + fmt(o.fastest_days) +
+                   " days (" + std::to_string(o.fastest.gpus) + " devices, " +
+                   o.fastest.strategy.describe() + ") > " + fmt(*opt.deadline_days) + " days";
     } else if (!o.any_budget) {
       if (o.cheapest_cost == std::numeric_limits<double>::infinity())
         rej.reason = "no price in the catalog (pass --price USD per device-hour)";
       else
         rej.reason = "over budget: the cheapest plan within the deadline costs " +
-                     money(o.cheapest_cost) + " (" +
-                     std::to_string(o.cheapest_in_deadline.gpus) + " devices, " +
-                     fmt(o.cheapest_in_deadline.train_days) + " days) > " +
+                     money(o.cheapest_cost) + " (" + std::to_string(o.cheapest_in_deadline.gpus) +
+                     " devices, " + fmt(o.cheapest_in_deadline.train_days) + " days) > " +
                      money(*opt.budget_usd);
     }
     r.rejected.push_back(rej);
@@ -214,7 +212,8 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
                fmt(job.tokens, 3) + " tokens = " + fmt(samples, 3) + " samples; training FLOPs " +
                fmt(3 * fwd * samples, 3) + " (6*N*tokens = " + fmt(6 * P * job.tokens, 3) +
                "; the difference is attention and the LM head)");
-  double wb = job.precision == Precision::fp32 ? 4 : 2, K = job.precision == Precision::fp32 ? 8 : 12;
+  double wb = job.precision == Precision::fp32 ? 4 : 2,
+         K = job.precision == Precision::fp32 ? 8 : 12;
   double states = (2 * wb + K) * P;
   std::string act = "n/a";
   if (m.is_transformer()) {
@@ -229,8 +228,8 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
           " GB per sample";
   }
   ex.push_back("memory: model states " + fmt(2 * wb + K) + " bytes/param (" +
-               to_string(job.precision) + " weights and gradients + Adam, ZeRO's K = " +
-               fmt(K) + ") = " + fmt(states / 1e9, 4) + " GB in all; activations " + act);
+               to_string(job.precision) + " weights and gradients + Adam, ZeRO's K = " + fmt(K) +
+               ") = " + fmt(states / 1e9, 4) + " GB in all; activations " + act);
   std::string fits_line = "hardware that fits:";
   for (const Hardware* hw : hws) {
     double per = states / (hw->mem_gb * 1e9);

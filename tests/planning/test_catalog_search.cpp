@@ -1,5 +1,6 @@
 // Catalog loading, device profile, search and the measured-runs report.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -7,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <unistd.h>
 
 #include "hetrain/base/error.h"
 #include "hetrain/planning/calibration.h"
@@ -21,7 +21,8 @@ namespace {
 std::string catalog_path() { return std::string(HETRAIN_SOURCE_DIR) + "/data/hardware.json"; }
 
 std::string write_temp(const std::string& name, const std::string& text) {
-  fs::path p = fs::temp_directory_path() / ("hetrain_test_" + std::to_string(::getpid()) + "_" + name);
+  fs::path p =
+      fs::temp_directory_path() / ("hetrain_test_" + std::to_string(::getpid()) + "_" + name);
   std::ofstream(p) << text;
   return p.string();
 }
@@ -167,9 +168,11 @@ TEST(PlanCalibration, ReportsErrorAndCorrects) {
   double t2 = evaluate(j, c.get("a100-80gb-sxm"), 1, s).time.step;
   std::string text = R"({"version": 1, "runs": [
     {"label": "a", "model": {"preset": "gpt2-124m"}, "hardware": "a100-80gb-sxm", "gpus": 1,
-     "global_batch": 8, "micro_batch": 8, "step_time_s": )" + std::to_string(1.25 * t1) + R"(},
+     "global_batch": 8, "micro_batch": 8, "step_time_s": )" +
+                     std::to_string(1.25 * t1) + R"(},
     {"label": "b", "model": {"preset": "gpt2-124m"}, "hardware": "a100-80gb-sxm", "gpus": 1,
-     "global_batch": 8, "micro_batch": 4, "step_time_s": )" + std::to_string(1.25 * t2) + R"(}]})";
+     "global_batch": 8, "micro_batch": 4, "step_time_s": )" +
+                     std::to_string(1.25 * t2) + R"(}]})";
   std::string path = write_temp("runs.json", text);
   CalibrationReport rep = compare_measured(load_measured_runs(path), c);
   ASSERT_EQ(rep.runs.size(), 2u);
@@ -179,7 +182,9 @@ TEST(PlanCalibration, ReportsErrorAndCorrects) {
   ASSERT_TRUE(rep.mean_abs_loo_error.has_value());
   EXPECT_LT(*rep.mean_abs_loo_error, 0.05);  // the compute-bound part scales; little else
   fs::remove(path);
-  std::string bad = write_temp("bad_runs.json", R"({"version": 1, "runs": [{"model": {"preset": "gpt2-124m"}, "hardware": "x"}]})");
+  std::string bad = write_temp(
+      "bad_runs.json",
+      R"({"version": 1, "runs": [{"model": {"preset": "gpt2-124m"}, "hardware": "x"}]})");
   std::string e = error_of([&] { load_measured_runs(bad); });
   EXPECT_NE(e.find("runs[0]: 'gpus' must be a number"), std::string::npos) << e;
   fs::remove(bad);

@@ -30,8 +30,10 @@ TEST(PlanMemory, ZeroPaperWorkedExample) {
   // Rajbhandari et al. 2020 (ZeRO), Figure 1: 7.5B parameters, Nd = 64, K = 12.
   double P = 7.5e9;
   EXPECT_DOUBLE_EQ(states(model_state_bytes(P, 64, 0, Offload::none, Precision::bf16)), 120e9);
-  EXPECT_NEAR(states(model_state_bytes(P, 64, 1, Offload::none, Precision::bf16)) / 1e9, 31.4, 0.05);
-  EXPECT_NEAR(states(model_state_bytes(P, 64, 2, Offload::none, Precision::bf16)) / 1e9, 16.6, 0.05);
+  EXPECT_NEAR(states(model_state_bytes(P, 64, 1, Offload::none, Precision::bf16)) / 1e9, 31.4,
+              0.05);
+  EXPECT_NEAR(states(model_state_bytes(P, 64, 2, Offload::none, Precision::bf16)) / 1e9, 16.6,
+              0.05);
   EXPECT_NEAR(states(model_state_bytes(P, 64, 3, Offload::none, Precision::bf16)) / 1e9, 1.9, 0.05);
 }
 
@@ -54,8 +56,8 @@ TEST(PlanMemory, PlanBreakdownAddsUp) {
   s.micro_batch = 2;
   Plan p = evaluate(j, catalog().get("a100-80gb-sxm"), 64, s);
   const auto& m = p.memory;
-  EXPECT_DOUBLE_EQ(m.total, m.weights + m.gradients + m.optimizer + m.activations + m.temporary +
-                                m.reserved);
+  EXPECT_DOUBLE_EQ(
+      m.total, m.weights + m.gradients + m.optimizer + m.activations + m.temporary + m.reserved);
   EXPECT_NEAR(m.weights, 2.0 * 6'738'415'616 / 64, 1);
   EXPECT_TRUE(p.fits);
   EXPECT_GT(p.mfu, 0.2);
@@ -87,7 +89,8 @@ TEST(PlanComm, Zero3MovesOneAndAHalfTimesDataParallel) {
 TEST(PlanTime, GemmRoofline) {
   double peak = 312e12, bw = 2039e9;
   // A large square GEMM is compute bound at the efficiency.
-  EXPECT_DOUBLE_EQ(gemm_time(8192, 8192, 8192, peak, 0.8, bw, 2), 2.0 * 8192 * 8192 * 8192 / (peak * 0.8));
+  EXPECT_DOUBLE_EQ(gemm_time(8192, 8192, 8192, peak, 0.8, bw, 2),
+                   2.0 * 8192 * 8192 * 8192 / (peak * 0.8));
   // A thin one (k = 16) is memory bound.
   double m = 8192, n = 8192, k = 16;
   EXPECT_DOUBLE_EQ(gemm_time(m, n, k, peak, 0.8, bw, 2), 2 * (m * k + k * n + m * n) / (bw * 0.8));

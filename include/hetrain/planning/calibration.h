@@ -42,9 +42,9 @@ std::string default_measured_runs_path();
 struct RunComparison {
   MeasuredRun run;
   Plan predicted;
-  double step_error = 0;                // (predicted - measured) / measured
-  std::optional<double> memory_error;   // same for peak memory
-  std::optional<double> loo_step_error; // calibrated on the other runs of that hardware
+  double step_error = 0;                 // (predicted - measured) / measured
+  std::optional<double> memory_error;    // same for peak memory
+  std::optional<double> loo_step_error;  // calibrated on the other runs of that hardware
 };
 
 struct CalibrationReport {

@@ -25,23 +25,23 @@ struct Hardware {
   std::string id, name, vendor;
   // Dense peak rates in TFLOP/s; 0 where the device has no such path.
   double tflops_f32 = 0, tflops_tf32 = 0, tflops_bf16 = 0, tflops_f16 = 0, tflops_fp8 = 0;
-  double mem_gb = 0;       // device memory, 10^9 bytes
-  double mem_bw_gbs = 0;   // device memory bandwidth, GB/s
-  std::string link_kind;   // nvlink2|nvlink3|nvlink4|infinity-fabric|ici|nvlink-bridge|pcie|none
-  double link_gbs = 0;     // scale-up bandwidth per device, both directions together, GB/s
-  int gpus_per_node = 1;   // devices joined by that link
+  double mem_gb = 0;      // device memory, 10^9 bytes
+  double mem_bw_gbs = 0;  // device memory bandwidth, GB/s
+  std::string link_kind;  // nvlink2|nvlink3|nvlink4|infinity-fabric|ici|nvlink-bridge|pcie|none
+  double link_gbs = 0;    // scale-up bandwidth per device, both directions together, GB/s
+  int gpus_per_node = 1;  // devices joined by that link
   int pcie_gen = 0;
   double tdp_w = 0;
-  double price_per_hour = 0;  // USD per device-hour
-  double host_mem_gb = 0;     // host memory per node (for offload)
-  double host_mem_bw_gbs = 0; // host memory bandwidth per node (CPU optimizer step)
-  double network_gbs = 0;     // scale-out bandwidth per device, one direction, GB/s
+  double price_per_hour = 0;   // USD per device-hour
+  double host_mem_gb = 0;      // host memory per node (for offload)
+  double host_mem_bw_gbs = 0;  // host memory bandwidth per node (CPU optimizer step)
+  double network_gbs = 0;      // scale-out bandwidth per device, one direction, GB/s
   // Model assumptions (documented in docs/PLANNING.md; overridable per entry).
   double gemm_efficiency = 0.8;  // fraction of peak a large GEMM reaches
   double alpha_intra_us = 5, alpha_inter_us = 15;
-  double reserved_gb = 1.0;      // runtime context and allocator slack per device
-  double compute_scale = 1.0;     // calibration: measured/predicted compute time
-  bool measured = false;         // from this machine's device profile
+  double reserved_gb = 1.0;    // runtime context and allocator slack per device
+  double compute_scale = 1.0;  // calibration: measured/predicted compute time
+  bool measured = false;       // from this machine's device profile
   std::map<std::string, Source> sources;
 
   /// Peak dense matmul rate for a training precision (fp32 uses the plain f32 rate, as

@@ -20,20 +20,20 @@ enum class Recompute { none, selective, full };
 /// A transformer by its hyper-parameters (GPT, LLaMA, BERT, ViT are all this).
 struct TransformerSpec {
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0;
-  int64_t seq = 0;             // tokens per sample (ViT: patches + class token)
-  int64_t vocab = 0;           // 0 for ViT
-  int64_t ffn_hidden = 0;      // MLP inner size
-  int64_t max_positions = 0;   // learned position table rows; 0 for RoPE
+  int64_t seq = 0;            // tokens per sample (ViT: patches + class token)
+  int64_t vocab = 0;          // 0 for ViT
+  int64_t ffn_hidden = 0;     // MLP inner size
+  int64_t max_positions = 0;  // learned position table rows; 0 for RoPE
   Norm norm = Norm::layernorm;
   MlpKind mlp = MlpKind::gelu;
-  bool bias = true;            // linear layers carry biases
+  bool bias = true;  // linear layers carry biases
   bool tied_embeddings = true;
-  bool final_norm = true;      // a norm after the last block (pre-LN models)
-  int64_t token_types = 0;     // BERT segment embeddings
-  bool embedding_norm = false; // BERT: LayerNorm after the embeddings
-  bool pooler = false;         // BERT pooler (hidden x hidden + bias)
-  bool dropout = true;         // dropout masks are stored for backward
-  bool lm_head = true;         // logits over the vocabulary at every position
+  bool final_norm = true;       // a norm after the last block (pre-LN models)
+  int64_t token_types = 0;      // BERT segment embeddings
+  bool embedding_norm = false;  // BERT: LayerNorm after the embeddings
+  bool pooler = false;          // BERT pooler (hidden x hidden + bias)
+  bool dropout = true;          // dropout masks are stored for backward
+  bool lm_head = true;          // logits over the vocabulary at every position
   // ViT patch embedding and classifier.
   int64_t image = 0, patch = 0, channels = 0, classes = 0;
 };
@@ -44,7 +44,7 @@ struct ConvLayer {
   int64_t in = 0, out = 0, kernel = 1, stride = 1;
   int64_t out_h = 1, out_w = 1;  // spatial size of the output
   bool bias = false;
-  int block = 0;                 // residual block index (for recompute by block)
+  int block = 0;  // residual block index (for recompute by block)
 };
 
 struct ConvNetSpec {

@@ -31,8 +31,8 @@ struct Strategy {
 
 struct Job {
   ModelSpec model;
-  double tokens = 0;          // training tokens (samples x tokens per sample)
-  int64_t global_batch = 0;   // samples per optimizer step
+  double tokens = 0;         // training tokens (samples x tokens per sample)
+  int64_t global_batch = 0;  // samples per optimizer step
   Precision precision = Precision::bf16;
   std::optional<double> achieved_tflops;  // replaces the compute-rate model
   std::optional<double> price_per_hour;   // replaces the catalog price
@@ -40,23 +40,23 @@ struct Job {
 
 /// Bytes per device. `total` includes everything below.
 struct MemoryBreakdown {
-  double weights = 0, gradients = 0, optimizer = 0, activations = 0, temporary = 0,
-         reserved = 0, total = 0;
-  double capacity = 0;        // device memory
-  double host_per_device = 0; // host memory the offload needs, per device
+  double weights = 0, gradients = 0, optimizer = 0, activations = 0, temporary = 0, reserved = 0,
+         total = 0;
+  double capacity = 0;         // device memory
+  double host_per_device = 0;  // host memory the offload needs, per device
   double host_capacity = 0;
 };
 
 /// Seconds per optimizer step.
 struct TimeBreakdown {
-  double compute = 0;       // forward + backward + recompute, all micro-batches, one stage
-  double recompute = 0;     // part of compute
+  double compute = 0;    // forward + backward + recompute, all micro-batches, one stage
+  double recompute = 0;  // part of compute
   double tp_comm = 0, pp_comm = 0;
-  double dp_comm = 0;       // data-parallel/ZeRO traffic time if nothing overlapped
-  double dp_exposed = 0;    // what is left after overlap with backward (and forward, ZeRO-3)
-  double bubble = 0;        // pipeline fill and drain
-  double optimizer = 0;     // optimizer step (on the GPU, or on the CPU when offloaded)
-  double offload = 0;       // exposed host<->device transfers
+  double dp_comm = 0;     // data-parallel/ZeRO traffic time if nothing overlapped
+  double dp_exposed = 0;  // what is left after overlap with backward (and forward, ZeRO-3)
+  double bubble = 0;      // pipeline fill and drain
+  double optimizer = 0;   // optimizer step (on the GPU, or on the CPU when offloaded)
+  double offload = 0;     // exposed host<->device transfers
   double step = 0;
 };
 
@@ -65,7 +65,7 @@ struct Plan {
   int gpus = 0;
   Strategy strategy;
   int dp = 1;
-  int64_t micro_batches = 1;    // per data-parallel rank per step
+  int64_t micro_batches = 1;  // per data-parallel rank per step
   int64_t params = 0;
   double flops_per_step = 0;        // hardware FLOPs, recompute included
   double model_flops_per_step = 0;  // 3 x forward (what MFU counts)
@@ -87,11 +87,11 @@ Plan evaluate(const Job& job, const Hardware& hw, int gpus, const Strategy& s);
 // Building blocks, exposed for tests. Times in seconds, sizes in bytes, bandwidth in bytes/s.
 double ring_allreduce_time(double bytes, int p, double bw, double alpha);
 double tree_allreduce_time(double bytes, int p, double bw, double alpha);
-double allreduce_time(double bytes, int p, double bw, double alpha);  // min of both
+double allreduce_time(double bytes, int p, double bw, double alpha);       // min of both
 double reduce_scatter_time(double bytes, int p, double bw, double alpha);  // = all-gather
 /// Time of an (m x k) @ (k x n) GEMM: roofline with 128x128 tile quantisation.
-double gemm_time(double m, double n, double k, double peak_flops, double efficiency,
-                 double mem_bw, double bytes_per_elem);
+double gemm_time(double m, double n, double k, double peak_flops, double efficiency, double mem_bw,
+                 double bytes_per_elem);
 
 /// Model-state bytes per device (weights, gradients, optimizer incl. master weights) for
 /// `params` parameters on this device: the ZeRO paper's accounting, K = 12 for mixed
@@ -119,10 +119,10 @@ struct Rejection {
 };
 
 struct SearchResult {
-  std::vector<Plan> plans;           // best plan per hardware, ranked by cost, then time
-  std::vector<Rejection> rejected;   // hardware with no acceptable plan, and why
+  std::vector<Plan> plans;               // best plan per hardware, ranked by cost, then time
+  std::vector<Rejection> rejected;       // hardware with no acceptable plan, and why
   std::vector<std::string> explanation;  // the decision path, one line per step
-  std::vector<Plan> alternatives;    // the next best plans on the winning hardware
+  std::vector<Plan> alternatives;        // the next best plans on the winning hardware
   size_t evaluated = 0;
 };
 
