@@ -95,6 +95,27 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
   std::vector<Plan> all_best;
   std::map<std::string, std::vector<Plan>> runners_up;
   std::map<std::string, int> smallest_fitting;
+  auto consider = [&](HardwareOutcome& o, Plan&& p, int n) {
+    if (!o.any_fit || n < o.smallest_fitting) o.smallest_fitting = n;
+    o.any_fit = true;
+    if (p.train_days < o.fastest_days) {
+      o.fastest_days = p.train_days;
+      o.fastest = p;
+    }
+    if (opt.deadline_days && p.train_days > *opt.deadline_days) return;
+    o.any_deadline = true;
+    if (p.priced && p.cost_usd < o.cheapest_cost) {
+      o.cheapest_cost = p.cost_usd;
+      o.cheapest_in_deadline = p;
+    }
+    if (opt.budget_usd && (!p.priced || p.cost_usd > *opt.budget_usd)) return;
+    o.any_budget = true;
+    o.feasible.push_back(std::move(p));
+    if (o.feasible.size() > 64) {  // keep the list short, best first
+      std::partial_sort(o.feasible.begin(), o.feasible.begin() + 16, o.feasible.end(), better);
+      o.feasible.resize(16);
+    }
+  };
   for (const Hardware* hw : hws) {
     HardwareOutcome o;
     detail::StageComputeCache cache;
@@ -105,15 +126,20 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
         for (int pp : pps) {
           if (!opt.pp && tp * pp > n) break;
           for (int z : zeros) {
-            for (Offload off : offs) {
-              int dp = n % (tp * pp) == 0 ? n / (tp * pp) : 0;
-              // With one data-parallel rank ZeRO shards nothing; keep stages that enable
-              // an offload (ZeRO-Offload / ZeRO-Infinity on a single device).
-              if (!opt.zero && dp == 1 && z > 0 && !(z == 1 && off == Offload::optimizer) &&
-                  !(z == 3 && off == Offload::optimizer_params))
-                continue;
+            int dp = n % (tp * pp) == 0 ? n / (tp * pp) : 0;
+            for (int64_t mb : mbs) {
+              // Recompute and offload only ever add time: once a variant fits, the variants
+              // after it (more recompute, more offload) are dominated and skipped.
+              bool fitted_without_offload_or_recompute = false;
+              bool evaluated_here = false, fitted_here = false;
               for (Recompute rc : rcs) {
-                for (int64_t mb : mbs) {
+                if (fitted_without_offload_or_recompute) break;
+                for (Offload off : offs) {
+                  // With one data-parallel rank ZeRO shards nothing; keep the stages that
+                  // enable an offload (ZeRO-Offload / ZeRO-Infinity on a single device).
+                  if (!opt.zero && dp == 1 && z > 0 && !(z == 1 && off == Offload::optimizer) &&
+                      !(z == 3 && off == Offload::optimizer_params))
+                    continue;
                   Strategy s;
                   s.tp = tp, s.pp = pp, s.zero = z, s.offload = off, s.recompute = rc;
                   s.micro_batch = mb;
@@ -123,6 +149,7 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
                     continue;
                   }
                   o.any_valid = true;
+                  evaluated_here = true;
                   Plan p = detail::evaluate_unchecked(job, *hw, n, s, &cache);
                   ++r.evaluated;
                   if (!p.fits) {
@@ -133,29 +160,15 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
                     }
                     continue;
                   }
-                  if (!o.any_fit || n < o.smallest_fitting) o.smallest_fitting = n;
-                  o.any_fit = true;
-                  if (p.train_days < o.fastest_days) {
-                    o.fastest_days = p.train_days;
-                    o.fastest = p;
-                  }
-                  if (opt.deadline_days && p.train_days > *opt.deadline_days) continue;
-                  o.any_deadline = true;
-                  if (p.priced && p.cost_usd < o.cheapest_cost) {
-                    o.cheapest_cost = p.cost_usd;
-                    o.cheapest_in_deadline = p;
-                  }
-                  if (opt.budget_usd && (!p.priced || p.cost_usd > *opt.budget_usd)) continue;
-                  o.any_budget = true;
-                  o.feasible.push_back(p);
-                  // Keep the list short: best first.
-                  if (o.feasible.size() > 64) {
-                    std::partial_sort(o.feasible.begin(), o.feasible.begin() + 16, o.feasible.end(),
-                                      better);
-                    o.feasible.resize(16);
-                  }
+                  fitted_here = true;
+                  if (rc == rcs.front() && off == offs.front())
+                    fitted_without_offload_or_recompute = true;
+                  consider(o, std::move(p), n);
+                  break;  // a fitting plan: more offload for this recompute is dominated
                 }
               }
+              // Memory grows with the micro-batch: if nothing fits now, nothing larger will.
+              if (evaluated_here && !fitted_here) break;
             }
           }
         }

@@ -12,6 +12,7 @@
 #include "hetrain/base/error.h"
 #include "hetrain/planning/calibration.h"
 #include "hetrain/planning/plan.h"
+#include "hetrain/planning/report.h"
 
 using namespace hetrain;
 using namespace hetrain::planning;
@@ -188,4 +189,32 @@ TEST(PlanCalibration, ReportsErrorAndCorrects) {
   std::string e = error_of([&] { load_measured_runs(bad); });
   EXPECT_NE(e.find("runs[0]: 'gpus' must be a number"), std::string::npos) << e;
   fs::remove(bad);
+}
+
+TEST(PlanReport, JsonHasTheFieldsScriptsDependOn) {
+  Catalog c = Catalog::load(catalog_path());
+  Job j;
+  j.model = preset("gpt2-124m");
+  j.tokens = 10e9;
+  j.global_batch = 512;
+  Strategy s;
+  s.micro_batch = 16;
+  nlohmann::json p = to_json(evaluate(j, c.get("h100-sxm"), 8, s));
+  for (const char* k : {"params", "flops_per_step", "fits", "step_time_s", "tokens_per_s",
+                        "achieved_tflops_per_gpu", "mfu", "train_days", "gpu_hours", "cost_usd",
+                        "hardware", "gpus", "strategy"})
+    EXPECT_TRUE(p.contains(k)) << k;
+  for (const char* k : {"weights", "gradients", "optimizer", "activations", "total"})
+    EXPECT_TRUE(p["memory_per_gpu_bytes"].contains(k)) << k;
+  EXPECT_EQ(p["params"].get<int64_t>(), 124'439'808);
+  SearchOptions o;
+  o.hardware = {"h100-sxm", "mi250x"};
+  o.budget_usd = 1e6;
+  nlohmann::json r = to_json(search(j, c, o));
+  ASSERT_TRUE(r.contains("plans") && r.contains("rejected"));
+  ASSERT_FALSE(r["plans"].empty());
+  EXPECT_EQ(r["plans"][0]["hardware"], "h100-sxm");
+  ASSERT_EQ(r["rejected"].size(), 1u);  // mi250x has no price: a budget cannot be checked
+  EXPECT_EQ(r["rejected"][0]["hardware"], "mi250x");
+  EXPECT_NE(r["rejected"][0]["reason"].get<std::string>().find("no price"), std::string::npos);
 }
