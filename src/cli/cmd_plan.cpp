@@ -348,7 +348,13 @@ int cmd_plan(const Args& args) {
       out["calibration"] = to_json(rep);
     else
       print_calibration(rep, measured);
-    if (p.get_flag("calibrate")) cat = calibrated(cat, rep);
+    if (p.get_flag("calibrate")) {
+      cat = calibrated(cat, rep);
+      if (!json_out)
+        for (const auto& [id, scale] : rep.step_scale)
+          std::cout << "calibration applied: " << id << " compute time x" << sig(scale)
+                    << " (median measured/predicted)\n\n";
+    }
   } else if (p.get_flag("calibrate")) {
     fail("[plan] --calibrate needs measured runs: --measured FILE (format: docs/PLANNING.md)");
   }
