@@ -4,6 +4,7 @@
 #include "hetrain/interop/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
