@@ -10,6 +10,7 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> cmds = {
       {"train", "train a model on this machine (presets fashion-mlp, fashion-cnn, gpt-mini)",
        cmd_train},
+      {"plan", "memory, time and cost of a training job; search hardware and strategy", cmd_plan},
       {"version", "print the version, backends and CPU features", cmd_version},
   };
   return cmds;

@@ -1,0 +1,64 @@
+// Measured runs against the planner's predictions: the planner's own error, and a
+// per-hardware correction fitted from those runs.
+//
+// File format (JSON), e.g. written by `hetrain train` once it exists:
+//   {"version": 1,
+//    "runs": [{"label": "gpt2-124m seq 256 on this CPU",
+//              "model": {"preset": "gpt2-124m", "seq": 256},   // or layers/hidden/heads/seq/vocab
+//              "hardware": "local", "gpus": 1,
+//              "global_batch": 8, "micro_batch": 8,
+//              "tp": 1, "pp": 1, "zero": 0, "offload": "none", "recompute": "none",
+//              "precision": "bf16",
+//              "step_time_s": 1.84,                 // measured, median of steady steps
+//              "peak_memory_bytes": 2.1e9,          // optional, measured peak per device
+//              "source": "hetrain train ... commit abc123, 2025-01-01"}]}
+// Every field except label, peak_memory_bytes, source and the strategy fields (defaults as
+// in `hetrain plan`) is required.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hetrain/planning/plan.h"
+
+namespace hetrain::planning {
+
+struct MeasuredRun {
+  std::string label, hardware, source;
+  Job job;
+  int gpus = 1;
+  Strategy strategy;
+  double step_time_s = 0;
+  std::optional<double> peak_memory_bytes;
+};
+
+/// Parses a measured-runs file; errors name the file, the run index and the field.
+std::vector<MeasuredRun> load_measured_runs(const std::string& path);
+/// $XDG_CACHE_HOME/hetrain/measured_runs.json (default ~/.cache/hetrain/...).
+std::string default_measured_runs_path();
+
+struct RunComparison {
+  MeasuredRun run;
+  Plan predicted;
+  double step_error = 0;                 // (predicted - measured) / measured
+  std::optional<double> memory_error;    // same for peak memory
+  std::optional<double> loo_step_error;  // calibrated on the other runs of that hardware
+};
+
+struct CalibrationReport {
+  std::vector<RunComparison> runs;
+  double mean_abs_step_error = 0, max_abs_step_error = 0;
+  std::optional<double> mean_abs_loo_error;  // leave-one-out, when a hardware has >= 2 runs
+  /// Per hardware: median of measured/predicted step time. Planning with --calibrate
+  /// multiplies that hardware's modelled compute time by it (communication is not
+  /// calibrated: single-device runs cannot measure it).
+  std::map<std::string, double> step_scale;
+};
+
+CalibrationReport compare_measured(const std::vector<MeasuredRun>& runs, const Catalog& catalog);
+/// A copy of the catalog with each calibrated hardware's compute time corrected.
+Catalog calibrated(const Catalog& catalog, const CalibrationReport& report);
+
+}  // namespace hetrain::planning

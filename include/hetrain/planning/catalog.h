@@ -1,0 +1,82 @@
+// The hardware catalog: accelerators with peak rates, memory, links and prices, loaded from
+// a data file (data/hardware.json) where every figure names its source and date.
+//
+//   auto cat = hetrain::planning::Catalog::load_default();
+//   const Hardware& h = cat.get("a100-80gb-sxm");
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hetrain::planning {
+
+enum class Precision { bf16, fp16, fp32 };
+const char* to_string(Precision p);
+Precision precision_from_string(const std::string& s);
+
+/// Where a figure comes from.
+struct Source {
+  std::string doc, date;
+};
+
+struct Hardware {
+  std::string id, name, vendor;
+  // Dense peak rates in TFLOP/s; 0 where the device has no such path.
+  double tflops_f32 = 0, tflops_tf32 = 0, tflops_bf16 = 0, tflops_f16 = 0, tflops_fp8 = 0;
+  double mem_gb = 0;      // device memory, 10^9 bytes
+  double mem_bw_gbs = 0;  // device memory bandwidth, GB/s
+  std::string link_kind;  // nvlink2|nvlink3|nvlink4|infinity-fabric|ici|nvlink-bridge|pcie|none
+  double link_gbs = 0;    // scale-up bandwidth per device, both directions together, GB/s
+  int gpus_per_node = 1;  // devices joined by that link
+  int pcie_gen = 0;
+  double tdp_w = 0;
+  double price_per_hour = 0;   // USD per device-hour
+  double host_mem_gb = 0;      // host memory per node (for offload)
+  double host_mem_bw_gbs = 0;  // host memory bandwidth per node (CPU optimizer step)
+  double network_gbs = 0;      // scale-out bandwidth per device, one direction, GB/s
+  // Model assumptions (documented in docs/PLANNING.md; overridable per entry).
+  double gemm_efficiency = 0.8;  // fraction of peak a large GEMM reaches
+  double alpha_intra_us = 5, alpha_inter_us = 15;
+  double reserved_gb = 1.0;    // runtime context and allocator slack per device
+  double compute_scale = 1.0;  // calibration: measured/predicted compute time
+  bool measured = false;       // from this machine's device profile
+  std::map<std::string, Source> sources;
+
+  /// Peak dense matmul rate for a training precision (fp32 uses the plain f32 rate, as
+  /// PyTorch does by default).
+  double peak_tflops(Precision p) const;
+  /// Effective one-direction bandwidths in bytes/s used by the communication model.
+  double intra_bw() const;
+  double inter_bw() const;
+  double pcie_bw() const;
+};
+
+class Catalog {
+ public:
+  /// Parses a catalog file; errors name the file and the entry/field.
+  static Catalog load(const std::string& path);
+  /// The file named by $HETRAIN_HARDWARE_CATALOG, else <source dir>/data/hardware.json;
+  /// plus `local` from the device profile when one exists (see load_device_profile); a
+  /// malformed profile is skipped and described in `warning`.
+  static Catalog load_default(std::string* warning = nullptr);
+  /// Default path of the catalog data file.
+  static std::string default_path();
+  /// $XDG_CACHE_HOME/hetrain/device_profile.json (default ~/.cache/hetrain/...).
+  static std::string device_profile_path();
+  /// Adds `local` from a device profile JSON. Returns false (and fills `warning`) for a
+  /// malformed file; false with an empty warning when the file does not exist.
+  bool load_device_profile(const std::string& path, std::string* warning);
+
+  const Hardware& get(const std::string& id) const;
+  bool contains(const std::string& id) const;
+  const std::vector<Hardware>& all() const { return items_; }
+  void add(Hardware h);
+  std::string path;  // file it came from
+
+ private:
+  std::vector<Hardware> items_;
+};
+
+}  // namespace hetrain::planning

@@ -1,0 +1,109 @@
+// Model descriptions for the planner: parameter counts from the exact architecture, FLOPs
+// per sample and activation bytes per layer.
+//
+//   auto m = hetrain::planning::preset("llama-7b");
+//   int64_t n = m.params();                  // 6'738'415'616
+//   double f = m.forward_flops_per_sample(); // one sequence of m.tf.seq tokens
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hetrain::planning {
+
+enum class ModelFamily { gpt, llama, bert, vit, convnet };
+enum class Norm { layernorm, rmsnorm };
+enum class MlpKind { gelu, swiglu };
+enum class Recompute { none, selective, full };
+
+/// A transformer by its hyper-parameters (GPT, LLaMA, BERT, ViT are all this).
+struct TransformerSpec {
+  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0;
+  int64_t seq = 0;            // tokens per sample (ViT: patches + class token)
+  int64_t vocab = 0;          // 0 for ViT
+  int64_t ffn_hidden = 0;     // MLP inner size
+  int64_t max_positions = 0;  // learned position table rows; 0 for RoPE
+  Norm norm = Norm::layernorm;
+  MlpKind mlp = MlpKind::gelu;
+  bool bias = true;  // linear layers carry biases
+  bool tied_embeddings = true;
+  bool final_norm = true;       // a norm after the last block (pre-LN models)
+  int64_t token_types = 0;      // BERT segment embeddings
+  bool embedding_norm = false;  // BERT: LayerNorm after the embeddings
+  bool pooler = false;          // BERT pooler (hidden x hidden + bias)
+  bool dropout = true;          // dropout masks are stored for backward
+  bool lm_head = true;          // logits over the vocabulary at every position
+  // ViT patch embedding and classifier.
+  int64_t image = 0, patch = 0, channels = 0, classes = 0;
+};
+
+/// One layer of a conv net; sizes are for one sample at the preset's image size.
+struct ConvLayer {
+  enum class Kind { conv, batchnorm, linear } kind = Kind::conv;
+  int64_t in = 0, out = 0, kernel = 1, stride = 1;
+  int64_t out_h = 1, out_w = 1;  // spatial size of the output
+  bool bias = false;
+  int block = 0;  // residual block index (for recompute by block)
+};
+
+struct ConvNetSpec {
+  int64_t image = 224, channels = 3;
+  std::vector<ConvLayer> layers;
+};
+
+/// Split of the parameters, used to place them on pipeline stages.
+struct ParamLayout {
+  int64_t embedding = 0;  // first stage
+  int64_t per_layer = 0;  // each transformer block
+  int64_t head = 0;       // last stage: final norm, untied LM head, pooler, classifier
+  int64_t total = 0;
+};
+
+struct ModelSpec {
+  std::string name;
+  ModelFamily family = ModelFamily::gpt;
+  TransformerSpec tf;
+  ConvNetSpec conv;
+
+  bool is_transformer() const { return family != ModelFamily::convnet; }
+  int64_t params() const { return layout().total; }
+  ParamLayout layout() const;
+  /// Tokens in one sample (a sequence, or an image's patches; 1 for a conv net's image).
+  int64_t tokens_per_sample() const { return is_transformer() ? tf.seq : 1; }
+  /// Forward FLOPs of one sample: 2 per multiply-add of every matmul/conv, plus the
+  /// attention score and value products (4·s²·h per layer, causal masking not discounted,
+  /// as Megatron-LM counts them).
+  double forward_flops_per_sample() const;
+  /// Forward FLOPs of the attention core (QKᵀ and attention·V) of one sample: what
+  /// selective recompute runs again.
+  double attention_core_flops_per_sample() const;
+  /// Validates the hyper-parameters; throws Error naming the field.
+  void check() const;
+};
+
+/// Preset ids (kebab case) in a stable order.
+const std::vector<std::string>& preset_ids();
+/// A preset by id; throws Error listing the ids for an unknown one.
+ModelSpec preset(const std::string& id);
+/// A GPT-2-style model (learned positions, LayerNorm, GELU 4h MLP, biases, tied embeddings).
+ModelSpec gpt_model(int64_t layers, int64_t hidden, int64_t heads, int64_t seq, int64_t vocab);
+
+/// Activation bytes one transformer layer keeps for backward, for `micro_batch` samples,
+/// with 16-bit activations and 1-byte dropout masks. Generalises Korthikanti et al. 2022
+/// ("Reducing Activation Recomputation in Large Transformer Models", Table 2):
+/// sbh(U + S/t) + A·a·s²·b/t, where for GPT U = 10, S = 24, A = 5, giving sbh(34 + 5as/h)
+/// at t = 1. With sequence parallelism U is divided by t too. Selective recompute drops
+/// the A term; full recompute keeps only the layer input (2sbh, /t with sequence parallel).
+double transformer_layer_activation_bytes(const TransformerSpec& tf, int64_t micro_batch,
+                                          int64_t tp, bool sequence_parallel, Recompute rc);
+
+/// Activation bytes of a conv net for `micro_batch` images (16-bit): each conv/BN/linear
+/// output is kept (BN input and ReLU output); with full recompute only block inputs plus
+/// the largest block's activations.
+double convnet_activation_bytes(const ConvNetSpec& c, int64_t micro_batch, Recompute rc);
+
+const char* to_string(Recompute r);
+Recompute recompute_from_string(const std::string& s);
+
+}  // namespace hetrain::planning

@@ -1,0 +1,134 @@
+// The planner: memory per device and time per step for a model, hardware, device count and
+// parallel/memory strategy; and a search over those under a budget and a deadline.
+//
+//   Job job{preset("llama-7b"), 1e12, 1024, Precision::bf16};
+//   Strategy s; s.zero = 3; s.micro_batch = 2;
+//   Plan p = evaluate(job, catalog.get("a100-80gb-sxm"), 64, s);
+//   p.memory.total, p.time.step, p.cost_usd ...
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hetrain/planning/catalog.h"
+#include "hetrain/planning/model_spec.h"
+
+namespace hetrain::planning {
+
+enum class Offload { none, optimizer, optimizer_params };
+const char* to_string(Offload o);
+Offload offload_from_string(const std::string& s);
+
+struct Strategy {
+  int tp = 1, pp = 1, zero = 0;
+  Offload offload = Offload::none;
+  Recompute recompute = Recompute::none;
+  int64_t micro_batch = 1;
+  bool sequence_parallel = true;  // Megatron-style, only meaningful with tp > 1
+  std::string describe() const;
+};
+
+struct Job {
+  ModelSpec model;
+  double tokens = 0;         // training tokens (samples x tokens per sample)
+  int64_t global_batch = 0;  // samples per optimizer step
+  Precision precision = Precision::bf16;
+  std::optional<double> achieved_tflops;  // replaces the compute-rate model
+  std::optional<double> price_per_hour;   // replaces the catalog price
+};
+
+/// Bytes per device. `total` includes everything below.
+struct MemoryBreakdown {
+  double weights = 0, gradients = 0, optimizer = 0, activations = 0, temporary = 0, reserved = 0,
+         total = 0;
+  double capacity = 0;         // device memory
+  double host_per_device = 0;  // host memory the offload needs, per device
+  double host_capacity = 0;
+};
+
+/// Seconds per optimizer step.
+struct TimeBreakdown {
+  double compute = 0;    // forward + backward + recompute, all micro-batches, one stage
+  double recompute = 0;  // part of compute
+  double tp_comm = 0, pp_comm = 0;
+  double dp_comm = 0;     // data-parallel/ZeRO traffic time if nothing overlapped
+  double dp_exposed = 0;  // what is left after overlap with backward (and forward, ZeRO-3)
+  double bubble = 0;      // pipeline fill and drain
+  double optimizer = 0;   // optimizer step (on the GPU, or on the CPU when offloaded)
+  double offload = 0;     // exposed host<->device transfers
+  double step = 0;
+};
+
+struct Plan {
+  std::string hardware;
+  int gpus = 0;
+  Strategy strategy;
+  int dp = 1;
+  int64_t micro_batches = 1;  // per data-parallel rank per step
+  int64_t params = 0;
+  double flops_per_step = 0;        // hardware FLOPs, recompute included
+  double model_flops_per_step = 0;  // 3 x forward (what MFU counts)
+  MemoryBreakdown memory;
+  TimeBreakdown time;
+  bool fits = false;
+  std::string fit_reason;  // why it does not fit
+  double steps = 0, tokens_per_s = 0, achieved_tflops_per_gpu = 0, mfu = 0;
+  double compute_tflops_per_gpu = 0;  // rate of the compute part alone
+  double train_days = 0, gpu_hours = 0, cost_usd = 0;
+  bool priced = true;
+};
+
+/// Checks the strategy against the model and device count; throws Error saying why.
+void check_strategy(const Job& job, const Hardware& hw, int gpus, const Strategy& s);
+/// Memory and time of one configuration. Throws Error for inconsistent input.
+Plan evaluate(const Job& job, const Hardware& hw, int gpus, const Strategy& s);
+
+// Building blocks, exposed for tests. Times in seconds, sizes in bytes, bandwidth in bytes/s.
+double ring_allreduce_time(double bytes, int p, double bw, double alpha);
+double tree_allreduce_time(double bytes, int p, double bw, double alpha);
+double allreduce_time(double bytes, int p, double bw, double alpha);       // min of both
+double reduce_scatter_time(double bytes, int p, double bw, double alpha);  // = all-gather
+/// Time of an (m x k) @ (k x n) GEMM: roofline with 128x128 tile quantisation.
+double gemm_time(double m, double n, double k, double peak_flops, double efficiency, double mem_bw,
+                 double bytes_per_elem);
+
+/// Model-state bytes per device (weights, gradients, optimizer incl. master weights) for
+/// `params` parameters on this device: the ZeRO paper's accounting, K = 12 for mixed
+/// precision Adam (fp32 master, momentum, variance), 16-bit weights and gradients;
+/// fp32 training keeps 4-byte weights and gradients and K = 8.
+struct ModelStates {
+  double weights = 0, gradients = 0, optimizer = 0, host = 0;
+};
+ModelStates model_state_bytes(double params, int dp, int zero, Offload offload, Precision p);
+
+struct SearchOptions {
+  std::vector<std::string> hardware;  // candidates (empty: the whole catalog)
+  std::vector<int> gpus;              // candidates (empty: 1, 2, 4, 8, 16, 24, 32, 48, ...)
+  int max_gpus = 4096;
+  std::optional<int> tp, pp, zero;
+  std::optional<Offload> offload;
+  std::optional<Recompute> recompute;
+  std::optional<int64_t> micro_batch;
+  std::optional<double> budget_usd, deadline_days;
+  size_t top = 10;
+};
+
+struct Rejection {
+  std::string hardware, reason;
+};
+
+struct SearchResult {
+  std::vector<Plan> plans;               // best plan per hardware, ranked by cost, then time
+  std::vector<Rejection> rejected;       // hardware with no acceptable plan, and why
+  std::vector<std::string> explanation;  // the decision path, one line per step
+  std::vector<Plan> alternatives;        // the next best plans on the winning hardware
+  size_t evaluated = 0;
+};
+
+SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions& opt);
+
+/// Parses counts such as "300e9", "7B", "1.4T", "124M", "8k"; `what` names the flag.
+double parse_count(const std::string& text, const std::string& what);
+
+}  // namespace hetrain::planning

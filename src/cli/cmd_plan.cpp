@@ -1,0 +1,448 @@
+// hetrain plan: memory, time and cost of a training job on hardware you may not have, and
+// a search for the cheapest hardware, device count and strategy under budget and deadline.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "hetrain/base/error.h"
+#include "hetrain/planning/calibration.h"
+#include "hetrain/planning/report.h"
+
+namespace hetrain::cli {
+
+using namespace hetrain::planning;
+
+namespace {
+
+std::string fixed(double v, int prec) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  return buf;
+}
+
+std::string sig(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+std::string money(double v) { return v >= 1000 ? "$" + fixed(v, 0) : "$" + fixed(v, 2); }
+
+std::string with_commas(int64_t v) {
+  std::string s = std::to_string(v), out;
+  int n = 0;
+  for (auto it = s.rbegin(); it != s.rend(); ++it) {
+    if (n && n % 3 == 0) out.insert(out.begin(), ',');
+    out.insert(out.begin(), *it);
+    ++n;
+  }
+  return out;
+}
+
+std::string pad(const std::string& s, size_t w) {
+  return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' ');
+}
+
+void print_hardware(const Catalog& cat) {
+  std::cout << "hardware catalog: " << cat.path << "\n"
+            << pad("id", 16) << pad("bf16 TF", 9) << pad("f32 TF", 8) << pad("fp8 TF", 8)
+            << pad("mem GB", 8) << pad("GB/s", 7) << pad("link", 16) << pad("link GB/s", 10)
+            << pad("/node", 6) << pad("PCIe", 5) << pad("TDP W", 6) << "$/h\n";
+  for (const auto& h : cat.all()) {
+    std::cout << pad(h.id, 16) << pad(sig(h.tflops_bf16), 9) << pad(sig(h.tflops_f32), 8)
+              << pad(sig(h.tflops_fp8), 8) << pad(sig(h.mem_gb), 8) << pad(sig(h.mem_bw_gbs), 7)
+              << pad(h.link_kind, 16) << pad(sig(h.link_gbs), 10)
+              << pad(std::to_string(h.gpus_per_node), 6) << pad(std::to_string(h.pcie_gen), 5)
+              << pad(sig(h.tdp_w), 6) << (h.price_per_hour > 0 ? fixed(h.price_per_hour, 2) : "-")
+              << "\n";
+  }
+  std::cout << "\nRates are dense peaks; link GB/s counts both directions; $/h per device, "
+               "on-demand list price.\nSources and dates for every figure: "
+            << cat.path << " (\"sources\").\n";
+}
+
+nlohmann::json hardware_json(const Catalog& cat) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& h : cat.all()) {
+    nlohmann::json src;
+    for (const auto& [k, s] : h.sources) src[k] = {{"doc", s.doc}, {"date", s.date}};
+    a.push_back(
+        {{"id", h.id},
+         {"name", h.name},
+         {"peak_tflops",
+          {{"f32", h.tflops_f32},
+           {"tf32", h.tflops_tf32},
+           {"bf16", h.tflops_bf16},
+           {"f16", h.tflops_f16},
+           {"fp8", h.tflops_fp8}}},
+         {"mem_gb", h.mem_gb},
+         {"mem_bw_gbs", h.mem_bw_gbs},
+         {"link", {{"kind", h.link_kind}, {"gbs", h.link_gbs}, {"gpus_per_node", h.gpus_per_node}}},
+         {"pcie_gen", h.pcie_gen},
+         {"tdp_w", h.tdp_w},
+         {"price_usd_per_hour", h.price_per_hour},
+         {"measured", h.measured},
+         {"sources", src}});
+  }
+  return {{"catalog", cat.path}, {"hardware", a}};
+}
+
+void row(const std::string& name, double bytes) {
+  std::cout << "  " << pad(name, 34) << pad(fixed(bytes / 1e9, 2), 10)
+            << fixed(bytes / (1024.0 * 1024 * 1024), 2) << "\n";
+}
+
+void trow(const std::string& name, double s) {
+  std::cout << "  " << pad(name, 34) << sig(s) << " s\n";
+}
+
+void print_plan(const Job& job, const Plan& p, const Hardware& hw) {
+  const auto& m = p.memory;
+  const auto& t = p.time;
+  const ModelSpec& model = job.model;
+  std::cout << "plan: " << model.name << " on " << p.gpus << " x " << p.hardware << " ("
+            << p.strategy.describe() << ")\n"
+            << "  data parallel " << p.dp << ", " << p.micro_batches
+            << " micro-batches per step per replica, precision " << to_string(job.precision) << "\n"
+            << "model: " << with_commas(p.params) << " parameters";
+  if (model.is_transformer()) std::cout << ", seq " << model.tf.seq;
+  std::cout << ", global batch " << job.global_batch << " samples ("
+            << sig(static_cast<double>(job.global_batch * model.tokens_per_sample()))
+            << " tokens) per step\n\n";
+  std::cout << "memory per device" << std::string(21, ' ') << pad("GB (1e9)", 10) << "GiB (2^30)\n";
+  row("weights", m.weights);
+  row("gradients", m.gradients);
+  row("optimizer (states, master weights)", m.optimizer);
+  row("activations", m.activations);
+  row("temporary buffers", m.temporary);
+  row("reserved (runtime context)", m.reserved);
+  row("total", m.total);
+  row("device memory", m.capacity);
+  if (m.host_per_device > 0) row("host memory for offload", m.host_per_device);
+  std::cout << "  -> " << (p.fits ? "fits" : "DOES NOT FIT: " + p.fit_reason) << "\n\n";
+  std::cout << "time per step\n";
+  trow("compute (fwd + bwd + recompute)", t.compute);
+  if (t.recompute > 0) trow("  of which recompute", t.recompute);
+  if (t.tp_comm > 0) trow("tensor-parallel communication", t.tp_comm);
+  if (t.pp_comm > 0) trow("pipeline sends", t.pp_comm);
+  if (t.bubble > 0) trow("pipeline bubble", t.bubble);
+  if (t.dp_comm > 0) {
+    trow("data-parallel/ZeRO comm (total)", t.dp_comm);
+    trow("  exposed after overlap", t.dp_exposed);
+  }
+  trow(p.strategy.offload == Offload::none ? "optimizer step" : "optimizer step (CPU)",
+       t.optimizer);
+  if (t.offload > 0) trow("offload transfers (exposed)", t.offload);
+  trow("step", t.step);
+  std::cout << "\nthroughput: " << sig(p.tokens_per_s)
+            << (model.is_transformer() ? " tokens/s" : " images/s") << ", "
+            << sig(p.achieved_tflops_per_gpu) << " TFLOP/s per device (recompute included; "
+            << "compute alone runs at " << sig(p.compute_tflops_per_gpu) << "), MFU "
+            << fixed(100 * p.mfu, 1) << "% of " << sig(hw.peak_tflops(job.precision))
+            << " TFLOP/s peak\n"
+            << "flops per step: " << sig(p.flops_per_step) << " (model "
+            << sig(p.model_flops_per_step) << ")\n"
+            << "training: " << sig(job.tokens)
+            << (model.is_transformer() ? " tokens = " : " images = ") << sig(p.steps) << " steps, "
+            << sig(p.train_days) << " days, " << sig(p.gpu_hours) << " device-hours, "
+            << (p.priced ? money(p.cost_usd) : std::string("cost unknown (no price; --price)"))
+            << "\n";
+}
+
+void print_plan_line(const Plan& p) {
+  std::cout << "  " << pad(p.hardware, 15) << pad(std::to_string(p.gpus), 6)
+            << pad(p.priced ? money(p.cost_usd) : "-", 12) << pad(sig(p.train_days), 9)
+            << pad(fixed(p.memory.total / 1e9, 1) + "/" + fixed(p.memory.capacity / 1e9, 0), 10)
+            << pad(fixed(100 * p.mfu, 1) + "%", 7) << p.strategy.describe() << "\n";
+}
+
+void print_calibration(const CalibrationReport& rep, const std::string& path) {
+  std::cout << "measured runs (" << path << "): predicted vs measured step time\n";
+  for (const auto& c : rep.runs) {
+    std::cout << "  " << pad(c.run.label.empty() ? c.run.job.model.name : c.run.label, 40)
+              << pad(c.run.hardware, 12) << "measured " << sig(c.run.step_time_s)
+              << " s, predicted " << sig(c.predicted.time.step) << " s, error "
+              << fixed(100 * c.step_error, 1) << "%";
+    if (c.memory_error) std::cout << "; memory error " << fixed(100 * *c.memory_error, 1) << "%";
+    if (c.loo_step_error)
+      std::cout << "; calibrated (leave-one-out) " << fixed(100 * *c.loo_step_error, 1) << "%";
+    std::cout << "\n";
+  }
+  std::cout << "  mean |error| " << fixed(100 * rep.mean_abs_step_error, 1) << "%, max "
+            << fixed(100 * rep.max_abs_step_error, 1) << "%";
+  if (rep.mean_abs_loo_error)
+    std::cout << "; after calibration (leave-one-out) " << fixed(100 * *rep.mean_abs_loo_error, 1)
+              << "%";
+  std::cout << "\n\n";
+}
+
+int64_t positive_int(const ArgParser& p, const std::string& flag) {
+  double v = parse_count(p.get(flag), "--" + flag);
+  if (v < 1 || v != std::floor(v) || v > 9e15)
+    fail("[plan] --", flag, " expects a positive integer, got '", p.get(flag), "'");
+  return static_cast<int64_t>(v);
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+int cmd_plan(const Args& args) {
+  ArgParser p("plan",
+              "Memory per device, step time, days and cost of training a model on catalog "
+              "hardware;\nwith hardware, device count or strategy left open, a search for the "
+              "cheapest plan\nunder --budget and --deadline that says why the other hardware "
+              "lost.");
+  p.option("preset", "ID", "model preset (see --list-presets)")
+      .option("model", "KIND",
+              "build a model from flags: gpt (with --layers --hidden --heads --seq --vocab)")
+      .option("layers", "L", "transformer layers")
+      .option("hidden", "H", "hidden size")
+      .option("heads", "A", "attention heads")
+      .option("seq", "S", "sequence length (also overrides a preset's)")
+      .option("vocab", "V", "vocabulary size")
+      .option(
+          "tokens", "T",
+          "training tokens (images for a conv net), e.g. 300e9, 1.4T (default: 20 per parameter)")
+      .option("global-batch", "B", "samples per optimizer step (default: ~1M tokens; 1024 images)")
+      .option("micro-batch", "b", "samples per device per micro-step (fixed plan default: 1)")
+      .option("hardware", "ID[,ID..]", "catalog id(s); see --list-hardware")
+      .option("gpus", "N", "device count")
+      .option("tp", "t", "tensor-parallel size")
+      .option("pp", "p", "pipeline-parallel stages")
+      .option("zero", "0|1|2|3", "ZeRO stage")
+      .option("offload", "MODE", "none|optimizer|optimizer+params")
+      .option("recompute", "MODE", "none|selective|full")
+      .option("precision", "P", "bf16|fp16|fp32", "bf16")
+      .flag("no-sequence-parallel", "do not shard activations along the sequence under tp")
+      .option("achieved-tflops", "X", "compute rate per device instead of the efficiency model")
+      .option("price", "USD", "price per device-hour instead of the catalog's")
+      .option("budget", "USD", "search: maximum cost")
+      .option("deadline", "DAYS", "search: maximum training days")
+      .option("max-gpus", "N", "search: largest device count", "4096")
+      .option("top", "N", "search: plans to list", "10")
+      .flag("search", "search strategies even when --hardware and --gpus are both given")
+      .flag("explain", "print the decision path of a search")
+      .option("catalog", "FILE", "hardware catalog (default: data/hardware.json)")
+      .option("measured", "FILE",
+              "measured runs to report the planner's error against (default: "
+              "$XDG_CACHE_HOME/hetrain/measured_runs.json if present)")
+      .flag("calibrate", "correct each hardware's compute rate from the measured runs")
+      .flag("list-hardware", "print the hardware catalog")
+      .flag("list-presets", "print the model presets")
+      .flag("json", "machine-readable output")
+      .epilog(
+          "examples:\n"
+          "  hetrain plan --list-hardware\n"
+          "  hetrain plan --preset llama-7b --hardware a100-80gb-sxm --gpus 64 --zero 3 "
+          "--micro-batch 2 --tokens 1T\n"
+          "  hetrain plan --preset gpt3-175b --tokens 300B --budget 5e6 --deadline 60 --explain\n"
+          "  hetrain plan --model gpt --layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab "
+          "50257 --json\n"
+          "numbers accept 300e9, 7B, 1.4T, 124M, 8k.");
+  if (!p.parse(args)) return 0;
+  if (!p.positional().empty()) fail("[plan] unexpected argument '", p.positional()[0], "'");
+  bool json_out = p.get_flag("json");
+
+  std::string warning;
+  Catalog cat;
+  if (p.given("catalog")) {
+    cat = Catalog::load(p.get("catalog"));
+    std::string prof = Catalog::device_profile_path();
+    if (!prof.empty()) cat.load_device_profile(prof, &warning);
+  } else {
+    cat = Catalog::load_default(&warning);
+  }
+  if (!warning.empty()) std::cerr << "hetrain plan: warning: " << warning << "\n";
+
+  if (p.get_flag("list-hardware")) {
+    if (json_out)
+      std::cout << hardware_json(cat).dump(2) << "\n";
+    else
+      print_hardware(cat);
+    return 0;
+  }
+  if (p.get_flag("list-presets")) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& id : preset_ids()) {
+      ModelSpec m = preset(id);
+      if (json_out) {
+        a.push_back({{"id", id}, {"params", m.params()}});
+      } else {
+        std::cout << pad(id, 12) << pad(with_commas(m.params()), 18);
+        if (m.is_transformer())
+          std::cout << "layers " << m.tf.layers << ", hidden " << m.tf.hidden << ", heads "
+                    << m.tf.heads << ", seq " << m.tf.seq;
+        else
+          std::cout << "conv net, " << m.conv.layers.size() << " layers";
+        std::cout << "\n";
+      }
+    }
+    if (json_out) std::cout << a.dump(2) << "\n";
+    return 0;
+  }
+
+  // ---- the model ----
+  Job job;
+  if (p.given("preset") && p.given("model")) fail("[plan] give --preset or --model, not both");
+  if (p.given("preset")) {
+    job.model = preset(p.get("preset"));
+    for (const char* f : {"layers", "hidden", "heads", "vocab"})
+      if (p.given(f)) fail("[plan] --", f, " does not apply to --preset (only --seq may override)");
+    if (p.given("seq")) {
+      if (!job.model.is_transformer()) fail("[plan] --seq does not apply to a conv net");
+      job.model.tf.seq = positive_int(p, "seq");
+    }
+  } else if (p.given("model")) {
+    if (p.get("model") != "gpt")
+      fail("[plan] --model expects 'gpt' (other architectures: use --preset), got '",
+           p.get("model"), "'");
+    for (const char* f : {"layers", "hidden", "heads", "seq", "vocab"})
+      if (!p.given(f)) fail("[plan] --model gpt needs --", f);
+    job.model =
+        gpt_model(positive_int(p, "layers"), positive_int(p, "hidden"), positive_int(p, "heads"),
+                  positive_int(p, "seq"), positive_int(p, "vocab"));
+  } else {
+    fail(
+        "[plan] give a model: --preset ID (see --list-presets) or --model gpt --layers L "
+        "--hidden H --heads A --seq S --vocab V");
+  }
+  job.model.check();
+  job.precision = precision_from_string(p.get("precision"));
+  job.tokens = p.given("tokens") ? parse_count(p.get("tokens"), "--tokens")
+                                 : 20.0 * static_cast<double>(job.model.params());
+  if (p.given("global-batch")) {
+    job.global_batch = positive_int(p, "global-batch");
+  } else {
+    job.global_batch =
+        job.model.is_transformer()
+            ? std::max<int64_t>(1, std::llround((1 << 20) / double(job.model.tf.seq)))
+            : 1024;
+  }
+  if (p.given("achieved-tflops")) {
+    job.achieved_tflops = p.get_double("achieved-tflops");
+    if (*job.achieved_tflops <= 0) fail("[plan] --achieved-tflops must be positive");
+  }
+  if (p.given("price")) job.price_per_hour = parse_count(p.get("price"), "--price");
+
+  // ---- measured runs: the planner's own error ----
+  nlohmann::json out;
+  std::string measured = p.given("measured") ? p.get("measured") : default_measured_runs_path();
+  bool have_measured =
+      p.given("measured") || (!measured.empty() && std::filesystem::exists(measured));
+  if (have_measured) {
+    CalibrationReport rep = compare_measured(load_measured_runs(measured), cat);
+    if (json_out)
+      out["calibration"] = to_json(rep);
+    else
+      print_calibration(rep, measured);
+    if (p.get_flag("calibrate")) {
+      cat = calibrated(cat, rep);
+      if (!json_out)
+        for (const auto& [id, scale] : rep.step_scale)
+          std::cout << "calibration applied: " << id << " compute time x" << sig(scale)
+                    << " (median measured/predicted)\n\n";
+    }
+  } else if (p.get_flag("calibrate")) {
+    fail("[plan] --calibrate needs measured runs: --measured FILE (format: docs/PLANNING.md)");
+  }
+
+  std::vector<std::string> hw_ids =
+      p.given("hardware") ? split(p.get("hardware")) : std::vector<std::string>{};
+  for (const auto& id : hw_ids) cat.get(id);  // unknown ids fail here, listing the known ones
+  bool fixed_plan = hw_ids.size() == 1 && p.given("gpus") && !p.get_flag("search");
+  Strategy s;
+  if (p.given("tp")) s.tp = static_cast<int>(positive_int(p, "tp"));
+  if (p.given("pp")) s.pp = static_cast<int>(positive_int(p, "pp"));
+  if (p.given("zero")) {
+    std::string z = p.get("zero");
+    if (z != "0" && z != "1" && z != "2" && z != "3")
+      fail("[plan] --zero expects 0, 1, 2 or 3, got '", z, "'");
+    s.zero = z[0] - '0';
+  }
+  if (p.given("offload")) s.offload = offload_from_string(p.get("offload"));
+  if (p.given("recompute")) s.recompute = recompute_from_string(p.get("recompute"));
+  if (p.given("micro-batch")) s.micro_batch = positive_int(p, "micro-batch");
+  s.sequence_parallel = !p.get_flag("no-sequence-parallel");
+
+  if (fixed_plan) {
+    const Hardware& hw = cat.get(hw_ids[0]);
+    int gpus = static_cast<int>(positive_int(p, "gpus"));
+    Plan plan = evaluate(job, hw, gpus, s);
+    if (json_out) {
+      nlohmann::json j = to_json(plan);
+      for (auto it = out.begin(); it != out.end(); ++it) j[it.key()] = it.value();
+      std::cout << j.dump(2) << "\n";
+    } else {
+      print_plan(job, plan, hw);
+    }
+    return 0;
+  }
+
+  SearchOptions opt;
+  opt.hardware = hw_ids;
+  if (p.given("gpus")) opt.gpus = {static_cast<int>(positive_int(p, "gpus"))};
+  opt.max_gpus = static_cast<int>(positive_int(p, "max-gpus"));
+  if (p.given("tp")) opt.tp = s.tp;
+  if (p.given("pp")) opt.pp = s.pp;
+  if (p.given("zero")) opt.zero = s.zero;
+  if (p.given("offload")) opt.offload = s.offload;
+  if (p.given("recompute")) opt.recompute = s.recompute;
+  if (p.given("micro-batch")) opt.micro_batch = s.micro_batch;
+  if (p.given("budget")) opt.budget_usd = parse_count(p.get("budget"), "--budget");
+  if (p.given("deadline")) opt.deadline_days = p.get_double("deadline");
+  opt.top = static_cast<size_t>(positive_int(p, "top"));
+  auto t0 = std::chrono::steady_clock::now();
+  SearchResult r = search(job, cat, opt);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (json_out) {
+    nlohmann::json j = to_json(r);
+    j["search_seconds"] = secs;
+    for (auto it = out.begin(); it != out.end(); ++it) j[it.key()] = it.value();
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "search: " << job.model.name << " (" << with_commas(job.model.params())
+            << " parameters), " << sig(job.tokens) << " tokens, global batch " << job.global_batch
+            << ", " << to_string(job.precision) << "; " << r.evaluated << " plans in "
+            << fixed(secs, 2) << " s\n";
+  if (p.get_flag("explain")) {
+    std::cout << "\ndecision path:\n";
+    for (const auto& line : r.explanation) std::cout << "  " << line << "\n";
+  }
+  if (r.plans.empty()) {
+    std::cout << "\nno plan meets every constraint.\n";
+  } else {
+    std::cout << "\nbest plan per hardware, cheapest first:\n  " << pad("hardware", 15)
+              << pad("gpus", 6) << pad("cost", 12) << pad("days", 9) << pad("GB/dev", 10)
+              << pad("MFU", 7) << "strategy\n";
+    for (const auto& pl : r.plans) print_plan_line(pl);
+    if (!r.alternatives.empty()) {
+      std::cout << "\nnext best on " << r.plans.front().hardware << ":\n";
+      for (const auto& pl : r.alternatives) print_plan_line(pl);
+    }
+  }
+  if (!r.rejected.empty()) {
+    std::cout << "\nrejected:\n";
+    for (const auto& x : r.rejected) std::cout << "  " << pad(x.hardware, 15) << x.reason << "\n";
+  }
+  if (!r.plans.empty()) {
+    std::cout << "\n";
+    print_plan(job, r.plans.front(), cat.get(r.plans.front().hardware));
+  }
+  return 0;
+}
+
+}  // namespace hetrain::cli

@@ -1,0 +1,248 @@
+#include "hetrain/planning/catalog.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "hetrain/base/error.h"
+
+namespace hetrain::planning {
+
+using nlohmann::json;
+
+const char* to_string(Precision p) {
+  switch (p) {
+    case Precision::bf16:
+      return "bf16";
+    case Precision::fp16:
+      return "fp16";
+    case Precision::fp32:
+      return "fp32";
+  }
+  return "?";
+}
+
+Precision precision_from_string(const std::string& s) {
+  if (s == "bf16") return Precision::bf16;
+  if (s == "fp16") return Precision::fp16;
+  if (s == "fp32") return Precision::fp32;
+  fail("[plan] --precision expects bf16|fp16|fp32, got '", s, "'");
+}
+
+double Hardware::peak_tflops(Precision p) const {
+  switch (p) {
+    case Precision::bf16:
+      return tflops_bf16;
+    case Precision::fp16:
+      return tflops_f16;
+    case Precision::fp32:
+      return tflops_f32;
+  }
+  return 0;
+}
+
+// Collective bandwidth reaches about 80% of a link's one-direction peak (NCCL bus bandwidth
+// on NVLink/InfiniBand); an assumption stated in docs/PLANNING.md.
+constexpr double kLinkEfficiency = 0.8;
+
+double Hardware::intra_bw() const { return link_gbs / 2 * 1e9 * kLinkEfficiency; }
+double Hardware::inter_bw() const { return network_gbs * 1e9 * kLinkEfficiency; }
+double Hardware::pcie_bw() const {
+  // x16, one direction: Gen3 15.75, Gen4 31.5, Gen5 63 GB/s.
+  double gbs = pcie_gen >= 5 ? 63 : pcie_gen == 4 ? 31.5 : pcie_gen == 3 ? 15.75 : 0;
+  return gbs * 1e9 * kLinkEfficiency;
+}
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("[plan] cannot open '", path, "'");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+double number(const json& obj, const std::string& key, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || !it->is_number())
+    fail("[plan] ", where, ": field '", key, "' must be a number");
+  double v = it->get<double>();
+  if (v < 0) fail("[plan] ", where, ": field '", key, "' must not be negative, got ", v);
+  return v;
+}
+
+std::string text(const json& obj, const std::string& key, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || !it->is_string())
+    fail("[plan] ", where, ": field '", key, "' must be a string");
+  return it->get<std::string>();
+}
+
+// Figure groups that must each carry a source and a date.
+const char* kSourced[] = {"peak_tflops",        "memory", "link", "pcie_gen", "tdp_w",
+                          "price_usd_per_hour", "host"};
+
+Hardware parse_entry(const json& e, const std::string& file, size_t index) {
+  Hardware h;
+  std::string where = file + ": hardware[" + std::to_string(index) + "]";
+  h.id = text(e, "id", where);
+  where = file + ": hardware '" + h.id + "'";
+  h.name = text(e, "name", where);
+  h.vendor = text(e, "vendor", where);
+  if (!e.contains("peak_tflops") || !e["peak_tflops"].is_object())
+    fail("[plan] ", where, ": field 'peak_tflops' must be an object");
+  const json& pk = e["peak_tflops"];
+  std::string wp = where + " peak_tflops";
+  h.tflops_f32 = number(pk, "f32", wp);
+  h.tflops_tf32 = number(pk, "tf32", wp);
+  h.tflops_bf16 = number(pk, "bf16", wp);
+  h.tflops_f16 = number(pk, "f16", wp);
+  h.tflops_fp8 = number(pk, "fp8", wp);
+  h.mem_gb = number(e, "mem_gb", where);
+  h.mem_bw_gbs = number(e, "mem_bw_gbs", where);
+  if (h.mem_gb <= 0 || h.mem_bw_gbs <= 0)
+    fail("[plan] ", where, ": mem_gb and mem_bw_gbs must be positive");
+  if (!e.contains("link") || !e["link"].is_object())
+    fail("[plan] ", where, ": field 'link' must be an object {kind, gbs, gpus_per_node}");
+  const json& ln = e["link"];
+  h.link_kind = text(ln, "kind", where + " link");
+  h.link_gbs = number(ln, "gbs", where + " link");
+  h.gpus_per_node = static_cast<int>(number(ln, "gpus_per_node", where + " link"));
+  if (h.gpus_per_node < 1) fail("[plan] ", where, ": link.gpus_per_node must be >= 1");
+  h.pcie_gen = static_cast<int>(number(e, "pcie_gen", where));
+  h.tdp_w = number(e, "tdp_w", where);
+  h.price_per_hour = number(e, "price_usd_per_hour", where);
+  h.host_mem_gb = number(e, "host_mem_gb_per_device", where);
+  h.host_mem_bw_gbs = number(e, "host_mem_bw_gbs_per_device", where);
+  h.network_gbs = number(e, "network_gbs_per_device", where);
+  if (e.contains("gemm_efficiency")) h.gemm_efficiency = number(e, "gemm_efficiency", where);
+  if (e.contains("alpha_intra_us")) h.alpha_intra_us = number(e, "alpha_intra_us", where);
+  if (e.contains("alpha_inter_us")) h.alpha_inter_us = number(e, "alpha_inter_us", where);
+  if (e.contains("reserved_gb")) h.reserved_gb = number(e, "reserved_gb", where);
+  if (!e.contains("sources") || !e["sources"].is_object())
+    fail("[plan] ", where, ": field 'sources' must be an object");
+  for (const char* key : kSourced) {
+    auto it = e["sources"].find(key);
+    if (it == e["sources"].end() || !it->is_object())
+      fail("[plan] ", where, ": sources.", key, " is missing (every figure needs a source)");
+    Source s{text(*it, "doc", where + " sources." + key),
+             text(*it, "date", where + " sources." + key)};
+    if (s.doc.empty() || s.date.empty())
+      fail("[plan] ", where, ": sources.", key, " needs a non-empty doc and date");
+    h.sources[key] = s;
+  }
+  for (const auto& [key, v] : e["sources"].items()) {  // optional extras, e.g. gemm_efficiency
+    if (h.sources.count(key)) continue;
+    if (!v.is_object()) fail("[plan] ", where, ": sources.", key, " must be {doc, date}");
+    h.sources[key] = Source{text(v, "doc", where + " sources." + key),
+                            text(v, "date", where + " sources." + key)};
+  }
+  if (e.contains("gemm_efficiency") && !h.sources.count("gemm_efficiency"))
+    fail("[plan] ", where, ": gemm_efficiency needs sources.gemm_efficiency");
+  return h;
+}
+
+}  // namespace
+
+Catalog Catalog::load(const std::string& path) {
+  json j;
+  try {
+    j = json::parse(read_text(path));
+  } catch (const json::parse_error& e) {
+    fail("[plan] hardware catalog '", path, "' is not valid JSON: ", e.what());
+  }
+  if (!j.contains("hardware") || !j["hardware"].is_array())
+    fail("[plan] hardware catalog '", path, "': expected a 'hardware' array");
+  Catalog c;
+  c.path = path;
+  size_t i = 0;
+  for (const auto& e : j["hardware"]) c.add(parse_entry(e, path, i++));
+  return c;
+}
+
+void Catalog::add(Hardware h) {
+  if (contains(h.id)) fail("[plan] hardware catalog: duplicate id '", h.id, "'");
+  items_.push_back(std::move(h));
+}
+
+std::string Catalog::default_path() {
+  if (const char* p = std::getenv("HETRAIN_HARDWARE_CATALOG"); p && *p) return p;
+  return std::string(HETRAIN_SOURCE_DIR) + "/data/hardware.json";
+}
+
+std::string Catalog::device_profile_path() {
+  std::string base;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
+    base = x;
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    base = std::string(home) + "/.cache";
+  } else {
+    return "";
+  }
+  return base + "/hetrain/device_profile.json";
+}
+
+bool Catalog::load_device_profile(const std::string& path, std::string* warning) {
+  if (warning) warning->clear();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  try {
+    json j = json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+    if (!j.is_object() || j.value("version", 0) != 1)
+      fail("expected an object with \"version\": 1");
+    if (!j.contains("gemm_tflops") || !j["gemm_tflops"].is_object())
+      fail("expected 'gemm_tflops' {\"f32\": .., \"bf16\": .., \"f16\": ..}");
+    Hardware h;
+    h.id = "local";
+    h.name = j.value("name", std::string("this machine (measured)"));
+    h.vendor = "local";
+    const json& g = j["gemm_tflops"];
+    h.tflops_f32 = number(g, "f32", "gemm_tflops");
+    h.tflops_bf16 = g.contains("bf16") ? number(g, "bf16", "gemm_tflops") : 0;
+    h.tflops_f16 = g.contains("f16") ? number(g, "f16", "gemm_tflops") : 0;
+    h.tflops_tf32 = h.tflops_f32;
+    h.mem_bw_gbs = number(j, "mem_bw_gbs", "profile");
+    h.mem_gb = number(j, "mem_bytes", "profile") / 1e9;
+    if (h.mem_gb <= 0 || h.mem_bw_gbs <= 0 || h.tflops_f32 <= 0)
+      fail("mem_bytes, mem_bw_gbs and gemm_tflops.f32 must be positive");
+    h.link_kind = "none";
+    h.gpus_per_node = 1;
+    h.price_per_hour = j.value("price_usd_per_hour", 0.0);
+    h.gemm_efficiency = 1.0;  // measured rates are already achieved rates
+    h.reserved_gb = 0;
+    h.measured = true;
+    std::string date = j.value("date", std::string("unknown"));
+    for (const char* key : kSourced) h.sources[key] = Source{"measured: " + path, date};
+    items_.erase(std::remove_if(items_.begin(), items_.end(),
+                                [](const Hardware& x) { return x.id == "local"; }),
+                 items_.end());
+    items_.push_back(std::move(h));
+    return true;
+  } catch (const std::exception& e) {
+    if (warning) *warning = "ignoring malformed device profile '" + path + "': " + e.what();
+    return false;
+  }
+}
+
+Catalog Catalog::load_default(std::string* warning) {
+  Catalog c = load(default_path());
+  std::string profile = device_profile_path();
+  if (!profile.empty()) c.load_device_profile(profile, warning);
+  return c;
+}
+
+bool Catalog::contains(const std::string& id) const {
+  for (const auto& h : items_)
+    if (h.id == id) return true;
+  return false;
+}
+
+const Hardware& Catalog::get(const std::string& id) const {
+  for (const auto& h : items_)
+    if (h.id == id) return h;
+  std::string all;
+  for (const auto& h : items_) all += (all.empty() ? "" : ", ") + h.id;
+  fail("[plan] unknown hardware '", id, "'; known: ", all, " (see 'hetrain plan --list-hardware')");
+}
+
+}  // namespace hetrain::planning

@@ -1,0 +1,496 @@
+// Memory and time of one plan. Formulas and their sources are in docs/PLANNING.md.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "hetrain/base/error.h"
+#include "hetrain/planning/plan.h"
+#include "planning/internal.h"
+
+namespace hetrain::planning {
+
+const char* to_string(Offload o) {
+  switch (o) {
+    case Offload::none:
+      return "none";
+    case Offload::optimizer:
+      return "optimizer";
+    case Offload::optimizer_params:
+      return "optimizer+params";
+  }
+  return "?";
+}
+
+Offload offload_from_string(const std::string& s) {
+  if (s == "none") return Offload::none;
+  if (s == "optimizer") return Offload::optimizer;
+  if (s == "optimizer+params") return Offload::optimizer_params;
+  fail("[plan] --offload expects none|optimizer|optimizer+params, got '", s, "'");
+}
+
+std::string Strategy::describe() const {
+  std::ostringstream os;
+  os << "tp=" << tp << " pp=" << pp << " zero=" << zero << " offload=" << to_string(offload)
+     << " recompute=" << to_string(recompute) << " micro-batch=" << micro_batch;
+  if (tp > 1 && !sequence_parallel) os << " no-sp";
+  return os.str();
+}
+
+// ---- communication: alpha-beta ------------------------------------------------------------
+
+double ring_allreduce_time(double n, int p, double bw, double alpha) {
+  if (p <= 1 || n <= 0) return 0;
+  return 2.0 * (p - 1) * alpha + 2.0 * (p - 1) / p * n / bw;
+}
+
+double tree_allreduce_time(double n, int p, double bw, double alpha) {
+  if (p <= 1 || n <= 0) return 0;
+  // Reduce up and broadcast down a (double) binary tree, pipelined: 2 log2(p) latency
+  // terms and the whole buffer twice through the slowest link.
+  return 2.0 * std::ceil(std::log2(p)) * alpha + 2.0 * n / bw;
+}
+
+double allreduce_time(double n, int p, double bw, double alpha) {
+  return std::min(ring_allreduce_time(n, p, bw, alpha), tree_allreduce_time(n, p, bw, alpha));
+}
+
+double reduce_scatter_time(double n, int p, double bw, double alpha) {
+  if (p <= 1 || n <= 0) return 0;
+  return (p - 1) * alpha + static_cast<double>(p - 1) / p * n / bw;
+}
+
+// ---- compute: GEMM roofline with tile quantisation ----------------------------------------
+
+double gemm_time(double m, double n, double k, double peak, double eff, double bw, double elem) {
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  // cuBLAS-style 128x128 output tiles: a ragged edge costs a whole tile.
+  constexpr double tile = 128;
+  double padded = std::ceil(m / tile) * tile * std::ceil(n / tile) * tile;
+  double flops = 2.0 * padded * k;
+  double bytes = elem * (m * k + k * n + m * n);
+  return std::max(flops / (peak * eff), bytes / (bw * 0.8));
+}
+
+// ---- model states: the ZeRO paper's accounting --------------------------------------------
+
+ModelStates model_state_bytes(double P, int dp, int zero, Offload off, Precision prec) {
+  double wb = prec == Precision::fp32 ? 4 : 2;  // weight and gradient bytes
+  double K = prec == Precision::fp32 ? 8 : 12;  // optimizer bytes per parameter
+  double N = std::max(dp, 1);
+  ModelStates m;
+  m.weights = zero >= 3 ? wb * P / N : wb * P;
+  m.gradients = zero >= 2 ? wb * P / N : wb * P;
+  m.optimizer = zero >= 1 ? K * P / N : K * P;
+  if (off != Offload::none) {
+    double shard = zero >= 1 ? P / N : P;
+    m.host = (K + 4) * shard;  // optimizer states and fp32 gradients for the CPU step
+    m.optimizer = 0;
+    // Gradient shards stream to the host bucket by bucket (ZeRO-Offload with stage >= 2).
+    if (zero >= 2) m.gradients = 0;
+    if (off == Offload::optimizer_params) {
+      m.host += wb * P / N;
+      m.weights = 0;  // fetched per layer: counted under temporary
+    }
+  }
+  return m;
+}
+
+namespace detail {
+
+std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const Strategy& s) {
+  const ModelSpec& m = job.model;
+  // Cheap checks first: the search calls this for every candidate.
+  int tpp = std::max(1, s.tp * s.pp);
+  int dp0 = gpus / tpp;
+  bool likely_ok = gpus >= 1 && s.tp >= 1 && s.pp >= 1 && gpus % tpp == 0 && s.zero >= 0 &&
+                   s.zero <= 3 && s.micro_batch >= 1 && !(s.pp > 1 && s.zero >= 2) &&
+                   (s.offload == Offload::none || (s.zero >= 1 && hw.pcie_gen > 0)) &&
+                   (s.offload != Offload::optimizer_params || s.zero == 3) &&
+                   (hw.peak_tflops(job.precision) > 0 || job.achieved_tflops) && dp0 > 0 &&
+                   job.global_batch % (static_cast<int64_t>(dp0) * s.micro_batch) == 0 &&
+                   (m.is_transformer()
+                        ? m.tf.heads % s.tp == 0 && m.tf.kv_heads % s.tp == 0 && s.pp <= m.tf.layers
+                        : s.tp == 1 && s.pp == 1);
+  if (likely_ok) return "";
+  std::ostringstream os;
+  if (gpus < 1) return "--gpus must be at least 1";
+  if (s.tp < 1 || s.pp < 1) return "--tp and --pp must be at least 1";
+  if (gpus % (s.tp * s.pp) != 0) {
+    os << "--gpus " << gpus << " is not divisible by tp x pp = " << s.tp << " x " << s.pp;
+    return os.str();
+  }
+  if (s.zero < 0 || s.zero > 3) return "--zero expects 0, 1, 2 or 3";
+  if (s.micro_batch < 1) return "--micro-batch must be at least 1";
+  if (!m.is_transformer() && (s.tp > 1 || s.pp > 1))
+    return "conv nets are planned with data parallelism only (--tp 1 --pp 1)";
+  if (m.is_transformer()) {
+    if (m.tf.heads % s.tp != 0) {
+      os << "--tp " << s.tp << " does not divide the " << m.tf.heads << " attention heads";
+      return os.str();
+    }
+    if (m.tf.kv_heads % s.tp != 0) {
+      os << "--tp " << s.tp << " does not divide the " << m.tf.kv_heads << " key/value heads";
+      return os.str();
+    }
+    if (s.pp > m.tf.layers) {
+      os << "--pp " << s.pp << " exceeds the " << m.tf.layers << " layers";
+      return os.str();
+    }
+  }
+  if (s.pp > 1 && s.zero >= 2)
+    return "ZeRO stages 2 and 3 do not combine with pipeline parallelism (--pp > 1); use "
+           "--zero 0 or 1";
+  if (s.offload == Offload::optimizer && s.zero < 1)
+    return "--offload optimizer shards the optimizer on the host: needs --zero 1, 2 or 3";
+  if (s.offload == Offload::optimizer_params && s.zero != 3)
+    return "--offload optimizer+params needs --zero 3";
+  if (s.offload != Offload::none && hw.pcie_gen == 0) {
+    os << "--offload needs a host link; catalog entry '" << hw.id << "' has none (pcie_gen 0)";
+    return os.str();
+  }
+  if (hw.peak_tflops(job.precision) <= 0 && !job.achieved_tflops) {
+    os << "'" << hw.id << "' has no " << to_string(job.precision) << " matmul rate in the catalog";
+    return os.str();
+  }
+  int dp = gpus / (s.tp * s.pp);
+  if (job.global_batch % (static_cast<int64_t>(dp) * s.micro_batch) != 0) {
+    os << "--global-batch " << job.global_batch << " is not divisible by data-parallel size " << dp
+       << " x --micro-batch " << s.micro_batch;
+    return os.str();
+  }
+  return "";
+}
+
+}  // namespace detail
+
+void check_strategy(const Job& job, const Hardware& hw, int gpus, const Strategy& s) {
+  job.model.check();
+  if (job.global_batch < 1) fail("[plan] --global-batch must be at least 1");
+  if (job.tokens <= 0) fail("[plan] --tokens must be positive");
+  std::string p = detail::strategy_problem(job, hw, gpus, s);
+  if (!p.empty()) fail("[plan] ", p);
+}
+
+namespace {
+
+using detail::StageCompute;
+
+// Forward/backward time of one micro-batch on the slowest pipeline stage (the last: it
+// also computes the logits) from GEMM shapes and memory-bound elementwise work.
+StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s) {
+  const ModelSpec& m = job.model;
+  StageCompute c;
+  double peak = hw.peak_tflops(job.precision) * 1e12, eff = hw.gemm_efficiency;
+  double bw = hw.mem_bw_gbs * 1e9, elem = job.precision == Precision::fp32 ? 4 : 2;
+  double act_scale = job.precision == Precision::fp32 ? 2 : 1;
+  double b = static_cast<double>(s.micro_batch);
+  if (!m.is_transformer()) {
+    for (const auto& l : m.conv.layers) {
+      double px = b * l.out_h * l.out_w;
+      if (l.kind == ConvLayer::Kind::conv) {
+        double t = gemm_time(px, l.out, l.in * l.kernel * l.kernel, peak, eff, bw, elem);
+        c.fwd += t, c.bwd += 2 * t;
+      } else if (l.kind == ConvLayer::Kind::linear) {
+        double t = gemm_time(b, l.out, l.in, peak, eff, bw, elem);
+        c.fwd += t, c.bwd += 2 * t;
+      } else {  // batch norm + ReLU: read and write the tensor, twice as much backward
+        double t = 3 * elem * px * l.out / (bw * 0.8);
+        c.fwd += t, c.bwd += 2 * t;
+      }
+    }
+    if (s.recompute == Recompute::full) c.recompute = c.fwd;
+    c.fwd *= hw.compute_scale, c.bwd *= hw.compute_scale, c.recompute *= hw.compute_scale;
+    return c;
+  }
+  const auto& tf = m.tf;
+  double t = s.tp, sq = static_cast<double>(tf.seq), h = static_cast<double>(tf.hidden);
+  double tok = b * sq, d = h / tf.heads, kv = static_cast<double>(tf.kv_heads) * d;
+  double f = static_cast<double>(tf.ffn_hidden);
+  double mm = gemm_time(tok, (h + 2 * kv) / t, h, peak, eff, bw, elem) +
+              gemm_time(tok, h, h / t, peak, eff, bw, elem);
+  if (tf.mlp == MlpKind::swiglu) {
+    mm += gemm_time(tok, 2 * f / t, h, peak, eff, bw, elem) +
+          gemm_time(tok, h, f / t, peak, eff, bw, elem);
+  } else {
+    mm += gemm_time(tok, f / t, h, peak, eff, bw, elem) +
+          gemm_time(tok, h, f / t, peak, eff, bw, elem);
+  }
+  // Attention core: per head, scores (s x s, k = d) and scores @ V (s x d, k = s).
+  double heads = b * tf.heads / t;
+  double core = heads * (gemm_time(sq, sq, d, peak, eff, bw, elem) +
+                         gemm_time(sq, d, sq, peak, eff, bw, elem));
+  // Elementwise (norms, activation functions, softmax, dropout, residuals): memory bound,
+  // about twice the bytes the layer keeps for backward.
+  double kept = act_scale * transformer_layer_activation_bytes(
+                                tf, s.micro_batch, s.tp, s.sequence_parallel, Recompute::none);
+  double elementwise = 2 * kept / (bw * 0.8);
+  double layer_fwd = mm + core + elementwise;
+  double lps = std::ceil(static_cast<double>(tf.layers) / s.pp);
+  double logits = tf.lm_head ? gemm_time(tok, tf.vocab / t, h, peak, eff, bw, elem) : 0;
+  c.fwd = lps * layer_fwd + logits;
+  c.bwd = 2 * c.fwd;
+  if (s.recompute == Recompute::full) c.recompute = lps * layer_fwd;
+  if (s.recompute == Recompute::selective) c.recompute = lps * core;
+  c.fwd *= hw.compute_scale, c.bwd *= hw.compute_scale, c.recompute *= hw.compute_scale;
+  return c;
+}
+
+// Parameters held by one device under tensor and pipeline parallelism (the largest stage).
+double params_per_device(const ModelSpec& m, const ParamLayout& l, const Strategy& s) {
+  if (!m.is_transformer()) return static_cast<double>(l.total);
+  double lps = std::ceil(static_cast<double>(m.tf.layers) / s.pp);
+  double body = lps * l.per_layer;
+  double first = body + l.embedding, last = body + l.head;
+  // With pipeline stages, tied embeddings keep a copy of the word embedding on the last.
+  if (s.pp > 1 && m.tf.tied_embeddings && m.tf.lm_head)
+    last += static_cast<double>(m.tf.vocab) * m.tf.hidden;
+  double stage = s.pp == 1 ? body + l.embedding + l.head : std::max(first, last);
+  return stage / s.tp;
+}
+
+}  // namespace
+
+Plan evaluate(const Job& job, const Hardware& hw, int gpus, const Strategy& s) {
+  check_strategy(job, hw, gpus, s);
+  Plan p = detail::evaluate_unchecked(job, hw, gpus, s);
+  detail::describe_fit(p);
+  return p;
+}
+
+namespace detail {
+
+void describe_fit(Plan& p) {
+  if (p.fits) return;
+  const auto& mem = p.memory;
+  std::ostringstream os;
+  os.precision(3);
+  if (mem.total > mem.capacity)
+    os << "needs " << mem.total / 1e9 << " GB per device, has " << mem.capacity / 1e9 << " GB";
+  else
+    os << "offload needs " << mem.host_per_device / 1e9 << " GB host memory per device, has "
+       << mem.host_capacity / 1e9 << " GB";
+  p.fit_reason = os.str();
+}
+
+Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Strategy& s,
+                        StageComputeCache* cache) {
+  const ModelSpec& m = job.model;
+  const ParamLayout layout = m.layout();
+  Plan p;
+  p.hardware = hw.id;
+  p.gpus = gpus;
+  p.strategy = s;
+  if (s.tp == 1) p.strategy.sequence_parallel = false;
+  const Strategy& st = p.strategy;
+  p.dp = gpus / (s.tp * s.pp);
+  p.micro_batches = job.global_batch / (static_cast<int64_t>(p.dp) * s.micro_batch);
+  p.params = layout.total;
+  double wb = job.precision == Precision::fp32 ? 4 : 2;
+  double act_scale = job.precision == Precision::fp32 ? 2 : 1;
+
+  // ---- memory ----
+  double P = params_per_device(m, layout, st);
+  ModelStates ms = model_state_bytes(P, p.dp, st.zero, st.offload, job.precision);
+  MemoryBreakdown& mem = p.memory;
+  mem.weights = ms.weights;
+  mem.gradients = ms.gradients;
+  mem.optimizer = ms.optimizer;
+  mem.host_per_device = ms.host;
+  mem.host_capacity = hw.host_mem_gb * 1e9;
+  mem.capacity = hw.mem_gb * 1e9;
+  mem.reserved = hw.reserved_gb * 1e9;
+  double m_in_flight = static_cast<double>(std::min<int64_t>(st.pp, p.micro_batches));
+  if (m.is_transformer()) {
+    const auto& tf = m.tf;
+    double lps = std::ceil(static_cast<double>(tf.layers) / st.pp);
+    double layer = act_scale * transformer_layer_activation_bytes(
+                                   tf, st.micro_batch, st.tp, st.sequence_parallel, st.recompute);
+    double sbh = static_cast<double>(tf.seq) * st.micro_batch * tf.hidden;
+    double sp_div = st.sequence_parallel ? st.tp : 1;
+    // Embedding output dropout mask (first stage); fp32 logits for the loss (last stage).
+    double first_extra = (tf.dropout ? sbh : 0) / sp_div;
+    double last_extra =
+        tf.lm_head ? 4.0 * tf.seq * st.micro_batch * static_cast<double>(tf.vocab) / st.tp : 0;
+    double first = lps * layer * m_in_flight + first_extra;
+    double last = lps * layer + last_extra;
+    mem.activations = st.pp == 1 ? lps * layer + first_extra + last_extra : std::max(first, last);
+    if (st.recompute == Recompute::full)  // one layer's activations while it is recomputed
+      mem.temporary +=
+          act_scale * transformer_layer_activation_bytes(
+                          tf, st.micro_batch, st.tp, st.sequence_parallel, Recompute::selective);
+    if (st.zero == 3)  // the gathered weights of the current and the prefetched layer
+      mem.temporary += 2 * wb * layout.per_layer / st.tp;
+  } else {
+    mem.activations = act_scale * convnet_activation_bytes(m.conv, st.micro_batch, st.recompute);
+    if (st.zero == 3) mem.temporary += wb * P / 4;  // a conv stage's gathered weights
+  }
+  if (p.dp > 1) mem.temporary += 2 * 25e6;  // gradient communication buckets
+  mem.total =
+      mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.temporary + mem.reserved;
+  p.fits = mem.total <= mem.capacity && mem.host_per_device <= mem.host_capacity;
+
+  // ---- FLOPs ----
+  double fwd = m.forward_flops_per_sample();
+  double rc = st.recompute == Recompute::full        ? fwd
+              : st.recompute == Recompute::selective ? m.attention_core_flops_per_sample()
+                                                     : 0;
+  double B = static_cast<double>(job.global_batch);
+  p.model_flops_per_step = 3 * fwd * B;
+  p.flops_per_step = (3 * fwd + rc) * B;
+
+  // ---- time ----
+  TimeBreakdown& T = p.time;
+  StageCompute c;
+  if (job.achieved_tflops) {
+    double rate = *job.achieved_tflops * 1e12;
+    double per_dev = static_cast<double>(st.micro_batch) / (st.tp * st.pp);
+    c.fwd = per_dev * fwd / rate;
+    c.bwd = 2 * c.fwd;
+    c.recompute = per_dev * rc / rate;
+  } else if (cache) {
+    auto key = std::make_tuple(st.tp, st.pp, st.micro_batch, static_cast<int>(st.recompute),
+                               st.sequence_parallel);
+    auto it = cache->find(key);
+    if (it == cache->end()) it = cache->emplace(key, stage_compute(job, hw, st)).first;
+    c = it->second;
+  } else {
+    c = stage_compute(job, hw, st);
+  }
+  double mbs = static_cast<double>(p.micro_batches);
+  double compute_mb = c.fwd + c.bwd + c.recompute;
+  T.compute = mbs * compute_mb;
+  T.recompute = mbs * c.recompute;
+
+  int gpn = hw.gpus_per_node;
+  double a_in = hw.alpha_intra_us * 1e-6, a_out = hw.alpha_inter_us * 1e-6;
+  // A group that spans nodes: NCCL runs one ring per NIC, so the ranks the group has in a
+  // node share that node's NICs with the other tensor-parallel groups: its bandwidth is
+  // (devices per node / tp) x the per-device network bandwidth, at most the intra-node link.
+  auto bw_for = [&](int span) {
+    if (span <= gpn) return hw.intra_bw();
+    double ranks_per_node = std::max(1, gpn / s.tp);
+    return std::min(hw.intra_bw() > 0 ? hw.intra_bw() : hw.inter_bw() * ranks_per_node,
+                    hw.inter_bw() * ranks_per_node);
+  };
+  auto alpha_for = [&](int span) { return span <= gpn ? a_in : a_out; };
+  double tp_mb = 0, pp_mb = 0;
+  if (m.is_transformer()) {
+    const auto& tf = m.tf;
+    double lps = std::ceil(static_cast<double>(tf.layers) / st.pp);
+    double act = wb * tf.seq * st.micro_batch * static_cast<double>(tf.hidden);
+    if (st.tp > 1) {
+      // Two all-reduces (or reduce-scatter + all-gather pairs with sequence parallelism,
+      // the same bytes) forward, two backward, two more when the forward is recomputed.
+      double count = 4 + (st.recompute == Recompute::full ? 2 : 0);
+      tp_mb = lps * count * allreduce_time(act, st.tp, bw_for(st.tp), alpha_for(st.tp));
+    }
+    if (st.pp > 1) {
+      double n = act / (st.sequence_parallel ? st.tp : 1);
+      int span = st.tp * st.pp;
+      double bw = span <= gpn ? hw.intra_bw() : hw.inter_bw();  // one path per send
+      pp_mb = 2 * (alpha_for(span) + n / bw);
+    }
+  }
+  T.tp_comm = mbs * tp_mb;
+  T.pp_comm = mbs * pp_mb;
+  double t_mb = compute_mb + tp_mb + pp_mb;
+  T.bubble = (st.pp - 1) * t_mb;
+  double pipeline = (mbs + st.pp - 1) * t_mb;
+
+  if (p.dp > 1) {
+    int span = st.tp * p.dp;  // tensor-parallel ranks innermost, data-parallel next
+    double bw = bw_for(span), al = alpha_for(span);
+    double grads = wb * P, weights = wb * P;
+    double tail = allreduce_time(std::min(25e6, grads), p.dp, bw, al);  // last bucket
+    double bwd_mb = c.bwd + c.recompute;
+    if (st.zero <= 1) {
+      double ar = allreduce_time(grads, p.dp, bw, al);
+      T.dp_comm = ar;
+      T.dp_exposed = std::max(ar - bwd_mb, 0.0) + std::min(ar, tail);
+    } else if (st.zero == 2) {
+      double rs = reduce_scatter_time(grads, p.dp, bw, al);
+      double ag = reduce_scatter_time(weights, p.dp, bw, al);
+      T.dp_comm = mbs * rs + ag;
+      T.dp_exposed = mbs * std::max(rs - bwd_mb, 0.0) + std::min(rs, tail) + ag;
+    } else {
+      double rs = reduce_scatter_time(grads, p.dp, bw, al);
+      double ag = reduce_scatter_time(weights, p.dp, bw, al);
+      T.dp_comm = mbs * (2 * ag + rs);
+      T.dp_exposed =
+          mbs * (std::max(ag - c.fwd, 0.0) + std::max(ag + rs - bwd_mb, 0.0)) + std::min(rs, tail);
+    }
+  }
+
+  // Optimizer step: Adam is memory bound: read and write the K bytes of state, read the
+  // gradient, write the weights.
+  double K = job.precision == Precision::fp32 ? 8 : 12;
+  double shard = st.zero >= 1 ? P / p.dp : P;
+  double adam_bytes = shard * (2 * K + 2 * wb);
+  if (st.offload == Offload::none) {
+    T.optimizer = adam_bytes / (hw.mem_bw_gbs * 1e9 * 0.8);
+  } else {
+    T.optimizer = adam_bytes / (hw.host_mem_bw_gbs * 1e9);
+    double pcie = hw.pcie_bw();
+    double down = wb * shard / pcie, up = wb * shard / pcie;
+    T.offload = std::max(down - (c.bwd + c.recompute), 0.0) + up;
+    if (st.offload == Offload::optimizer_params) {
+      double fetch = 2 * wb * (P / p.dp) / pcie;  // forward and backward, every micro-batch
+      T.offload += mbs * std::max(fetch - compute_mb, 0.0);
+    }
+  }
+  T.step = pipeline + T.dp_exposed + T.optimizer + T.offload;
+
+  // ---- rates, duration, cost ----
+  double tokens_per_step = B * m.tokens_per_sample();
+  p.steps = job.tokens / tokens_per_step;
+  p.tokens_per_s = tokens_per_step / T.step;
+  p.achieved_tflops_per_gpu = p.flops_per_step / T.step / gpus / 1e12;
+  double peak = hw.peak_tflops(job.precision);
+  p.mfu = peak > 0 ? p.model_flops_per_step / T.step / gpus / (peak * 1e12) : 0;
+  double per_gpu_flops = p.flops_per_step / gpus;
+  p.compute_tflops_per_gpu = T.compute > 0 ? per_gpu_flops / T.compute / 1e12 : 0;
+  double seconds = p.steps * T.step;
+  p.train_days = seconds / 86400;
+  p.gpu_hours = seconds * gpus / 3600;
+  double price = job.price_per_hour ? *job.price_per_hour : hw.price_per_hour;
+  p.priced = price > 0;
+  p.cost_usd = p.gpu_hours * price;
+  return p;
+}
+
+}  // namespace detail
+
+double parse_count(const std::string& text, const std::string& what) {
+  std::string t = text;
+  double mult = 1;
+  if (!t.empty()) {
+    switch (std::tolower(static_cast<unsigned char>(t.back()))) {
+      case 'k':
+        mult = 1e3;
+        break;
+      case 'm':
+        mult = 1e6;
+        break;
+      case 'b':
+      case 'g':
+        mult = 1e9;
+        break;
+      case 't':
+        mult = 1e12;
+        break;
+      default:
+        break;
+    }
+    if (mult != 1) t.pop_back();
+  }
+  try {
+    size_t used = 0;
+    double v = std::stod(t, &used);
+    if (used != t.size() || !std::isfinite(v) || v < 0) throw std::invalid_argument(text);
+    return v * mult;
+  } catch (const std::exception&) {
+    fail("[plan] ", what, " expects a number such as 300e9, 7B, 1.4T or 124M, got '", text, "'");
+  }
+}
+
+}  // namespace hetrain::planning

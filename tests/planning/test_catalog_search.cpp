@@ -1,0 +1,220 @@
+// Catalog loading, device profile, search and the measured-runs report.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "hetrain/base/error.h"
+#include "hetrain/planning/calibration.h"
+#include "hetrain/planning/plan.h"
+#include "hetrain/planning/report.h"
+
+using namespace hetrain;
+using namespace hetrain::planning;
+namespace fs = std::filesystem;
+
+namespace {
+std::string catalog_path() { return std::string(HETRAIN_SOURCE_DIR) + "/data/hardware.json"; }
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  fs::path p =
+      fs::temp_directory_path() / ("hetrain_test_" + std::to_string(::getpid()) + "_" + name);
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+}  // namespace
+
+TEST(PlanCatalog, HasTheRequiredHardwareWithSources) {
+  Catalog c = Catalog::load(catalog_path());
+  for (const char* id : {"v100-sxm2-32gb", "a100-40gb-sxm", "a100-80gb-sxm", "h100-sxm", "h200-sxm",
+                         "rtx-4090", "rtx-3090", "mi250x", "mi300x", "tpu-v5e"}) {
+    ASSERT_TRUE(c.contains(id)) << id;
+    const Hardware& h = c.get(id);
+    EXPECT_GE(h.sources.size(), 7u) << id;
+    for (const auto& [k, s] : h.sources) EXPECT_FALSE(s.date.empty()) << id << " " << k;
+  }
+  // Spot checks against the datasheets.
+  EXPECT_DOUBLE_EQ(c.get("a100-80gb-sxm").tflops_bf16, 312);
+  EXPECT_DOUBLE_EQ(c.get("a100-80gb-sxm").mem_gb, 80);
+  EXPECT_DOUBLE_EQ(c.get("h100-sxm").tflops_bf16, 989.4);
+  EXPECT_DOUBLE_EQ(c.get("h200-sxm").mem_gb, 141);
+  EXPECT_DOUBLE_EQ(c.get("mi300x").mem_gb, 192);
+  EXPECT_DOUBLE_EQ(c.get("tpu-v5e").tflops_bf16, 197);
+}
+
+TEST(PlanCatalog, MissingSourceIsAnErrorNamingTheField) {
+  std::string text = R"({"hardware": [{"id": "x", "name": "X", "vendor": "v",
+    "peak_tflops": {"f32": 1, "tf32": 1, "bf16": 1, "f16": 1, "fp8": 0},
+    "mem_gb": 1, "mem_bw_gbs": 1, "link": {"kind": "pcie", "gbs": 1, "gpus_per_node": 1},
+    "pcie_gen": 4, "tdp_w": 1, "price_usd_per_hour": 1, "host_mem_gb_per_device": 1,
+    "host_mem_bw_gbs_per_device": 1, "network_gbs_per_device": 1,
+    "sources": {"peak_tflops": {"doc": "d", "date": "2024"}}}]})";
+  std::string path = write_temp("cat.json", text);
+  std::string e = error_of([&] { Catalog::load(path); });
+  EXPECT_NE(e.find("hardware 'x': sources.memory is missing"), std::string::npos) << e;
+  fs::remove(path);
+  EXPECT_NE(error_of([] { Catalog::load("/nonexistent/hw.json"); }).find("cannot open"),
+            std::string::npos);
+}
+
+TEST(PlanCatalog, DeviceProfileJoinsAsLocal) {
+  Catalog c = Catalog::load(catalog_path());
+  std::string warning;
+  EXPECT_FALSE(c.load_device_profile("/nonexistent/profile.json", &warning));
+  EXPECT_TRUE(warning.empty());
+  std::string bad = write_temp("bad_profile.json", "{\"version\": 1, \"gemm_tflops\": 3}");
+  EXPECT_FALSE(c.load_device_profile(bad, &warning));
+  EXPECT_NE(warning.find(bad), std::string::npos);
+  EXPECT_FALSE(c.contains("local"));
+  std::string good = write_temp(
+      "profile.json",
+      R"({"version": 1, "gemm_tflops": {"f32": 1.5, "bf16": 3.0}, "mem_bw_gbs": 40, "mem_bytes": 16e9})");
+  EXPECT_TRUE(c.load_device_profile(good, &warning)) << warning;
+  EXPECT_DOUBLE_EQ(c.get("local").tflops_bf16, 3.0);
+  EXPECT_DOUBLE_EQ(c.get("local").mem_gb, 16);
+  fs::remove(bad);
+  fs::remove(good);
+}
+
+TEST(PlanSearch, Gpt3On8A100DoesNotFitAndSaysWhy) {
+  // The seed says "175B needs at least 8 A100 80GB". Model states alone are 16 bytes x
+  // 174.6B = 2.79 TB; 8 x 80 GB is 640 GB, and even full offload needs 18 bytes/param of
+  // host memory, more than the 8 GPUs' share of their node's.
+  Catalog c = Catalog::load(catalog_path());
+  Job j;
+  j.model = preset("gpt3-175b");
+  j.tokens = 300e9;
+  j.global_batch = 1536;
+  SearchOptions o;
+  o.hardware = {"a100-80gb-sxm"};
+  o.gpus = {8};
+  SearchResult r = search(j, c, o);
+  EXPECT_TRUE(r.plans.empty());
+  ASSERT_EQ(r.rejected.size(), 1u);
+  EXPECT_NE(r.rejected[0].reason.find("does not fit"), std::string::npos) << r.rejected[0].reason;
+}
+
+TEST(PlanSearch, WholeCatalogUnderASecondRankedByCost) {
+  Catalog c = Catalog::load(catalog_path());
+  Job j;
+  j.model = preset("gpt3-175b");
+  j.tokens = 300e9;
+  j.global_batch = 1536;
+  SearchOptions o;
+  o.deadline_days = 90;
+  std::clock_t t0 = std::clock();
+  SearchResult r = search(j, c, o);
+  double cpu = double(std::clock() - t0) / CLOCKS_PER_SEC;
+  EXPECT_LT(cpu, 1.0);
+  ASSERT_GE(r.plans.size(), 2u);
+  for (size_t i = 1; i < r.plans.size(); ++i)
+    if (r.plans[i].priced) {
+      EXPECT_LE(r.plans[i - 1].cost_usd, r.plans[i].cost_usd);
+    }
+  for (const auto& p : r.plans) {
+    EXPECT_TRUE(p.fits);
+    EXPECT_LE(p.train_days, 90);
+  }
+  // V100 has no bf16 path: rejected with that reason.
+  bool v100 = false;
+  for (const auto& x : r.rejected)
+    if (x.hardware == "v100-sxm2-32gb") v100 = x.reason.find("bf16") != std::string::npos;
+  EXPECT_TRUE(v100);
+}
+
+TEST(PlanSearch, BudgetAndDeadlineReject) {
+  Catalog c = Catalog::load(catalog_path());
+  Job j;
+  j.model = preset("llama-7b");
+  j.tokens = 1e12;
+  j.global_batch = 512;
+  SearchOptions o;
+  o.hardware = {"h100-sxm"};
+  o.budget_usd = 1000;
+  SearchResult r = search(j, c, o);
+  ASSERT_EQ(r.rejected.size(), 1u);
+  EXPECT_NE(r.rejected[0].reason.find("over budget"), std::string::npos) << r.rejected[0].reason;
+  o.budget_usd.reset();
+  o.deadline_days = 0.01;
+  r = search(j, c, o);
+  ASSERT_EQ(r.rejected.size(), 1u);
+  EXPECT_NE(r.rejected[0].reason.find("over deadline"), std::string::npos) << r.rejected[0].reason;
+}
+
+TEST(PlanCalibration, ReportsErrorAndCorrects) {
+  Catalog c = Catalog::load(catalog_path());
+  // Two runs: what does the model predict? Write "measured" times 25% slower.
+  Job j;
+  j.model = preset("gpt2-124m");
+  j.global_batch = 8;
+  j.tokens = 8 * 1024;
+  Strategy s;
+  s.micro_batch = 8;
+  double t1 = evaluate(j, c.get("a100-80gb-sxm"), 1, s).time.step;
+  s.micro_batch = 4;
+  double t2 = evaluate(j, c.get("a100-80gb-sxm"), 1, s).time.step;
+  std::string text = R"({"version": 1, "runs": [
+    {"label": "a", "model": {"preset": "gpt2-124m"}, "hardware": "a100-80gb-sxm", "gpus": 1,
+     "global_batch": 8, "micro_batch": 8, "step_time_s": )" +
+                     std::to_string(1.25 * t1) + R"(},
+    {"label": "b", "model": {"preset": "gpt2-124m"}, "hardware": "a100-80gb-sxm", "gpus": 1,
+     "global_batch": 8, "micro_batch": 4, "step_time_s": )" +
+                     std::to_string(1.25 * t2) + R"(}]})";
+  std::string path = write_temp("runs.json", text);
+  CalibrationReport rep = compare_measured(load_measured_runs(path), c);
+  ASSERT_EQ(rep.runs.size(), 2u);
+  EXPECT_NEAR(rep.runs[0].step_error, -0.2, 1e-3);
+  EXPECT_NEAR(rep.mean_abs_step_error, 0.2, 1e-3);
+  EXPECT_NEAR(rep.step_scale.at("a100-80gb-sxm"), 1.25, 1e-3);
+  ASSERT_TRUE(rep.mean_abs_loo_error.has_value());
+  EXPECT_LT(*rep.mean_abs_loo_error, 0.05);  // the compute-bound part scales; little else
+  fs::remove(path);
+  std::string bad = write_temp(
+      "bad_runs.json",
+      R"({"version": 1, "runs": [{"model": {"preset": "gpt2-124m"}, "hardware": "x"}]})");
+  std::string e = error_of([&] { load_measured_runs(bad); });
+  EXPECT_NE(e.find("runs[0]: 'gpus' must be a number"), std::string::npos) << e;
+  fs::remove(bad);
+}
+
+TEST(PlanReport, JsonHasTheFieldsScriptsDependOn) {
+  Catalog c = Catalog::load(catalog_path());
+  Job j;
+  j.model = preset("gpt2-124m");
+  j.tokens = 10e9;
+  j.global_batch = 512;
+  Strategy s;
+  s.micro_batch = 16;
+  nlohmann::json p = to_json(evaluate(j, c.get("h100-sxm"), 8, s));
+  for (const char* k : {"params", "flops_per_step", "fits", "step_time_s", "tokens_per_s",
+                        "achieved_tflops_per_gpu", "mfu", "train_days", "gpu_hours", "cost_usd",
+                        "hardware", "gpus", "strategy"})
+    EXPECT_TRUE(p.contains(k)) << k;
+  for (const char* k : {"weights", "gradients", "optimizer", "activations", "total"})
+    EXPECT_TRUE(p["memory_per_gpu_bytes"].contains(k)) << k;
+  EXPECT_EQ(p["params"].get<int64_t>(), 124'439'808);
+  SearchOptions o;
+  o.hardware = {"h100-sxm", "mi250x"};
+  o.budget_usd = 1e6;
+  nlohmann::json r = to_json(search(j, c, o));
+  ASSERT_TRUE(r.contains("plans") && r.contains("rejected"));
+  ASSERT_FALSE(r["plans"].empty());
+  EXPECT_EQ(r["plans"][0]["hardware"], "h100-sxm");
+  ASSERT_EQ(r["rejected"].size(), 1u);  // mi250x has no price: a budget cannot be checked
+  EXPECT_EQ(r["rejected"][0]["hardware"], "mi250x");
+  EXPECT_NE(r["rejected"][0]["reason"].get<std::string>().find("no price"), std::string::npos);
+}
