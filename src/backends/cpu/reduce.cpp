@@ -107,18 +107,47 @@ void reduce_ori(const T* x, T* y, const ORI& s) {
 
 }  // namespace
 
-void Reduce::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+namespace {
+void reduce_block(ReduceKind kind, const char* name, const Array& in, const std::vector<int>& axes,
+                  Array& y) {
   ORI s;
-  Array x = prepare(*in[0], axes_, s);
-  Array& y = *out[0];
+  Array x = prepare(in, axes, s);
   y.allocate();
-  dispatch_numeric(x.dtype, name(), [&]<class T>() {
-    switch (kind_) {
+  dispatch_numeric(x.dtype, name, [&]<class T>() {
+    switch (kind) {
       case ReduceKind::sum: reduce_ori<T, ReduceKind::sum>(x.data<T>(), y.data<T>(), s); break;
       case ReduceKind::max: reduce_ori<T, ReduceKind::max>(x.data<T>(), y.data<T>(), s); break;
       case ReduceKind::min: reduce_ori<T, ReduceKind::min>(x.data<T>(), y.data<T>(), s); break;
     }
   });
+}
+}  // namespace
+
+void Reduce::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+  // Split the axes into runs of adjacent axes. Several runs (e.g. (0, 2, 3) of NCHW) are
+  // reduced one run at a time, innermost first, each a strided-free (O, R, I) pass, instead
+  // of transposing a copy of the whole input.
+  std::vector<std::vector<int>> runs;
+  for (int a : axes_) {
+    if (runs.empty() || runs.back().back() != a - 1) runs.emplace_back();
+    runs.back().push_back(a);
+  }
+  Array& y = *out[0];
+  if (runs.size() == 1) {
+    reduce_block(kind_, name(), *in[0], axes_, y);
+    return;
+  }
+  Array cur = *in[0];
+  for (size_t r = runs.size(); r-- > 0;) {
+    Array next;
+    next.shape = reduced_shape(cur.shape, runs[r], true);
+    next.dtype = cur.dtype;
+    next.tag = r == 0 ? y.tag : MemoryTag::workspace;
+    reduce_block(kind_, name(), cur, runs[r], next);
+    cur = std::move(next);
+  }
+  // cur is contiguous with kept dims of size 1: the result is a view of it.
+  y.view_of(cur, contiguous_strides(y.shape), cur.offset);
 }
 
 void ArgMax::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
