@@ -5,7 +5,9 @@
 // GCC does not if-convert float compares under the default -ftrapping-math, which keeps the
 // clamps in cpu::vexp and the NaN-aware max loops scalar. Nothing here reads FP exception
 // flags, so this file opts out (measured: softmax 4096x4096 f32 355 ms -> 125 ms).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
+#endif
 #include "graph/prims/nn.h"
 
 #include <cmath>
