@@ -179,7 +179,8 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t 
          dtype_name(targets_in.dtype()));
   if (reduction != "mean" && reduction != "sum" && reduction != "none")
     fail("[cross_entropy] reduction must be 'mean', 'sum' or 'none', got '", reduction, "'");
-  if (logits_in.ndim() == 0) fail("[cross_entropy] logits must have a class dimension, got a scalar");
+  if (logits_in.ndim() == 0)
+    fail("[cross_entropy] logits must have a class dimension, got a scalar");
   // Unbatched (C) logits with a () target are a batch of one.
   const bool unbatched = logits_in.ndim() == 1;
   Tensor logits = unbatched ? unsqueeze(logits_in, 0) : logits_in;

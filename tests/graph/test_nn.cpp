@@ -36,11 +36,11 @@ using hetrain::testing::expect_close;
 
 namespace {
 
-const std::vector<double> kX = {0.5,  -1.25, 2.0,  0.0,   3.5, -0.75, 1.5,  -2.0,
-                                0.25, 1.0,   -0.5, 2.75,  -1.5, 0.75, -3.0, 1.25,
-                                2.25, -0.25, 0.0,  1.75,  -2.5, 0.5,  3.0,  -1.0};
-const std::vector<double> kE = {0.1, 0.2, 0.3, 1.0, -1.0, 0.5, 2.0, 0.0, -2.0, -0.5, 0.25, 0.75,
-                                3.0, 1.0, 2.0};
+const std::vector<double> kX = {0.5,  -1.25, 2.0,  0.0,  3.5,  -0.75, 1.5,  -2.0,
+                                0.25, 1.0,   -0.5, 2.75, -1.5, 0.75,  -3.0, 1.25,
+                                2.25, -0.25, 0.0,  1.75, -2.5, 0.5,   3.0,  -1.0};
+const std::vector<double> kE = {0.1,  0.2,  0.3,  1.0,  -1.0, 0.5, 2.0, 0.0,
+                                -2.0, -0.5, 0.25, 0.75, 3.0,  1.0, 2.0};
 
 Tensor X(Dtype dt = Dtype::f64) { return cast(from_vector(kX, {2, 3, 4}), dt); }
 Tensor W4() { return from_vector<double>({1.5, -0.5, 2.0, 0.25}, {4}); }
@@ -72,28 +72,28 @@ Tensor softmax_ref(const Tensor& x, int64_t axis) {
 
 TEST(NN, SoftmaxMatchesTorch) {
   expect_close(softmax(X(), -1),
-               {0.15969355, 0.027750578, 0.71569684, 0.096859034, 0.86678676, 0.012364049,
-                0.11730683, 0.0035423594, 0.063404061, 0.1342264,  0.029949958, 0.77241958,
-                0.037945627, 0.36001808, 0.0084668138, 0.59356947, 0.55740898, 0.045754915,
-                0.058750474, 0.33808563, 0.0037001521, 0.074319542, 0.90539737, 0.016582931},
+               {0.15969355,  0.027750578,  0.71569684,   0.096859034, 0.86678676,  0.012364049,
+                0.11730683,  0.0035423594, 0.063404061,  0.1342264,   0.029949958, 0.77241958,
+                0.037945627, 0.36001808,   0.0084668138, 0.59356947,  0.55740898,  0.045754915,
+                0.058750474, 0.33808563,   0.0037001521, 0.074319542, 0.90539737,  0.016582931},
                1e-8, 1e-7);
   expect_close(softmax(X(), 1),
-               {0.045736579, 0.082396369, 0.59220107, 0.059601976, 0.91864374, 0.13584865,
-                0.35918811,  0.0080662503, 0.035619683, 0.78175498, 0.048610824, 0.93233177,
-                0.022784772, 0.46583557, 0.0023556331, 0.36309232, 0.96883318, 0.17137133,
-                0.047314155, 0.59863803, 0.0083820494, 0.3627931,  0.95033021, 0.038269649},
+               {0.045736579, 0.082396369,  0.59220107,   0.059601976, 0.91864374,  0.13584865,
+                0.35918811,  0.0080662503, 0.035619683,  0.78175498,  0.048610824, 0.93233177,
+                0.022784772, 0.46583557,   0.0023556331, 0.36309232,  0.96883318,  0.17137133,
+                0.047314155, 0.59863803,   0.0083820494, 0.3627931,   0.95033021,  0.038269649},
                1e-8, 1e-7);
   expect_close(log_softmax(X(), -1),
-               {-1.8344986, -3.5844986, -0.33449861, -2.3344986, -0.14296228, -4.3929623,
-                -2.1429623, -5.6429623, -2.7582274,  -2.0082274, -3.5082274,  -0.25822737,
-                -3.271601,  -1.021601,  -4.771601,   -0.52160101, -0.58445606, -3.0844561,
-                -2.8344561, -1.0844561, -5.5993813,  -2.5993813, -0.099381344, -4.0993813},
+               {-1.8344986, -3.5844986, -0.33449861, -2.3344986,  -0.14296228,  -4.3929623,
+                -2.1429623, -5.6429623, -2.7582274,  -2.0082274,  -3.5082274,   -0.25822737,
+                -3.271601,  -1.021601,  -4.771601,   -0.52160101, -0.58445606,  -3.0844561,
+                -2.8344561, -1.0844561, -5.5993813,  -2.5993813,  -0.099381344, -4.0993813},
                1e-7, 1e-7);
   expect_close(log_softmax(X(), 0),
-               {-0.12692801, -2.126928,  -0.0067153485, -1.5019291, -0.25192908, -0.97407698,
-                -0.20141328, -3.7732455, -0.061967589, -0.47407698, -3.5297504, -0.023245464,
-                -2.126928,   -0.12692801, -5.0067153,  -0.25192908, -1.5019291, -0.47407698,
-                -1.7014133,  -0.023245464, -2.8119676, -0.97407698, -0.029750418, -3.7732455},
+               {-0.12692801, -2.126928,    -0.0067153485, -1.5019291,  -0.25192908,  -0.97407698,
+                -0.20141328, -3.7732455,   -0.061967589,  -0.47407698, -3.5297504,   -0.023245464,
+                -2.126928,   -0.12692801,  -5.0067153,    -0.25192908, -1.5019291,   -0.47407698,
+                -1.7014133,  -0.023245464, -2.8119676,    -0.97407698, -0.029750418, -3.7732455},
                1e-7, 1e-7);
 }
 
@@ -148,22 +148,22 @@ TEST(NN, SoftmaxDtypes) {
 
 TEST(NN, LayerNormMatchesTorch) {
   expect_close(layer_norm(X(), {4}, W4(), B4()),
-               {0.34157177,  0.87103268,  2.5988612,  0.33289673, 2.1889439,  0.5111193,
-                0.58891228,  0.096288305, -0.6777111, 0.14815259, -2.5812859, 0.78885555,
-                -0.66376132, -0.20006545, -3.0640886, 0.6727719,  1.9216842,  0.74939683,
-                -2.0349374,  0.58795155,  -1.7463701, 0.076908658, 2.6541922, 0.27690866},
+               {0.34157177,  0.87103268,  2.5988612,  0.33289673,  2.1889439,  0.5111193,
+                0.58891228,  0.096288305, -0.6777111, 0.14815259,  -2.5812859, 0.78885555,
+                -0.66376132, -0.20006545, -3.0640886, 0.6727719,   1.9216842,  0.74939683,
+                -2.0349374,  0.58795155,  -1.7463701, 0.076908658, 2.6541922,  0.27690866},
                1e-7, 1e-7);
   expect_close(layer_norm(X(), {3, 4}),
-               {-0.052999787, -1.1659953, 0.90099638,  -0.37099851, 1.8549925,  -0.84799659,
+               {-0.052999787, -1.1659953, 0.90099638,  -0.37099851, 1.8549925,   -0.84799659,
                 0.58299765,   -1.6429934, -0.21199915, 0.26499893,  -0.68899723, 1.3779945,
-                -0.9022666,   0.36325019, -1.7459445,  0.64447615,  1.2069281,  -0.19920172,
-                -0.058588741, 0.9257021,  -1.4647185,  0.22263721,  1.628767,   -0.62104065},
+                -0.9022666,   0.36325019, -1.7459445,  0.64447615,  1.2069281,   -0.19920172,
+                -0.058588741, 0.9257021,  -1.4647185,  0.22263721,  1.628767,    -0.62104065},
                1e-7, 1e-7);
   expect_close(rms_norm(X(), {4}, W4()),
-               {0.6221708,   0.51847567,  3.3182443,  0,          2.4049128,  0.17177948,
-                1.3742359,   -0.22903931, 0.25175435, -0.33567247, -0.67134494, 0.46154964,
-                -1.2304545,  -0.20507575, -3.281212,  0.17089646, 2.3590004,   0.087370384,
-                0,           0.30579635,  -1.8463721, -0.12309148, 2.9541954,  -0.12309148},
+               {0.6221708,  0.51847567,  3.3182443,  0,           2.4049128,   0.17177948,
+                1.3742359,  -0.22903931, 0.25175435, -0.33567247, -0.67134494, 0.46154964,
+                -1.2304545, -0.20507575, -3.281212,  0.17089646,  2.3590004,   0.087370384,
+                0,          0.30579635,  -1.8463721, -0.12309148, 2.9541954,   -0.12309148},
                1e-7, 1e-7);
 }
 
@@ -189,9 +189,7 @@ TEST(NN, NormBackwardManyRowsMatchesComposition) {
     Tensor v = var(in[0], {-1}, 0, true);
     return (in[0] - mu) * rsqrt(v + 1e-5) * in[1] + in[2];
   };
-  auto fused = [](const std::vector<Tensor>& in) {
-    return layer_norm(in[0], {24}, in[1], in[2]);
-  };
+  auto fused = [](const std::vector<Tensor>& in) { return layer_norm(in[0], {24}, in[1], in[2]); };
   auto obj = [&](auto f) {
     return [f, &cot](const std::vector<Tensor>& in) { return sum(f(in) * cot); };
   };
@@ -233,11 +231,17 @@ TEST(NN, NormErrors) {
   expect_error([] { return layer_norm(X(), {3}); },
                "[layer_norm] normalized_shape (3) does not match the trailing dimensions of input "
                "(2, 3, 4)");
-  expect_error([] { return layer_norm(X(), {4}, from_vector<double>({1, 2, 3}, {3})); },
-               "[layer_norm] weight has shape (3), expected (4)");
+  expect_error(
+      [] {
+        return layer_norm(X(), {4}, from_vector<double>({1, 2, 3}, {3}));
+      },
+      "[layer_norm] weight has shape (3), expected (4)");
   expect_error([] { return rms_norm(X(), {5, 3, 4}); }, "[rms_norm] normalized_shape (5, 3, 4)");
-  expect_error([] { return layer_norm(ids({1, 2}, {2}), {2}); },
-               "[layer_norm] input must be floating point, got i64");
+  expect_error(
+      [] {
+        return layer_norm(ids({1, 2}, {2}), {2});
+      },
+      "[layer_norm] input must be floating point, got i64");
 }
 
 // ---- embedding / index_select / gather --------------------------------------------------------
@@ -277,12 +281,18 @@ TEST(NN, EmbeddingGradientScatterAdds) {
 
 TEST(NN, EmbeddingErrors) {
   Tensor E = from_vector(kE, {5, 3});
-  expect_error([&] { return embedding(E, ids({0, 7, 1}, {3})); },
-               "[embedding] id 7 is out of range for an embedding table of V=5 rows");
+  expect_error(
+      [&] {
+        return embedding(E, ids({0, 7, 1}, {3}));
+      },
+      "[embedding] id 7 is out of range for an embedding table of V=5 rows");
   expect_error([&] { return embedding(E, ids({-1}, {1})); }, "[embedding] id -1 is out of range");
   // Ids computed lazily are checked by the kernel at evaluation.
-  expect_error([&] { return embedding(E, ids({1, 2}, {2}) * ids({1, 3}, {2})); },
-               "[embedding] id 6 is out of range for an embedding table of V=5 rows");
+  expect_error(
+      [&] {
+        return embedding(E, ids({1, 2}, {2}) * ids({1, 3}, {2}));
+      },
+      "[embedding] id 6 is out of range for an embedding table of V=5 rows");
   expect_error([&] { return embedding(E, from_vector<float>({1}, {1})); },
                "[embedding] ids must be an integer tensor (i32 or i64), got f32");
   expect_error([&] { return embedding(from_vector(kE, {15}), ids({1}, {1})); },
@@ -292,8 +302,8 @@ TEST(NN, EmbeddingErrors) {
 TEST(NN, IndexSelectAndGatherMatchTorch) {
   Tensor s = index_select(X(), 1, ids({2, 0, 2}, {3}));
   EXPECT_EQ(s.shape(), (Shape{2, 3, 4}));
-  expect_close(s, {0.25, 1, -0.5, 2.75, 0.5, -1.25, 2, 0, 0.25, 1, -0.5, 2.75,
-                   -2.5, 0.5, 3,   -1,   -1.5, 0.75, -3, 1.25, -2.5, 0.5, 3, -1});
+  expect_close(s, {0.25, 1,   -0.5, 2.75, 0.5,  -1.25, 2,  0,    0.25, 1,   -0.5, 2.75,
+                   -2.5, 0.5, 3,    -1,   -1.5, 0.75,  -3, 1.25, -2.5, 0.5, 3,    -1});
   Tensor g2 = gather(X(), 2, ids({3, 0, 1, 1, 0, 2, 2, 3}, {2, 2, 2}));
   EXPECT_EQ(g2.shape(), (Shape{2, 2, 2}));
   expect_close(g2, {0, 0.5, -0.75, -0.75, -1.5, -3, 0, 1.75});
@@ -307,8 +317,8 @@ TEST(NN, IndexSelectAndGatherMatchTorch) {
   for (Dtype dt : {Dtype::f32, Dtype::bf16}) {
     Tensor r = index_select(X(dt), -1, from_vector<int32_t>({3, 3, 0}, {3}));
     EXPECT_EQ(r.dtype(), dt);
-    expect_close(r, {0, 0, 0.5, -2, -2, 3.5, 2.75, 2.75, 0.25,
-                     1.25, 1.25, -1.5, 1.75, 1.75, 2.25, -1, -1, -2.5});
+    expect_close(r, {0, 0, 0.5, -2, -2, 3.5, 2.75, 2.75, 0.25, 1.25, 1.25, -1.5, 1.75, 1.75, 2.25,
+                     -1, -1, -2.5});
   }
 }
 
@@ -332,19 +342,37 @@ TEST(NN, IndexSelectAndGatherGradients) {
 }
 
 TEST(NN, IndexErrors) {
-  expect_error([] { return index_select(X(), 1, ids({0, 3}, {2})); },
-               "[index_select] index 3 is out of range for axis 1 of size 3");
-  expect_error([] { return index_select(X(), 1, ids({0, 1}, {1, 2})); },
-               "[index_select] index must be 0-D or 1-D, got (1, 2)");
+  expect_error(
+      [] {
+        return index_select(X(), 1, ids({0, 3}, {2}));
+      },
+      "[index_select] index 3 is out of range for axis 1 of size 3");
+  expect_error(
+      [] {
+        return index_select(X(), 1, ids({0, 1}, {1, 2}));
+      },
+      "[index_select] index must be 0-D or 1-D, got (1, 2)");
   expect_error([] { return index_select(X(), 5, ids({0}, {1})); }, "[index_select]");
-  expect_error([] { return gather(X(), 2, ids({4}, {1, 1, 1})); },
-               "[gather] index 4 is out of range for axis 2 of size 4");
-  expect_error([] { return gather(X(), 2, ids({0, 1}, {2})); },
-               "[gather] index (2) must have as many dimensions as input (2, 3, 4)");
-  expect_error([] { return gather(X(), 2, ids({0, 1, 0}, {3, 1, 1})); },
-               "[gather] index (3, 1, 1) is larger than input (2, 3, 4) in dimension 0");
-  expect_error([] { return gather(X(), 1, from_vector<double>({0}, {1, 1, 1})); },
-               "[gather] index must be an integer tensor");
+  expect_error(
+      [] {
+        return gather(X(), 2, ids({4}, {1, 1, 1}));
+      },
+      "[gather] index 4 is out of range for axis 2 of size 4");
+  expect_error(
+      [] {
+        return gather(X(), 2, ids({0, 1}, {2}));
+      },
+      "[gather] index (2) must have as many dimensions as input (2, 3, 4)");
+  expect_error(
+      [] {
+        return gather(X(), 2, ids({0, 1, 0}, {3, 1, 1}));
+      },
+      "[gather] index (3, 1, 1) is larger than input (2, 3, 4) in dimension 0");
+  expect_error(
+      [] {
+        return gather(X(), 1, from_vector<double>({0}, {1, 1, 1}));
+      },
+      "[gather] index must be an integer tensor");
 }
 
 // ---- cross_entropy ----------------------------------------------------------------------------
@@ -386,8 +414,10 @@ TEST(NN, CrossEntropyGradients) {
   // Hand-checked: d mean / d logits = (softmax - onehot) / count, zero rows where ignored.
   Tensor Lg = copy(L).detach().requires_grad_();
   cross_entropy(Lg, t).backward();
-  Tensor want = (softmax(L, 1) - cast(equal(reshape(arange(0, 4, 1, Dtype::i64), {1, 4}),
-                                            reshape(t, {6, 1})), Dtype::f64)) * (1.0 / 5);
+  Tensor want =
+      (softmax(L, 1) -
+       cast(equal(reshape(arange(0, 4, 1, Dtype::i64), {1, 4}), reshape(t, {6, 1})), Dtype::f64)) *
+      (1.0 / 5);
   auto w = want.to_vector<double>();
   for (int c = 0; c < 4; ++c) w[static_cast<size_t>(2 * 4 + c)] = 0;
   expect_close(Lg.grad(), w, 1e-12, 1e-10);
@@ -412,21 +442,39 @@ TEST(NN, CrossEntropyDtypes) {
 
 TEST(NN, CrossEntropyErrors) {
   Tensor L = reshape(X(), {6, 4});
-  expect_error([&] { return cross_entropy(L, ids({3, 0, 4, 1, 2, 3}, {6})); },
-               "[cross_entropy] target 4 is out of range for C=4 classes (targets must be in "
-               "[0, 4) or equal ignore_index=-100)");
-  expect_error([&] { return cross_entropy(L, ids({3, 0, -1, 1, 2, 3}, {6})); },
-               "[cross_entropy] target -1 is out of range for C=4");
+  expect_error(
+      [&] {
+        return cross_entropy(L, ids({3, 0, 4, 1, 2, 3}, {6}));
+      },
+      "[cross_entropy] target 4 is out of range for C=4 classes (targets must be in "
+      "[0, 4) or equal ignore_index=-100)");
+  expect_error(
+      [&] {
+        return cross_entropy(L, ids({3, 0, -1, 1, 2, 3}, {6}));
+      },
+      "[cross_entropy] target -1 is out of range for C=4");
   // Lazily computed targets: the kernel checks them.
-  expect_error([&] { return cross_entropy(L, ids({3, 0, 1, 1, 2, 3}, {6}) * 2); },
-               "[cross_entropy] target 6 is out of range for C=4");
-  expect_error([&] { return cross_entropy(L, ids({3, 0, 1}, {3})); },
-               "[cross_entropy] targets of shape (3) do not match logits of shape (6, 4): "
-               "expected targets (6)");
-  expect_error([&] { return cross_entropy(L, from_vector<float>({0, 1, 2, 3, 0, 1}, {6})); },
-               "[cross_entropy] targets must be integer class indices (i32 or i64), got f32");
-  expect_error([&] { return cross_entropy(L, ids({0, 1, 2, 3, 0, 1}, {6}), -100, "avg"); },
-               "[cross_entropy] reduction must be 'mean', 'sum' or 'none', got 'avg'");
+  expect_error(
+      [&] {
+        return cross_entropy(L, ids({3, 0, 1, 1, 2, 3}, {6}) * 2);
+      },
+      "[cross_entropy] target 6 is out of range for C=4");
+  expect_error(
+      [&] {
+        return cross_entropy(L, ids({3, 0, 1}, {3}));
+      },
+      "[cross_entropy] targets of shape (3) do not match logits of shape (6, 4): "
+      "expected targets (6)");
+  expect_error(
+      [&] {
+        return cross_entropy(L, from_vector<float>({0, 1, 2, 3, 0, 1}, {6}));
+      },
+      "[cross_entropy] targets must be integer class indices (i32 or i64), got f32");
+  expect_error(
+      [&] {
+        return cross_entropy(L, ids({0, 1, 2, 3, 0, 1}, {6}), -100, "avg");
+      },
+      "[cross_entropy] reduction must be 'mean', 'sum' or 'none', got 'avg'");
 }
 
 // ---- dropout ----------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ namespace hetrain {
 
 namespace {
 
-
 int64_t prod(const Shape& s, size_t b, size_t e) {
   int64_t p = 1;
   for (size_t i = b; i < e; ++i) p *= s[i];
@@ -31,12 +30,16 @@ struct Accumulator {
   Array& out;
   std::vector<C> ws;
   explicit Accumulator(Array& o) : out(o) {
-    if constexpr (std::is_same_v<T, C>) std::memset(out.raw(), 0, out.nbytes());
-    else ws.assign(static_cast<size_t>(out.numel()), C(0));
+    if constexpr (std::is_same_v<T, C>)
+      std::memset(out.raw(), 0, out.nbytes());
+    else
+      ws.assign(static_cast<size_t>(out.numel()), C(0));
   }
   C* data() {
-    if constexpr (std::is_same_v<T, C>) return out.data<T>();
-    else return ws.data();
+    if constexpr (std::is_same_v<T, C>)
+      return out.data<T>();
+    else
+      return ws.data();
   }
   void finish() {
     if constexpr (!std::is_same_v<T, C>) {
@@ -125,8 +128,8 @@ namespace {
 /// Rows of an index tensor: every position except along axis. row(m) gives the element
 /// offsets of row m in up to three arrays (index, data, output) of matching rank.
 struct Rows {
-  Shape shape;                              // index shape without axis
-  std::vector<std::array<int64_t, 3>> st;   // strides without axis
+  Shape shape;                             // index shape without axis
+  std::vector<std::array<int64_t, 3>> st;  // strides without axis
   int64_t count = 1;
   Rows(const Shape& idx_shape, int axis, const std::array<const Strides*, 3>& strides) {
     for (size_t d = 0; d < idx_shape.size(); ++d) {

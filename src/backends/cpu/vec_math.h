@@ -1,5 +1,7 @@
 // Branch-free math the compiler can vectorise (std::exp is a library call it cannot), plus
 // row reductions with several partial accumulators (vectorisable without -ffast-math).
+// Loops calling vexp vectorise only where GCC may if-convert float compares: compile them
+// with -fno-trapping-math (see the pragma in nn.cpp).
 #pragma once
 
 #include <algorithm>
@@ -14,7 +16,8 @@ namespace hetrain::cpu {
 /// exp in f32 to about 1 ulp (Cephes expf); 0 below -87.3, clamped at exp(88).
 inline float vexp(float x) {
   const bool underflow = x < -87.3f;
-  x = std::min(std::max(x, -87.3f), 88.0f);
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.0f ? 88.0f : x;
   // Round x*log2(e) to the nearest integer with the 1.5*2^23 trick (no SSE4.1 needed).
   const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = x - n * 0.693359375f;

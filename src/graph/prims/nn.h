@@ -54,7 +54,9 @@ class NormBackward final : public Primitive {
  public:
   NormBackward(bool center, int64_t cols, bool has_weight, bool has_bias)
       : center_(center), cols_(cols), has_w_(has_weight), has_b_(has_bias) {}
-  const char* name() const override { return center_ ? "layer_norm_backward" : "rms_norm_backward"; }
+  const char* name() const override {
+    return center_ ? "layer_norm_backward" : "rms_norm_backward";
+  }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
@@ -165,9 +167,14 @@ class CrossEntropyBackward final : public Primitive {
 template <class F>
 void dispatch_index(Dtype dt, const char* op, F&& f) {
   switch (dt) {
-    case Dtype::i32: f.template operator()<int32_t>(); return;
-    case Dtype::i64: f.template operator()<int64_t>(); return;
-    default: fail("[", op, "] indices must be i32 or i64, got ", dtype_name(dt));
+    case Dtype::i32:
+      f.template operator()<int32_t>();
+      return;
+    case Dtype::i64:
+      f.template operator()<int64_t>();
+      return;
+    default:
+      fail("[", op, "] indices must be i32 or i64, got ", dtype_name(dt));
   }
 }
 
