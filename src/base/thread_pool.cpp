@@ -1,6 +1,7 @@
 #include "hetrain/base/thread_pool.h"
 
 #include <algorithm>
+#include <exception>
 #include <memory>
 
 namespace hetrain {
@@ -71,6 +72,8 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   struct State {
     std::atomic<int64_t> next{0};
     std::atomic<int64_t> done{0};
+    std::mutex mu;
+    std::exception_ptr error;  // the first exception a chunk threw, rethrown by the caller
   };
   auto st = std::make_shared<State>();
   const int64_t per = (n + chunks - 1) / chunks;
@@ -79,7 +82,12 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
       int64_t c = st->next.fetch_add(1);
       if (c >= chunks) return;
       int64_t b = c * per, e = std::min(n, b + per);
-      if (b < e) fn(b, e);
+      try {
+        if (b < e) fn(b, e);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(st->mu);
+        if (!st->error) st->error = std::current_exception();
+      }
       st->done.fetch_add(1);
     }
   };
@@ -90,6 +98,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   }
   work();
   help_until([&] { return st->done.load() >= chunks; });
+  if (st->error) std::rethrow_exception(st->error);
 }
 
 namespace {

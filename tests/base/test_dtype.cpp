@@ -61,3 +61,23 @@ TEST(Shape, BroadcastAndErrors) {
   EXPECT_THROW(normalize_axis(3, 3, "sum"), Error);
   EXPECT_EQ(normalize_axis(-1, 3, "sum"), 2);
 }
+
+#include "hetrain/base/thread_pool.h"
+
+TEST(ThreadPool, ExceptionInAChunkReachesTheCaller) {
+  std::atomic<int64_t> covered{0};
+  EXPECT_THROW(parallel_for(1000, 10,
+                            [&](int64_t b, int64_t e) {
+                              covered += e - b;
+                              if (b <= 500 && 500 < e) fail("[test] chunk failed");
+                            }),
+               Error);
+  EXPECT_EQ(covered.load(), 1000);  // every other chunk still ran; nothing left running
+  int64_t total = 0;
+  std::mutex mu;
+  parallel_for(1000, 10, [&](int64_t b, int64_t e) {
+    std::lock_guard<std::mutex> lk(mu);
+    for (int64_t i = b; i < e; ++i) total += i;
+  });
+  EXPECT_EQ(total, 999 * 1000 / 2);
+}
