@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/cpu/gemm.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/ops.h"
@@ -203,6 +204,70 @@ BENCHMARK(BM_Gemm)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+/// f32 GEMM backends side by side (C = A @ B, n x n): 0 oneDNN sgemm, 1 OpenBLAS cblas_sgemm.
+/// OpenBLAS reads OPENBLAS_CORETYPE at load time; the label shows the kernels it took.
+void BM_SgemmBackend(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const bool openblas = state.range(1) == 1;
+  std::vector<float> a(static_cast<size_t>(n * n)), b(a.size()), c(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<float>((i * 7) % 13) * 0.1f - 0.6f;
+    b[i] = static_cast<float>((i * 5) % 11) * 0.1f - 0.5f;
+  }
+  auto gemm = openblas ? cpu::sgemm_openblas : cpu::sgemm_onednn;
+  gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  for (auto _ : state) {
+    gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["GFLOPS"] = benchmark::Counter(
+      2.0 * static_cast<double>(n * n * n) * static_cast<double>(state.iterations()) * 1e-9,
+      benchmark::Counter::kIsRate);
+  state.SetLabel(openblas ? "openblas:" + cpu::openblas_core_name() : std::string("onednn"));
+}
+BENCHMARK(BM_SgemmBackend)
+    ->ArgsProduct({{2048}, {0, 1}})
+    ->ArgNames({"n", "openblas"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+/// The two bf16 GEMM paths Matmul can take (bf16 in, bf16 out): 0 oneDNN's bf16 matmul
+/// primitive, 1 convert to f32 + sgemm + round back (as ops: cast, matmul, cast).
+void BM_Bf16Path(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const bool convert = state.range(1) == 1;
+  if (!convert && !cpu::onednn_has_bf16_matmul()) {
+    state.SkipWithError("oneDNN has no bf16 matmul on this CPU (needs AVX-512)");
+    return;
+  }
+  Generator gen(5);
+  Tensor a = randn({n, n}, Dtype::bf16, gen).eval(), b = randn({n, n}, Dtype::bf16, gen).eval();
+  std::vector<BFloat16> c(static_cast<size_t>(n * n));
+  auto run = [&] {
+    if (convert) {
+      Tensor y = cast(matmul(cast(a, Dtype::f32), cast(b, Dtype::f32)), Dtype::bf16);
+      y.eval();
+      benchmark::DoNotOptimize(y.array().raw());
+    } else {
+      cpu::gemm_bf16_onednn(false, false, n, n, n, a.array().data<BFloat16>(), n,
+                            b.array().data<BFloat16>(), n, c.data(), true, n);
+      benchmark::DoNotOptimize(c.data());
+    }
+  };
+  run();
+  for (auto _ : state) run();
+  state.counters["GFLOPS"] = benchmark::Counter(
+      2.0 * static_cast<double>(n * n * n) * static_cast<double>(state.iterations()) * 1e-9,
+      benchmark::Counter::kIsRate);
+  state.SetLabel(convert ? std::string("convert+sgemm")
+                         : "onednn:" + cpu::bf16_gemm_impl_name(n, n, n));
+}
+BENCHMARK(BM_Bf16Path)
+    ->ArgsProduct({{256, 1024, 2048}, {0, 1}})
+    ->ArgNames({"n", "convert"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // ---- elementwise and reduction through Hetrain ops
 // ---------------------------------------
 
@@ -215,14 +280,10 @@ void BM_Elementwise(benchmark::State& state) {
   Tensor x = rand({n}, -1, 1, Dtype::f32, gen).eval(), y = rand({n}, -1, 1, Dtype::f32, gen).eval();
   auto build = [&] {
     switch (op) {
-      case EwOp::add:
-        return add(x, y);
-      case EwOp::mul:
-        return mul(x, y);
-      case EwOp::exp:
-        return exp(x);
-      case EwOp::sum:
-        return sum(x);
+      case EwOp::add: return add(x, y);
+      case EwOp::mul: return mul(x, y);
+      case EwOp::exp: return exp(x);
+      case EwOp::sum: return sum(x);
     }
     return Tensor();
   };
