@@ -25,7 +25,8 @@ void sgemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 void sgemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                     int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 enum class SgemmPath { onednn, openblas };
-/// oneDNN unless HETRAIN_SGEMM=openblas (docs/PERFORMANCE.md has the measurement).
+/// OpenBLAS where it runs its Zen/Haswell kernels on a CPU without AVX-512, else oneDNN;
+/// HETRAIN_SGEMM=openblas|onednn overrides (docs/PERFORMANCE.md has the measurements).
 SgemmPath sgemm_path();
 /// OpenBLAS's name for the kernel set it chose on this CPU ("Zen", "Haswell", ...).
 std::string openblas_core_name();

@@ -12,6 +12,7 @@
 #include "backends/cpu/gemm.h"
 #include "graph/prims/elementwise.h"
 #include "graph/prims/linalg.h"
+#include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
 
 namespace hetrain {
@@ -47,8 +48,17 @@ void sgemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
 
 SgemmPath sgemm_path() {
   static const SgemmPath p = [] {
-    const char* env = std::getenv("HETRAIN_SGEMM");
-    return env && std::strcmp(env, "openblas") == 0 ? SgemmPath::openblas : SgemmPath::onednn;
+    if (const char* env = std::getenv("HETRAIN_SGEMM")) {
+      if (std::strcmp(env, "openblas") == 0) return SgemmPath::openblas;
+      if (std::strcmp(env, "onednn") == 0) return SgemmPath::onednn;
+    }
+    // Measured (docs/PERFORMANCE.md): where OpenBLAS runs its AVX2 kernels (Zen, Haswell)
+    // it beats oneDNN's sgemm by ~10% at 2048 on an AMD EPYC (Zen 3), and oneDNN's OpenMP
+    // barriers spin badly on a loaded machine. Elsewhere (AVX-512 CPUs, which Debian's
+    // OpenBLAS 0.3.21 may take for "Prescott", a fifth of the speed) oneDNN's JIT wins.
+    const std::string core = openblas_get_corename();
+    const bool avx2_kernels = core == "Zen" || core == "Haswell";
+    return avx2_kernels && !cpu_features().avx512f ? SgemmPath::openblas : SgemmPath::onednn;
   }();
   return p;
 }
