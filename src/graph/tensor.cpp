@@ -87,8 +87,7 @@ std::vector<T> Tensor::to_vector() const {
 
 template <class T>
 T Tensor::item() const {
-  if (numel() != 1)
-    fail("[item] needs a tensor with one element, got shape ", shape_str(shape()));
+  if (numel() != 1) fail("[item] needs a tensor with one element, got shape ", shape_str(shape()));
   return to_vector<T>()[0];
 }
 
@@ -148,7 +147,8 @@ std::string Tensor::str() const {
   return os.str();
 }
 
-std::vector<Tensor> make_node(std::shared_ptr<Primitive> prim, std::vector<Tensor> inputs) {
+namespace {
+std::shared_ptr<Node> build_node(std::shared_ptr<Primitive> prim, std::vector<Tensor> inputs) {
   std::vector<TensorMeta> in_meta;
   in_meta.reserve(inputs.size());
   bool rg = false;
@@ -171,6 +171,12 @@ std::vector<Tensor> make_node(std::shared_ptr<Primitive> prim, std::vector<Tenso
     any_float = any_float || is_floating(node->outs[i].dtype);
   }
   node->requires_grad = rg && any_float && g_grad_enabled;
+  return node;
+}
+}  // namespace
+
+std::vector<Tensor> make_node(std::shared_ptr<Primitive> prim, std::vector<Tensor> inputs) {
+  std::shared_ptr<Node> node = build_node(std::move(prim), std::move(inputs));
   std::vector<Tensor> outs;
   outs.reserve(node->outs.size());
   for (size_t i = 0; i < node->outs.size(); ++i) outs.emplace_back(node, static_cast<int>(i));
@@ -178,7 +184,8 @@ std::vector<Tensor> make_node(std::shared_ptr<Primitive> prim, std::vector<Tenso
 }
 
 Tensor make_node1(std::shared_ptr<Primitive> prim, std::vector<Tensor> inputs) {
-  return make_node(std::move(prim), std::move(inputs))[0];
+  // One node, one tensor: skips make_node's vector of outputs.
+  return Tensor(build_node(std::move(prim), std::move(inputs)), 0);
 }
 
 Tensor make_leaf(Array a) {

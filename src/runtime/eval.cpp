@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <mutex>
 
 #include "hetrain/base/error.h"
@@ -51,11 +52,60 @@ void set_node_observer(NodeObserver* obs) { g_observer.store(obs); }
 
 ExecutorStats executor_stats() { return {g_nodes_run.load(), g_evals.load()}; }
 
-void eval(const std::vector<Tensor>& targets, bool release_graph) {
-  const uint64_t mark = ++g_epoch;
-  // Post-order DFS over unevaluated nodes: inputs come before their consumers.
+namespace {
+/// Per-call working memory of eval(), reused across calls: building it afresh for every
+/// call cost more than running a small node (large vectors freed each call also made glibc
+/// consolidate its free lists). eval() may nest (a kernel evaluating a subgraph), so each
+/// level takes its own scratch from a per-thread free list.
+struct EvalScratch {
   std::vector<Node*> order;
   std::vector<std::pair<Node*, size_t>> stack;
+  std::vector<int> pending;
+  std::vector<int> consumer_begin;  // consumers of node i: consumer_list[begin[i], begin[i+1])
+  std::vector<int> consumer_list;
+  std::vector<int> edges;  // (producer, consumer) pairs before grouping
+  std::vector<int> ready;
+};
+
+class ScratchLease {
+ public:
+  ScratchLease() {
+    if (free_list().empty()) {
+      s_ = std::make_unique<EvalScratch>();
+    } else {
+      s_ = std::move(free_list().back());
+      free_list().pop_back();
+    }
+  }
+  ~ScratchLease() {
+    // Keep the capacity of typical graphs, not of an occasional huge one.
+    constexpr size_t kKeep = 1 << 20;
+    if (s_->order.capacity() > kKeep || s_->edges.capacity() > 2 * kKeep) return;
+    s_->order.clear();
+    s_->stack.clear();
+    s_->ready.clear();
+    free_list().push_back(std::move(s_));
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  EvalScratch& operator*() { return *s_; }
+
+ private:
+  static std::vector<std::unique_ptr<EvalScratch>>& free_list() {
+    thread_local std::vector<std::unique_ptr<EvalScratch>> l;
+    return l;
+  }
+  std::unique_ptr<EvalScratch> s_;
+};
+}  // namespace
+
+void eval(const std::vector<Tensor>& targets, bool release_graph) {
+  const uint64_t mark = ++g_epoch;
+  ScratchLease lease;
+  EvalScratch& sc = *lease;
+  // Post-order DFS over unevaluated nodes: inputs come before their consumers.
+  std::vector<Node*>& order = sc.order;
+  auto& stack = sc.stack;
   for (const auto& t : targets) {
     Node* n = t.node();
     if (!n || n->evaluated() || n->mark == mark) continue;
@@ -66,7 +116,8 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
       if (i < cur->inputs.size()) {
         Node* in = cur->inputs[i++].node();
         if (!in->evaluated() && in->mark != mark) {
-          if (!in->prim) fail("[eval] a tensor has neither data nor a producer (was it moved from?)");
+          if (!in->prim)
+            fail("[eval] a tensor has neither data nor a producer (was it moved from?)");
           in->mark = mark;
           stack.emplace_back(in, 0);
         }
@@ -89,24 +140,39 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
     run_node(order[0], release_graph);
     return;
   }
-  // Position of each node in order (stored in mark's place would clash; use a side table).
-  std::vector<int> pending(n, 0);
-  std::vector<std::vector<int>> consumers(n);
+  // Dependency counts and consumer lists (CSR), indexing nodes by a unique mark value.
+  std::vector<int>& pending = sc.pending;
+  std::vector<int>& cbegin = sc.consumer_begin;
+  std::vector<int>& clist = sc.consumer_list;
+  std::vector<int>& edges = sc.edges;
+  pending.assign(n, 0);
+  cbegin.assign(n + 1, 0);
+  edges.clear();
   {
-    // Index nodes by reusing mark: give each node a unique mark value above the epoch.
     const uint64_t base = g_epoch.fetch_add(n + 1) + 1;
     for (size_t i = 0; i < n; ++i) order[i]->mark = base + i;
     for (size_t i = 0; i < n; ++i) {
       for (const auto& t : order[i]->inputs) {
         Node* in = t.node();
         if (in->mark >= base && in->mark < base + n && !in->evaluated()) {
-          consumers[in->mark - base].push_back(static_cast<int>(i));
+          const int p = static_cast<int>(in->mark - base);
+          edges.push_back(p);
+          edges.push_back(static_cast<int>(i));
+          ++cbegin[static_cast<size_t>(p) + 1];
           ++pending[i];
         }
       }
     }
+    for (size_t i = 0; i < n; ++i) cbegin[i + 1] += cbegin[i];
+    clist.resize(edges.size() / 2);
+    // Fill in order: each consumer list keeps its consumers in graph order.
+    std::vector<int>& fill = sc.ready;  // borrowed as a cursor array, cleared below
+    fill.assign(cbegin.begin(), cbegin.end() - 1);
+    for (size_t e = 0; e < edges.size(); e += 2)
+      clist[static_cast<size_t>(fill[static_cast<size_t>(edges[e])]++)] = edges[e + 1];
   }
-  std::vector<int> ready;
+  std::vector<int>& ready = sc.ready;
+  ready.clear();
   for (size_t i = 0; i < n; ++i)
     if (pending[i] == 0) ready.push_back(static_cast<int>(i));
 
@@ -115,20 +181,25 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
   size_t remaining = n;
   int in_flight = 0;
   std::exception_ptr error;
-  auto finish = [&](int i) {
+  // A node run by a pool task counts as in flight until finish() (under the lock) says it
+  // is done, so eval() never returns while a task still touches this frame.
+  auto finish = [&](int i, bool task) {
     std::lock_guard<std::mutex> lk(mu);
-    for (int c : consumers[i])
-      if (--pending[c] == 0) ready.push_back(c);
+    if (task) --in_flight;
+    for (int k = cbegin[static_cast<size_t>(i)]; k < cbegin[static_cast<size_t>(i) + 1]; ++k) {
+      const int c = clist[static_cast<size_t>(k)];
+      if (--pending[static_cast<size_t>(c)] == 0) ready.push_back(c);
+    }
     --remaining;
   };
-  auto run = [&](int i) {
+  auto run = [&](int i, bool task) {
     try {
       run_node(order[i], release_graph);
     } catch (...) {
       std::lock_guard<std::mutex> lk(mu);
       if (!error) error = std::current_exception();
     }
-    finish(i);
+    finish(i, task);
   };
   const int max_parallel = pool.size() - 1;
   for (;;) {
@@ -136,11 +207,8 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
     std::vector<int> extra;
     {
       std::lock_guard<std::mutex> lk(mu);
-      if (error) {
-        if (in_flight == 0) break;
-      } else if (remaining == 0) {
-        break;
-      } else if (!ready.empty()) {
+      if (in_flight == 0 && (error || remaining == 0)) break;
+      if (!error && !ready.empty()) {
         mine = ready.back();
         ready.pop_back();
         // Independent ready nodes go to idle workers (inter-op parallelism).
@@ -152,18 +220,14 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
       }
     }
     for (int e : extra) {
-      pool.submit([&, e] {
-        run(e);
-        std::lock_guard<std::mutex> lk(mu);
-        --in_flight;
-      });
+      pool.submit([&, e] { run(e, true); });
     }
     if (mine >= 0) {
-      run(mine);
+      run(mine, false);
     } else {
       pool.help_until([&] {
         std::lock_guard<std::mutex> lk(mu);
-        return !ready.empty() || remaining == 0 || (error && in_flight == 0);
+        return (!error && !ready.empty()) || (in_flight == 0 && (error || remaining == 0));
       });
     }
   }

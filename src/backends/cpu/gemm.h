@@ -3,6 +3,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+
+#include "hetrain/base/dtype.h"
 
 namespace hetrain::cpu {
 
@@ -13,10 +16,40 @@ struct MatrixLayout {
 /// How a rows x cols matrix with strides (s0, s1) can be passed to a GEMM, if at all.
 std::optional<MatrixLayout> matrix_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1);
 
-/// C = alpha * op(A) @ op(B) + beta * C.
+/// C = alpha * op(A) @ op(B) + beta * C, through the faster of the two below on this CPU
+/// (sgemm_path()).
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void sgemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void sgemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+enum class SgemmPath { onednn, openblas };
+/// OpenBLAS where it runs its Zen/Haswell kernels on a CPU without AVX-512, else oneDNN;
+/// HETRAIN_SGEMM=openblas|onednn overrides (docs/PERFORMANCE.md has the measurements).
+SgemmPath sgemm_path();
+/// OpenBLAS's name for the kernel set it chose on this CPU ("Zen", "Haswell", ...).
+std::string openblas_core_name();
+
 void dgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
            int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+
+/// C (M x N, leading dimension ldc) = op(A) @ op(B) for bf16 A and B through oneDNN's matmul
+/// primitive (AMX or AVX512-BF16 kernels where the CPU has them); C is bf16 (rounded to
+/// nearest even by oneDNN) when c_bf16, else f32. Primitives are cached by shape.
+void gemm_bf16_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const BFloat16* A,
+                      int64_t lda, const BFloat16* B, int64_t ldb, void* C, bool c_bf16,
+                      int64_t ldc);
+/// The oneDNN implementation a bf16 matmul of this shape gets here ("brg:avx512_core_amx",
+/// ...), or "" where oneDNN has none (oneDNN 2.x on CPUs without AVX-512).
+std::string bf16_gemm_impl_name(int64_t M, int64_t N, int64_t K);
+/// Whether gemm_bf16_onednn can run on this CPU.
+bool onednn_has_bf16_matmul();
+
+enum class Bf16GemmPath { onednn, convert_sgemm };
+/// How Matmul runs bf16: oneDNN's bf16 primitive where the CPU has bf16 instructions (AMX or
+/// AVX512-BF16), else convert to f32 + sgemm. HETRAIN_BF16_GEMM=onednn|sgemm overrides where
+/// oneDNN has a bf16 matmul at all.
+Bf16GemmPath bf16_gemm_path();
 
 }  // namespace hetrain::cpu

@@ -1,14 +1,18 @@
 // CPU GEMM: f32 through oneDNN's sgemm (its JIT picks AVX2/AVX-512/AMX kernels at run time,
 // unlike Debian's OpenBLAS, which takes AVX-512 CPUs for "Prescott"); f64 through BLAS;
-// f16/bf16 converted to f32 around the f32 GEMM.
+// bf16 through oneDNN's bf16 matmul where the CPU has bf16 instructions (see
+// bf16_gemm_path()); otherwise f16/bf16 are converted to f32 around the f32 GEMM.
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 
 #include "backends/cpu/gemm.h"
 #include "graph/prims/elementwise.h"
 #include "graph/prims/linalg.h"
+#include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
 
 namespace hetrain {
@@ -23,14 +27,50 @@ std::optional<MatrixLayout> matrix_layout(int64_t rows, int64_t cols, int64_t s0
   return std::nullopt;
 }
 
-void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void sgemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
-                                beta, C, ldc);
+  dnnl_status_t st =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (st != dnnl_success)
     fail("[matmul] oneDNN sgemm failed (status ", static_cast<int>(st), ") for M=", M, " N=", N,
          " K=", K);
+}
+
+void sgemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
+              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
+              static_cast<blasint>(ldc));
+}
+
+SgemmPath sgemm_path() {
+  static const SgemmPath p = [] {
+    if (const char* env = std::getenv("HETRAIN_SGEMM")) {
+      if (std::strcmp(env, "openblas") == 0) return SgemmPath::openblas;
+      if (std::strcmp(env, "onednn") == 0) return SgemmPath::onednn;
+    }
+    // Measured (docs/PERFORMANCE.md): where OpenBLAS runs its AVX2 kernels (Zen, Haswell)
+    // it beats oneDNN's sgemm by ~10% at 2048 on an AMD EPYC (Zen 3), and oneDNN's OpenMP
+    // barriers spin badly on a loaded machine. Elsewhere (AVX-512 CPUs, which Debian's
+    // OpenBLAS 0.3.21 may take for "Prescott", a fifth of the speed) oneDNN's JIT wins.
+    const std::string core = openblas_get_corename();
+    const bool avx2_kernels = core == "Zen" || core == "Haswell";
+    return avx2_kernels && !cpu_features().avx512f ? SgemmPath::openblas : SgemmPath::onednn;
+  }();
+  return p;
+}
+
+std::string openblas_core_name() { return openblas_get_corename(); }
+
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (sgemm_path() == SgemmPath::openblas)
+    sgemm_openblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    sgemm_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void dgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
@@ -79,7 +119,8 @@ void Matmul::eval_cpu(const std::vector<const Array*>& in, const std::vector<Arr
   const Array &a0 = *in[0], &b0 = *in[1];
   Array& y = *out[0];
   const Dtype dt = a0.dtype;
-  const Dtype compute = dt == Dtype::f64 ? Dtype::f64 : Dtype::f32;
+  const bool bf16_native = dt == Dtype::bf16 && cpu::bf16_gemm_path() == cpu::Bf16GemmPath::onednn;
+  const Dtype compute = dt == Dtype::f64 ? Dtype::f64 : bf16_native ? Dtype::bf16 : Dtype::f32;
   Operand A = prepare(a0, compute), B = prepare(b0, compute);
   const size_t n = a0.shape.size();
   const int64_t M = a0.shape[n - 2], K = a0.shape[n - 1], N = b0.shape[n - 1];
@@ -104,7 +145,16 @@ void Matmul::eval_cpu(const std::vector<const Array*>& in, const std::vector<Arr
       ob += coord[d] * B.arr.strides[d];
     }
     const int64_t oc = bi * M * N;
-    if (compute == Dtype::f32) {
+    if (compute == Dtype::bf16) {
+      const auto* ap = static_cast<const BFloat16*>(A.arr.buffer->data()) + oa;
+      const auto* bp = static_cast<const BFloat16*>(B.arr.buffer->data()) + ob;
+      if (K == 0) {
+        std::fill(C.data<BFloat16>() + oc, C.data<BFloat16>() + oc + M * N, BFloat16{});
+      } else {
+        cpu::gemm_bf16_onednn(A.layout.transposed, B.layout.transposed, M, N, K, ap, A.layout.ld,
+                              bp, B.layout.ld, C.data<BFloat16>() + oc, /*c_bf16=*/true, N);
+      }
+    } else if (compute == Dtype::f32) {
       const float* ap = static_cast<const float*>(A.arr.buffer->data()) + oa;
       const float* bp = static_cast<const float*>(B.arr.buffer->data()) + ob;
       if (K == 0) {

@@ -1,0 +1,363 @@
+// Core-engine micro-benchmarks: the CPU's FMA peak and memory bandwidth (the
+// ceilings), and what Hetrain reaches against them: GEMM GFLOP/s, elementwise
+// and reduction GB/s, and the per-node cost of building and evaluating the lazy
+// graph.
+//
+//   build/bench/bench_core --benchmark_counters_tabular=true
+//   build/bench/bench_core --benchmark_filter='Gemm' --benchmark_format=json
+//
+// tools/run_bench.sh runs this next to tools/bench_torch.py and prints one
+// table.
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "backends/cpu/gemm.h"
+#include "hetrain/base/cpu_features.h"
+#include "hetrain/base/thread_pool.h"
+#include "hetrain/graph/ops.h"
+#include "hetrain/runtime/eval.h"
+
+namespace {
+
+using namespace hetrain;
+
+/// CPU seconds used by the calling thread. On a shared machine wall-clock rates fall with
+/// the load; rates over CPU time say what the code reaches while it holds a core.
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+/// CPU seconds used by the whole process (all threads, the BLAS/OpenMP ones included).
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+/// Sets `name` (units per wall-clock second) and `name`_cpu (units per CPU second of this
+/// process times the number of cores: the rate were every core ours, which on a shared
+/// machine is the better estimate of what the code can do; busy-waiting threads lower it).
+void set_rate(benchmark::State& state, const std::string& name, double units_per_iter,
+              double process_cpu) {
+  const double units = units_per_iter * static_cast<double>(state.iterations());
+  state.counters[name] = benchmark::Counter(units, benchmark::Counter::kIsRate);
+  state.counters[name + "_cpu"] =
+      units / process_cpu * static_cast<double>(std::thread::hardware_concurrency());
+}
+
+double wall_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// ---- FMA peak
+// ------------------------------------------------------------------------------
+
+constexpr int kChains = 12;  // independent accumulators: > FMA latency x FMA ports (4 x 2)
+
+/// Register-only FMA loop: kChains chains of 8-wide single-precision FMAs.
+__attribute__((target("avx2,fma"))) float fma_loop_avx2(int64_t iters) {
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c) * 1e-3f);
+  const __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], m, a);
+  }
+  __m256 s = acc[0];
+  for (int c = 1; c < kChains; ++c) s = _mm256_add_ps(s, acc[c]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0];
+}
+
+/// Baseline x86-64 fallback: SSE mul + add (two flops, two instructions).
+float fma_loop_sse(int64_t iters) {
+  __m128 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm_set1_ps(static_cast<float>(c) * 1e-3f);
+  const __m128 m = _mm_set1_ps(0.999999f), a = _mm_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm_add_ps(_mm_mul_ps(acc[c], m), a);
+  }
+  __m128 s = acc[0];
+  for (int c = 1; c < kChains; ++c) s = _mm_add_ps(s, acc[c]);
+  return _mm_cvtss_f32(s);
+}
+
+struct FmaKernel {
+  float (*fn)(int64_t);
+  double flops_per_iter;
+  const char* isa;
+};
+
+FmaKernel fma_kernel() {
+  const CpuFeatures& f = cpu_features();
+  if (f.avx2 && f.fma) return {fma_loop_avx2, kChains * 8 * 2.0, "avx2+fma"};
+  return {fma_loop_sse, kChains * 4 * 2.0, "sse"};
+}
+
+void BM_FmaPeak(benchmark::State& state) {
+  const int threads = state.range(0) == 0 ? static_cast<int>(std::thread::hardware_concurrency())
+                                          : static_cast<int>(state.range(0));
+  const FmaKernel k = fma_kernel();
+  const int64_t iters = 20'000'000;
+  std::vector<float> sink(static_cast<size_t>(threads));
+  std::vector<double> cpu(static_cast<size_t>(threads), 0.0);
+  for (auto _ : state) {
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const double c0 = thread_cpu_s();
+        sink[static_cast<size_t>(t)] = k.fn(iters);
+        cpu[static_cast<size_t>(t)] += thread_cpu_s() - c0;
+      });
+    for (auto& th : pool) th.join();
+    benchmark::DoNotOptimize(sink.data());
+  }
+  const double flops_per_thread =
+      k.flops_per_iter * static_cast<double>(iters) * static_cast<double>(state.iterations());
+  double per_cpu_s = 0;  // sum over threads of each thread's flops per CPU second
+  for (double c : cpu) per_cpu_s += flops_per_thread / c;
+  state.counters["threads"] = threads;
+  state.counters["GFLOPS"] =
+      benchmark::Counter(flops_per_thread * threads * 1e-9, benchmark::Counter::kIsRate);
+  state.counters["GFLOPS_cpu"] = per_cpu_s * 1e-9;
+  state.SetLabel(k.isa);
+}
+BENCHMARK(BM_FmaPeak)->Arg(1)->Arg(0)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- memory bandwidth
+// ---------------------------------------------------------------------
+
+constexpr int64_t kBig = 64 << 20;  // bytes per operand: twice the LLC here (32 MiB)
+
+/// STREAM triad a = b + s * c over three 64 MiB buffers, threaded on Hetrain's
+/// pool. Counted bytes: 2 reads + 1 write per element (write-allocate traffic
+/// not counted, the same convention as the elementwise benchmarks below).
+void BM_Triad(benchmark::State& state) {
+  const int64_t n = kBig / 4;
+  std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n), 1.0f),
+      c(static_cast<size_t>(n), 2.0f);
+  const float s = 3.0f;
+  auto triad = [&] {
+    parallel_for(n, 1 << 16, [&](int64_t lo, int64_t hi) {
+      float* ap = a.data();
+      const float* bp = b.data();
+      const float* cp = c.data();
+      for (int64_t i = lo; i < hi; ++i) ap[i] = bp[i] + s * cp[i];
+    });
+  };
+  triad();
+  const double pc0 = process_cpu_s();
+  for (auto _ : state) {
+    triad();
+    benchmark::ClobberMemory();
+  }
+  const double pcpu = process_cpu_s() - pc0;
+  set_rate(state, "GBps", 3.0 * kBig * 1e-9, pcpu);
+}
+BENCHMARK(BM_Triad)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+/// Read-only bandwidth: a threaded sum over one 64 MiB buffer (the ceiling for
+/// reductions).
+void BM_ReadBandwidth(benchmark::State& state) {
+  const int64_t n = kBig / 4;
+  std::vector<float> b(static_cast<size_t>(n), 1.0f);
+  std::vector<double> partial(1024);
+  const double pc0 = process_cpu_s();
+  for (auto _ : state) {
+    std::fill(partial.begin(), partial.end(), 0.0);
+    parallel_for(n, 1 << 18, [&](int64_t lo, int64_t hi) {
+      float acc[16] = {};
+      int64_t i = lo;
+      for (; i + 16 <= hi; i += 16)
+        for (int k = 0; k < 16; ++k) acc[k] += b[static_cast<size_t>(i + k)];
+      for (; i < hi; ++i) acc[0] += b[static_cast<size_t>(i)];
+      float t = 0;
+      for (float v : acc) t += v;
+      partial[static_cast<size_t>(lo >> 18) & 1023] += t;
+    });
+    benchmark::DoNotOptimize(partial.data());
+  }
+  const double pcpu = process_cpu_s() - pc0;
+  set_rate(state, "GBps", 1.0 * kBig * 1e-9, pcpu);
+}
+BENCHMARK(BM_ReadBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- GEMM
+// ----------------------------------------------------------------------------------
+
+Dtype dtype_arg(int64_t v) { return v == 0 ? Dtype::f32 : Dtype::bf16; }
+
+void BM_Gemm(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const Dtype dt = dtype_arg(state.range(1));
+  Generator gen(7);
+  Tensor a = randn({n, n}, dt, gen).eval(), b = randn({n, n}, dt, gen).eval();
+  matmul(a, b).eval();  // warm-up: primitive creation, buffer cache
+  const double pc0 = process_cpu_s();
+  for (auto _ : state) {
+    Tensor c = matmul(a, b);
+    c.eval();
+    benchmark::DoNotOptimize(c.array().raw());
+  }
+  const double pcpu = process_cpu_s() - pc0;
+  set_rate(state, "GFLOPS", 2.0 * static_cast<double>(n * n * n) * 1e-9, pcpu);
+  state.SetLabel(std::string(dtype_name(dt)));
+}
+BENCHMARK(BM_Gemm)
+    ->ArgsProduct({{256, 1024, 2048}, {0, 1}})
+    ->ArgNames({"n", "bf16"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Gemm)
+    ->ArgsProduct({{4096}, {0, 1}})
+    ->ArgNames({"n", "bf16"})
+    ->Iterations(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+/// f32 GEMM backends side by side (C = A @ B, n x n): 0 oneDNN sgemm, 1 OpenBLAS cblas_sgemm.
+/// OpenBLAS reads OPENBLAS_CORETYPE at load time; the label shows the kernels it took.
+void BM_SgemmBackend(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const bool openblas = state.range(1) == 1;
+  std::vector<float> a(static_cast<size_t>(n * n)), b(a.size()), c(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<float>((i * 7) % 13) * 0.1f - 0.6f;
+    b[i] = static_cast<float>((i * 5) % 11) * 0.1f - 0.5f;
+  }
+  auto gemm = openblas ? cpu::sgemm_openblas : cpu::sgemm_onednn;
+  gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  const double pc0 = process_cpu_s();
+  for (auto _ : state) {
+    gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+  }
+  const double pcpu = process_cpu_s() - pc0;
+  set_rate(state, "GFLOPS", 2.0 * static_cast<double>(n * n * n) * 1e-9, pcpu);
+  state.SetLabel(openblas ? "openblas:" + cpu::openblas_core_name() : std::string("onednn"));
+}
+BENCHMARK(BM_SgemmBackend)
+    ->ArgsProduct({{2048}, {0, 1}})
+    ->ArgNames({"n", "openblas"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+/// The two bf16 GEMM paths Matmul can take (bf16 in, bf16 out): 0 oneDNN's bf16 matmul
+/// primitive, 1 convert to f32 + sgemm + round back (as ops: cast, matmul, cast).
+void BM_Bf16Path(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const bool convert = state.range(1) == 1;
+  if (!convert && !cpu::onednn_has_bf16_matmul()) {
+    state.SkipWithError("oneDNN has no bf16 matmul on this CPU (needs AVX-512)");
+    return;
+  }
+  Generator gen(5);
+  Tensor a = randn({n, n}, Dtype::bf16, gen).eval(), b = randn({n, n}, Dtype::bf16, gen).eval();
+  std::vector<BFloat16> c(static_cast<size_t>(n * n));
+  auto run = [&] {
+    if (convert) {
+      Tensor y = cast(matmul(cast(a, Dtype::f32), cast(b, Dtype::f32)), Dtype::bf16);
+      y.eval();
+      benchmark::DoNotOptimize(y.array().raw());
+    } else {
+      cpu::gemm_bf16_onednn(false, false, n, n, n, a.array().data<BFloat16>(), n,
+                            b.array().data<BFloat16>(), n, c.data(), true, n);
+      benchmark::DoNotOptimize(c.data());
+    }
+  };
+  run();
+  const double pc0 = process_cpu_s();
+  for (auto _ : state) run();
+  const double pcpu = process_cpu_s() - pc0;
+  set_rate(state, "GFLOPS", 2.0 * static_cast<double>(n * n * n) * 1e-9, pcpu);
+  state.SetLabel(convert ? std::string("convert+sgemm")
+                         : "onednn:" + cpu::bf16_gemm_impl_name(n, n, n));
+}
+BENCHMARK(BM_Bf16Path)
+    ->ArgsProduct({{256, 1024, 2048}, {0, 1}})
+    ->ArgNames({"n", "convert"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// ---- elementwise and reduction through Hetrain ops
+// ---------------------------------------
+
+enum class EwOp { add, mul, exp, sum };
+
+void BM_Elementwise(benchmark::State& state) {
+  const auto op = static_cast<EwOp>(state.range(0));
+  const int64_t n = kBig / 4;
+  Generator gen(3);
+  Tensor x = rand({n}, -1, 1, Dtype::f32, gen).eval(), y = rand({n}, -1, 1, Dtype::f32, gen).eval();
+  auto build = [&] {
+    switch (op) {
+      case EwOp::add: return add(x, y);
+      case EwOp::mul: return mul(x, y);
+      case EwOp::exp: return exp(x);
+      case EwOp::sum: return sum(x);
+    }
+    return Tensor();
+  };
+  build().eval();  // warm-up: the allocator caches the output block
+  const double pc0 = process_cpu_s();
+  for (auto _ : state) {
+    Tensor r = build();
+    r.eval();
+    benchmark::DoNotOptimize(r.array().raw());
+  }
+  // Bytes moved: inputs read + output written.
+  const double operands = op == EwOp::add || op == EwOp::mul ? 3.0 : op == EwOp::exp ? 2.0 : 1.0;
+  const double pcpu = process_cpu_s() - pc0;
+  set_rate(state, "GBps", operands * kBig * 1e-9, pcpu);
+  static const char* names[] = {"add", "mul", "exp", "sum"};
+  state.SetLabel(names[state.range(0)]);
+}
+BENCHMARK(BM_Elementwise)->DenseRange(0, 3)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- per-node overhead
+// ---------------------------------------------------------------------
+
+/// A chain of `nodes` tiny adds on a one-element tensor: the graph-building, scheduling and
+/// dispatch cost per node (the kernel itself adds one float). Reported per node: build +
+/// eval, and each part; "_cpu" counters use the calling thread's CPU time (the chain runs on
+/// that thread alone), the others wall-clock time.
+void BM_NodeOverhead(benchmark::State& state) {
+  const int64_t nodes = state.range(0);
+  Tensor one = scalar(1.0).eval();
+  double build_w = 0, build_c = 0, eval_w = 0, eval_c = 0;
+  for (auto _ : state) {
+    double w0 = wall_s(), c0 = thread_cpu_s();
+    Tensor y = one;
+    for (int64_t i = 0; i < nodes; ++i) y = add(y, one);
+    double w1 = wall_s(), c1 = thread_cpu_s();
+    // Evaluating also releases the chain's links, so dropping y never recurses 10k deep.
+    y.eval();
+    benchmark::DoNotOptimize(y.array().raw());
+    double w2 = wall_s(), c2 = thread_cpu_s();
+    build_w += w1 - w0;
+    build_c += c1 - c0;
+    eval_w += w2 - w1;
+    eval_c += c2 - c1;
+  }
+  const double us = 1e6 / static_cast<double>(nodes * static_cast<int64_t>(state.iterations()));
+  state.counters["us_per_node"] = (build_w + eval_w) * us;
+  state.counters["us_per_node_cpu"] = (build_c + eval_c) * us;
+  state.counters["build_us"] = build_w * us;
+  state.counters["build_us_cpu"] = build_c * us;
+  state.counters["eval_us"] = eval_w * us;
+  state.counters["eval_us_cpu"] = eval_c * us;
+}
+BENCHMARK(BM_NodeOverhead)->Arg(10000)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,114 @@
+// bf16 GEMM through oneDNN's matmul primitive. oneDNN picks its kernel when the primitive
+// is created, by what the CPU has: AMX tiles, AVX512-BF16, or (on CPUs with neither) an
+// emulation. Primitives are cached by shape and layout, so a training loop creates each
+// one once.
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+
+#include "backends/cpu/gemm.h"
+#include "hetrain/base/cpu_features.h"
+#include "hetrain/base/error.h"
+
+namespace hetrain::cpu {
+
+namespace {
+
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+
+struct OneDnn {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  std::mutex mu;
+  std::map<Key, std::shared_ptr<dnnl::matmul>> cache;
+};
+
+OneDnn& onednn() {
+  // Never destroyed: primitives may be in use by static tensors released at exit.
+  static OneDnn* o = new OneDnn();
+  return *o;
+}
+
+/// A rows x cols matrix descriptor; transposed means stored column-major with leading
+/// dimension ld.
+dnnl::memory::desc matrix_desc(int64_t rows, int64_t cols, bool transposed, int64_t ld,
+                               dnnl::memory::data_type dt) {
+  dnnl::memory::dims strides = transposed ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1};
+  return dnnl::memory::desc({rows, cols}, dt, strides);
+}
+
+}  // namespace
+
+void gemm_bf16_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const BFloat16* A,
+                      int64_t lda, const BFloat16* B, int64_t ldb, void* C, bool c_bf16,
+                      int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  using dt = dnnl::memory::data_type;
+  OneDnn& o = onednn();
+  const dt cdt = c_bf16 ? dt::bf16 : dt::f32;
+  const auto a_md = matrix_desc(M, K, ta, lda, dt::bf16);
+  const auto b_md = matrix_desc(K, N, tb, ldb, dt::bf16);
+  const auto c_md = matrix_desc(M, N, false, ldc, cdt);
+  const Key key{ta, tb, M, N, K, lda, ldb, ldc, c_bf16};
+  std::shared_ptr<dnnl::matmul> prim;
+  {
+    std::lock_guard<std::mutex> lk(o.mu);
+    auto it = o.cache.find(key);
+    if (it != o.cache.end()) prim = it->second;
+  }
+  if (!prim) {
+    try {
+      dnnl::matmul::desc d(a_md, b_md, c_md);
+      prim = std::make_shared<dnnl::matmul>(dnnl::matmul::primitive_desc(d, o.engine));
+    } catch (const dnnl::error& e) {
+      fail("[matmul] oneDNN has no bf16 matmul for M=", M, " N=", N, " K=", K, ": ", e.what());
+    }
+    std::lock_guard<std::mutex> lk(o.mu);
+    o.cache.emplace(key, prim);
+  }
+  // oneDNN takes non-const handles; it only reads A and B.
+  dnnl::memory a(a_md, o.engine, const_cast<BFloat16*>(A));
+  dnnl::memory b(b_md, o.engine, const_cast<BFloat16*>(B));
+  dnnl::memory c(c_md, o.engine, C);
+  dnnl::stream s(o.engine);
+  prim->execute(s, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  s.wait();
+}
+
+std::string bf16_gemm_impl_name(int64_t M, int64_t N, int64_t K) {
+  using dt = dnnl::memory::data_type;
+  try {
+    dnnl::matmul::desc d(matrix_desc(M, K, false, K, dt::bf16),
+                         matrix_desc(K, N, false, N, dt::bf16),
+                         matrix_desc(M, N, false, N, dt::bf16));
+    return dnnl::matmul::primitive_desc(d, onednn().engine).impl_info_str();
+  } catch (const dnnl::error&) {
+    return "";  // oneDNN 2.x has no bf16 matmul below AVX-512 (AVX2 CPUs)
+  }
+}
+
+bool onednn_has_bf16_matmul() {
+  static const bool has = !bf16_gemm_impl_name(64, 64, 64).empty();
+  return has;
+}
+
+Bf16GemmPath bf16_gemm_path() {
+  static const Bf16GemmPath p = [] {
+    if (!onednn_has_bf16_matmul()) return Bf16GemmPath::convert_sgemm;
+    if (const char* env = std::getenv("HETRAIN_BF16_GEMM")) {
+      if (std::strcmp(env, "onednn") == 0) return Bf16GemmPath::onednn;
+      if (std::strcmp(env, "sgemm") == 0) return Bf16GemmPath::convert_sgemm;
+    }
+    // oneDNN's bf16 kernels pay where the CPU computes in bf16 (AMX, AVX512-BF16); on a
+    // plain AVX-512 CPU they convert internally, like our f32 path. On AVX2 CPUs oneDNN 2.6
+    // has no bf16 matmul at all (docs/PERFORMANCE.md), so convert + sgemm is the only path.
+    const CpuFeatures& f = cpu_features();
+    return f.amx_bf16 || f.avx512bf16 ? Bf16GemmPath::onednn : Bf16GemmPath::convert_sgemm;
+  }();
+  return p;
+}
+
+}  // namespace hetrain::cpu

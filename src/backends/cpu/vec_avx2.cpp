@@ -1,0 +1,61 @@
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "backends/cpu/vec.h"
+#include "hetrain/base/cpu_features.h"
+
+namespace hetrain::cpu {
+
+namespace {
+
+/// Cephes-style expf: x = n ln2 + r with |r| <= ln2/2, exp(r) by a degree-6 polynomial, 2^n
+/// from the exponent bits. Lanes outside [-87, 88] (and NaN) are recomputed with std::exp.
+__attribute__((target("avx2,fma"))) void exp_f32_avx2(const float* x, float* y, int64_t n) {
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+  const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+  const __m256 p0 = _mm256_set1_ps(1.9875691500e-4f), p1 = _mm256_set1_ps(1.3981999507e-3f),
+               p2 = _mm256_set1_ps(8.3334519073e-3f), p3 = _mm256_set1_ps(4.1665795894e-2f),
+               p4 = _mm256_set1_ps(1.6666665459e-1f), p5 = _mm256_set1_ps(5.0000001201e-1f);
+  const __m256 one = _mm256_set1_ps(1.0f), lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 k =
+        _mm256_round_ps(_mm256_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, c1, v);
+    r = _mm256_fnmadd_ps(k, c2, r);
+    __m256 p = _mm256_fmadd_ps(p0, r, p1);
+    p = _mm256_fmadd_ps(p, r, p2);
+    p = _mm256_fmadd_ps(p, r, p3);
+    p = _mm256_fmadd_ps(p, r, p4);
+    p = _mm256_fmadd_ps(p, r, p5);
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, one));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    const __m256 out = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    _mm256_storeu_ps(y + i, out);
+    // Ordered compares: NaN fails both, so it takes the scalar path too.
+    const __m256 ok =
+        _mm256_and_ps(_mm256_cmp_ps(v, lo, _CMP_GE_OQ), _mm256_cmp_ps(v, hi, _CMP_LE_OQ));
+    const int bad = ~_mm256_movemask_ps(ok) & 0xff;
+    if (bad) {
+      for (int j = 0; j < 8; ++j)
+        if (bad & (1 << j)) y[i + j] = std::exp(x[i + j]);
+    }
+  }
+  for (; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+}  // namespace
+
+void exp_f32(const float* x, float* y, int64_t n) {
+  static const bool avx2 = cpu_features().avx2 && cpu_features().fma;
+  if (avx2) {
+    exp_f32_avx2(x, y, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+}  // namespace hetrain::cpu
