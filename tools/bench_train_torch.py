@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""PyTorch CPU reference for the training-throughput benchmark (tools/bench_train.sh).
+
+Trains the same models as Hetrain's presets (same architecture, batch size and thread
+count, AdamW) on random batches of the right shape and prints samples/s and the process's
+peak RSS growth. Run with Debian's PyTorch: /usr/bin/python3 tools/bench_train_torch.py PRESET
+"""
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gen_train_parity import Gpt, ResNet  # noqa: E402  (same architectures, parameter names)
+
+
+def make(preset):
+    if preset == "fashion-mlp":
+        model = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256),
+                              nn.ReLU(), nn.Linear(256, 10))
+        x = lambda: torch.randn(128, 1, 28, 28)
+        y = lambda: torch.randint(0, 10, (128,))
+        return model, x, y, 128, False
+    if preset == "fashion-cnn":
+        model = ResNet(widths=(16, 32, 64))
+        x = lambda: torch.randn(128, 1, 28, 28)
+        y = lambda: torch.randint(0, 10, (128,))
+        return model, x, y, 128, False
+    if preset == "gpt-mini":
+        model = Gpt(vocab=256, context=64, layers=4, heads=4, d=128)
+        ids = lambda: torch.randint(0, 256, (32, 64))
+        return model, ids, ids, 32, True
+    raise SystemExit(f"unknown preset {preset}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("preset")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(a.threads)
+    model, xs, ys, batch, language = make(a.preset)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = None
+    for step in range(a.warmup + a.steps):
+        if step == a.warmup:
+            t0 = time.perf_counter()
+        x, y = xs(), ys()
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    dt = time.perf_counter() - t0
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"preset": a.preset, "framework": f"pytorch {torch.__version__}",
+                      "threads": a.threads, "steps": a.steps,
+                      "samples_per_s": a.steps * batch / dt,
+                      "peak_rss_growth_bytes": (rss1 - rss0) * 1024}))
+
+
+if __name__ == "__main__":
+    main()
