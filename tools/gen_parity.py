@@ -154,7 +154,7 @@ def mask(*shape):
 
 
 def make_input(spec, dt, gen):
-    kind, shape, own = spec
+    kind, shape, own = spec[:3]
     d = DT[own or dt]
     if kind == "randn":
         v = torch.randn(shape, generator=gen, dtype=torch.float64)
@@ -166,6 +166,11 @@ def make_input(spec, dt, gen):
         v = torch.randint(-50, 50, shape, generator=gen)
     elif kind == "posints":  # integer divisors
         v = torch.randint(1, 10, shape, generator=gen)
+    elif kind == "index":
+        v = torch.randint(0, spec[3], shape, generator=gen)
+    elif kind == "targets":  # class ids in [0, C), the first one set to ignore_index
+        v = torch.randint(0, spec[3], shape, generator=gen)
+        v.view(-1)[0] = spec[4] if len(spec) > 4 else -100
     elif kind == "mask":
         v = torch.rand(shape, generator=gen) < 0.5
     return v.to(d)
@@ -326,7 +331,119 @@ add("split", [randn(6, 4)], dtypes=("f64", "f32", "bf16"), attrs={"sizes": [1, 3
 add("split", [randn(3, 5)], dtypes=("f64",), attrs={"sizes": [2, 0, 3], "axis": -1})
 add("split", [randn(5, 4)], dtypes=("f32",), attrs={"sizes": [2, 2], "axis": 0}, layout=[T01])
 
-# nn ops (nn-ops and conv-attn branches): add their cases here.
+# ---- families that land with later branches: enable by adding the name to FAMILIES ---------
+# (their registry entries in tests/parity/test_parity.cpp come with them).
+FAMILIES = {"core"}
+
+
+def rms_norm_ref(x, shape, w, eps):
+    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    dims = tuple(range(-len(shape), 0))
+    y = xf * torch.rsqrt(torch.mean(xf * xf, dims, keepdim=True) + eps)
+    y = y.to(x.dtype)
+    return y * w if w is not None else y
+
+
+def sdpa_ref(q, k, v, causal, scale):
+    # torch 1.13 has no F.scaled_dot_product_attention: the textbook composition.
+    scale = scale if scale is not None else 1.0 / q.shape[-1] ** 0.5
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if causal:
+        lq, lk = s.shape[-2], s.shape[-1]
+        keep = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.matmul(torch.softmax(s, -1), v)
+
+
+OPS.update({
+    "softmax": lambda i, a: torch.softmax(i[0], a["axis"]),
+    "log_softmax": lambda i, a: torch.log_softmax(i[0], a["axis"]),
+    "layer_norm": lambda i, a: F.layer_norm(i[0], a["normalized_shape"],
+                                            i[1] if len(i) > 1 else None,
+                                            i[2] if len(i) > 2 else None, a["eps"]),
+    "rms_norm": lambda i, a: rms_norm_ref(i[0], a["normalized_shape"],
+                                          i[1] if len(i) > 1 else None, a["eps"]),
+    "embedding": lambda i, a: F.embedding(i[1], i[0]),
+    "index_select": lambda i, a: torch.index_select(i[0], a["axis"], i[1]),
+    "gather": lambda i, a: torch.gather(i[0], a["axis"], i[1]),
+    "cross_entropy": lambda i, a: F.cross_entropy(i[0], i[1], ignore_index=a["ignore_index"],
+                                                  reduction=a["reduction"]),
+    "conv2d": lambda i, a: F.conv2d(i[0], i[1], i[2] if len(i) > 2 else None, a["stride"],
+                                    a["padding"]),
+    "max_pool2d": lambda i, a: F.max_pool2d(i[0], a["kernel"], a["stride"] or None,
+                                            a["padding"]),
+    "avg_pool2d": lambda i, a: F.avg_pool2d(i[0], a["kernel"], a["stride"] or None,
+                                            a["padding"]),
+    "sdpa": lambda i, a: sdpa_ref(i[0], i[1], i[2], a["causal"], a.get("scale")),
+})
+
+
+def index(*shape, hi, dtype="i64"):  # integer indices in [0, hi)
+    return ("index", list(shape), dtype, hi)
+
+
+if "nn" in FAMILIES:
+    for axis in (-1, 0):
+        for op in ("softmax", "log_softmax"):
+            add(op, [randn(3, 5)], attrs={"axis": axis})
+    for op in ("softmax", "log_softmax"):
+        add(op, [randn(2, 3, 4)], dtypes=("f64",), attrs={"axis": 1})
+        add(op, [randn(5, 3)], dtypes=("f32",), attrs={"axis": -1}, layout=[T01])
+    ln = {"normalized_shape": [4], "eps": 1e-5}
+    add("layer_norm", [randn(2, 3, 4), randn(4), randn(4)], attrs=ln)
+    add("layer_norm", [randn(2, 3, 4)], dtypes=("f64", "f32"), attrs=ln)
+    add("layer_norm", [randn(2, 3, 4), randn(3, 4), randn(3, 4)], dtypes=("f64", "f32"),
+        attrs={"normalized_shape": [3, 4], "eps": 1e-5})
+    add("layer_norm", [randn(4, 3), randn(4), randn(4)], dtypes=("f32",), attrs=ln, layout=[T01])
+    rn = {"normalized_shape": [4], "eps": 1e-6}
+    add("rms_norm", [randn(2, 3, 4), randn(4)], attrs=rn)
+    add("rms_norm", [randn(2, 3, 4)], dtypes=("f64", "f32"), attrs=rn)
+    add("rms_norm", [randn(4, 3), randn(4)], dtypes=("f32",), attrs=rn, layout=[T01])
+    add("embedding", [randn(10, 4), index(2, 3, hi=10)])
+    add("embedding", [randn(10, 4), index(5, hi=10, dtype="i32")], dtypes=("f32",))
+    add("index_select", [randn(5, 4), index(6, hi=5)], dtypes=("f64", "f32", "bf16"),
+        attrs={"axis": 0})
+    add("index_select", [randn(5, 4), index(3, hi=4)], dtypes=("f64",), attrs={"axis": -1})
+    add("gather", [randn(3, 4), index(3, 2, hi=4)], dtypes=("f64", "f32", "bf16"),
+        attrs={"axis": 1})
+    add("gather", [randn(3, 4), index(2, 4, hi=3)], dtypes=("f64",), attrs={"axis": 0})
+    for red in ("mean", "sum", "none"):
+        ce = {"ignore_index": -100, "reduction": red}
+        add("cross_entropy", [randn(4, 5), ("targets", [4], "i64", 5)], dtypes=("f64", "f32"),
+            attrs=ce)
+        add("cross_entropy", [randn(2, 5, 3), ("targets", [2, 3], "i64", 5)],
+            dtypes=("f64",), attrs=ce)
+    add("cross_entropy", [randn(4, 5), ("targets", [4], "i64", 5)], dtypes=("bf16",),
+        attrs={"ignore_index": -100, "reduction": "mean"})
+    add("cross_entropy", [randn(4, 5), ("targets", [4], "i64", 5, 2)], dtypes=("f32",),
+        attrs={"ignore_index": 2, "reduction": "mean"})
+
+if "conv" in FAMILIES:
+    for stride, pad in [([1, 1], [0, 0]), ([2, 2], [1, 1]), ([1, 2], [2, 0])]:
+        add("conv2d", [randn(2, 3, 6, 5), randn(4, 3, 3, 3), randn(4)], dtypes=("f64", "f32"),
+            attrs={"stride": stride, "padding": pad})
+    add("conv2d", [randn(1, 2, 5, 5), randn(3, 2, 1, 1)], dtypes=("f32", "bf16"),
+        attrs={"stride": [1, 1], "padding": [0, 0]})
+    add("conv2d", [randn(2, 3, 5, 6), randn(4, 3, 3, 3)], dtypes=("f32",),
+        attrs={"stride": [1, 1], "padding": [1, 1]}, layout=[[["transpose", 2, 3]], None])
+    for op in ("max_pool2d", "avg_pool2d"):
+        for kernel, stride, pad in [([2, 2], [], [0, 0]), ([3, 3], [2, 2], [1, 1]),
+                                    ([2, 3], [1, 2], [0, 1])]:
+            add(op, [randn(2, 3, 7, 6)], dtypes=("f64", "f32"),
+                attrs={"kernel": kernel, "stride": stride, "padding": pad})
+        add(op, [randn(1, 2, 6, 6)], dtypes=("bf16",),
+            attrs={"kernel": [2, 2], "stride": [], "padding": [0, 0]})
+    for causal in (False, True):
+        add("sdpa", [randn(2, 5, 4), randn(2, 5, 4), randn(2, 5, 3)], dtypes=("f64", "f32"),
+            attrs={"causal": causal})
+        add("sdpa", [randn(1, 2, 3, 4), randn(1, 2, 6, 4), randn(1, 2, 6, 4)],
+            dtypes=("f64", "f32"), attrs={"causal": causal})
+    add("sdpa", [randn(2, 4, 8), randn(2, 4, 8), randn(2, 4, 8)], dtypes=("bf16",),
+        attrs={"causal": True})
+    add("sdpa", [randn(2, 5, 4), randn(2, 5, 4), randn(2, 5, 3)], dtypes=("f32",),
+        attrs={"causal": False, "scale": 0.3})
+    add("sdpa", [randn(2, 4, 5), randn(2, 5, 4), randn(2, 5, 3)], dtypes=("f32",),
+        attrs={"causal": True}, layout=[[["transpose", 1, 2]], None, None])
 
 
 # ---- reference computation --------------------------------------------------------------

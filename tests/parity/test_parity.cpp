@@ -1,13 +1,10 @@
-// Table-driven parity against PyTorch: every case in
-// tests/data/parity.safetensors (written by tools/gen_parity.py) is rebuilt
-// here from the registry below, and its forward outputs and the gradients of
-// sum(out * cotangent) are compared with PyTorch's at the tolerance of the
-// dtype. One parameterised test per op, so a failure names its op; each failure
-// names the case.
+// Table-driven parity against PyTorch: every case in tests/data/parity.safetensors (written by
+// tools/gen_parity.py) is rebuilt here from the registry below, and its forward outputs and the
+// gradients of sum(out * cotangent) are compared with PyTorch's at the tolerance of the dtype. One
+// parameterised test per op, so a failure names its op; each failure names the case.
 //
 // Tolerances, |got - want| <= atol + rtol * |want| with atol = rtol:
-//   f64 1e-10   f32 1e-5   f16 2e-3 (about 2 ulp)   bf16 2e-2 (about 2.5 ulp)
-//   ints, bool exact
+//   f64 1e-10   f32 1e-5   f16 2e-3 (about 2 ulp)   bf16 2e-2 (about 2.5 ulp)   ints, bool exact
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,41 +26,33 @@ using nlohmann::json;
 
 namespace {
 
-// ---- the registry: op name -> how to build it from the case's inputs and
-// attributes ------
-using OpFn = std::function<std::vector<Tensor>(const std::vector<Tensor> &,
-                                               const json &)>;
+// ---- the registry: op name -> how to build it from the case's inputs and attributes ------
+using OpFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&, const json&)>;
 
-std::vector<int64_t> ints(const json &j) {
-  return j.get<std::vector<int64_t>>();
-}
+std::vector<int64_t> ints(const json& j) { return j.get<std::vector<int64_t>>(); }
 
-template <Tensor (*F)(const Tensor &)> OpFn unary() {
-  return [](const std::vector<Tensor> &x, const json &) {
-    return std::vector<Tensor>{F(x[0])};
-  };
+template <Tensor (*F)(const Tensor&)>
+OpFn unary() {
+  return [](const std::vector<Tensor>& x, const json&) { return std::vector<Tensor>{F(x[0])}; };
 }
-template <Tensor (*F)(const Tensor &, const Tensor &)> OpFn binary() {
-  return [](const std::vector<Tensor> &x, const json &) {
-    return std::vector<Tensor>{F(x[0], x[1])};
-  };
+template <Tensor (*F)(const Tensor&, const Tensor&)>
+OpFn binary() {
+  return
+      [](const std::vector<Tensor>& x, const json&) { return std::vector<Tensor>{F(x[0], x[1])}; };
 }
-template <Tensor (*F)(const Tensor &, std::vector<int64_t>, bool)>
+template <Tensor (*F)(const Tensor&, std::vector<int64_t>, bool)>
 OpFn reduction() {
-  return [](const std::vector<Tensor> &x, const json &a) {
-    return std::vector<Tensor>{
-        F(x[0], ints(a["axes"]), a["keepdims"].get<bool>())};
+  return [](const std::vector<Tensor>& x, const json& a) {
+    return std::vector<Tensor>{F(x[0], ints(a["axes"]), a["keepdims"].get<bool>())};
   };
 }
-OpFn one(std::function<Tensor(const std::vector<Tensor> &, const json &)> f) {
-  return [f](const std::vector<Tensor> &x, const json &a) {
-    return std::vector<Tensor>{f(x, a)};
-  };
+OpFn one(std::function<Tensor(const std::vector<Tensor>&, const json&)> f) {
+  return [f](const std::vector<Tensor>& x, const json& a) { return std::vector<Tensor>{f(x, a)}; };
 }
 
-const std::map<std::string, OpFn> &registry() {
-  using V = const std::vector<Tensor> &;
-  using A = const json &;
+const std::map<std::string, OpFn>& registry() {
+  using V = const std::vector<Tensor>&;
+  using A = const json&;
   static const std::map<std::string, OpFn> r = {
       // elementwise unary
       {"neg", unary<hetrain::neg>()},
@@ -77,17 +66,14 @@ const std::map<std::string, OpFn> &registry() {
       {"sigmoid", unary<hetrain::sigmoid>()},
       {"relu", unary<hetrain::relu>()},
       {"silu", unary<hetrain::silu>()},
-      {"gelu", one([](V x, A a) {
-         return gelu(x[0], a["approximate"].get<std::string>());
-       })},
+      {"gelu", one([](V x, A a) { return gelu(x[0], a["approximate"].get<std::string>()); })},
       // elementwise binary, comparisons, where
       {"add", binary<hetrain::add>()},
       {"sub", binary<hetrain::sub>()},
       {"mul", binary<hetrain::mul>()},
       {"div", binary<hetrain::div>()},
       {"pow", binary<hetrain::pow>()},
-      {"pow_scalar",
-       one([](V x, A a) { return pow(x[0], a["exponent"].get<double>()); })},
+      {"pow_scalar", one([](V x, A a) { return pow(x[0], a["exponent"].get<double>()); })},
       {"maximum", binary<hetrain::maximum>()},
       {"minimum", binary<hetrain::minimum>()},
       {"equal", binary<hetrain::equal>()},
@@ -102,43 +88,32 @@ const std::map<std::string, OpFn> &registry() {
       {"mean", reduction<hetrain::mean>()},
       {"max", reduction<hetrain::max>()},
       {"min", reduction<hetrain::min>()},
-      {"argmax",
-       one([](V x, A a) { return argmax(x[0], a["axis"], a["keepdims"]); })},
-      {"var", one([](V x, A a) {
-         return var(x[0], ints(a["axes"]), a["correction"], a["keepdims"]);
-       })},
+      {"argmax", one([](V x, A a) { return argmax(x[0], a["axis"], a["keepdims"]); })},
+      {"var",
+       one([](V x, A a) { return var(x[0], ints(a["axes"]), a["correction"], a["keepdims"]); })},
       // linear algebra
       {"matmul", binary<hetrain::matmul>()},
-      {"linear", one([](V x, A) {
-         return linear(x[0], x[1], x.size() > 2 ? x[2] : Tensor());
-       })},
+      {"linear", one([](V x, A) { return linear(x[0], x[1], x.size() > 2 ? x[2] : Tensor()); })},
       // views and copies
-      {"reshape",
-       one([](V x, A a) { return reshape(x[0], ints(a["shape"])); })},
-      {"flatten",
-       one([](V x, A a) { return flatten(x[0], a["start"], a["end"]); })},
+      {"reshape", one([](V x, A a) { return reshape(x[0], ints(a["shape"])); })},
+      {"flatten", one([](V x, A a) { return flatten(x[0], a["start"], a["end"]); })},
       {"squeeze", one([](V x, A a) { return squeeze(x[0], a["axis"]); })},
       {"unsqueeze", one([](V x, A a) { return unsqueeze(x[0], a["axis"]); })},
       {"permute", one([](V x, A a) { return permute(x[0], ints(a["dims"])); })},
-      {"transpose",
-       one([](V x, A a) { return transpose(x[0], a["a"], a["b"]); })},
+      {"transpose", one([](V x, A a) { return transpose(x[0], a["a"], a["b"]); })},
       {"slice", one([](V x, A a) {
-         int64_t stop = a["stop"].is_null()
-                            ? std::numeric_limits<int64_t>::max()
-                            : a["stop"].get<int64_t>();
+         int64_t stop =
+             a["stop"].is_null() ? std::numeric_limits<int64_t>::max() : a["stop"].get<int64_t>();
          return slice(x[0], a["axis"], a["start"], stop, a["step"]);
        })},
-      {"broadcast_to",
-       one([](V x, A a) { return broadcast_to(x[0], ints(a["shape"])); })},
+      {"broadcast_to", one([](V x, A a) { return broadcast_to(x[0], ints(a["shape"])); })},
       {"expand", one([](V x, A a) { return expand(x[0], ints(a["shape"])); })},
       {"copy", unary<hetrain::copy>()},
-      {"cast", one([](V x, A a) {
-         return cast(x[0], dtype_from_name(a["to"].get<std::string>()));
-       })},
+      {"cast",
+       one([](V x, A a) { return cast(x[0], dtype_from_name(a["to"].get<std::string>())); })},
       // joining
       {"concat", one([](V x, A a) { return concat(x, a["axis"]); })},
-      {"split",
-       [](V x, A a) { return split(x[0], ints(a["sizes"]), a["axis"]); }},
+      {"split", [](V x, A a) { return split(x[0], ints(a["sizes"]), a["axis"]); }},
   };
   return r;
 }
@@ -149,27 +124,25 @@ struct Case {
   std::string name;
   json meta;
   std::vector<Tensor> in, out, cot,
-      grad; // cot[k] undefined for non-float outputs
+      grad;  // cot[k] undefined for non-float outputs
 };
 
 std::string parity_path() {
-  const char *env = std::getenv("HETRAIN_SOURCE_DIR");
-  return std::string(env ? env : HETRAIN_SOURCE_DIR) +
-         "/tests/data/parity.safetensors";
+  const char* env = std::getenv("HETRAIN_SOURCE_DIR");
+  return std::string(env ? env : HETRAIN_SOURCE_DIR) + "/tests/data/parity.safetensors";
 }
 
-const std::vector<Case> &parity_cases() {
+const std::vector<Case>& parity_cases() {
   static const std::vector<Case> cases = [] {
     safetensors::File f = safetensors::load(parity_path());
     std::vector<Case> cs;
-    for (const auto &[name, text] : f.metadata) {
+    for (const auto& [name, text] : f.metadata) {
       Case c{name, json::parse(text), {}, {}, {}, {}};
-      auto get = [&](const std::string &what, int k) {
+      auto get = [&](const std::string& what, int k) {
         auto it = f.tensors.find(name + "." + what + std::to_string(k));
         return it == f.tensors.end() ? Tensor() : it->second;
       };
-      for (int k = 0; k < c.meta["n_in"].get<int>(); ++k)
-        c.in.push_back(get("in", k));
+      for (int k = 0; k < c.meta["n_in"].get<int>(); ++k) c.in.push_back(get("in", k));
       for (int k = 0; k < c.meta["n_out"].get<int>(); ++k) {
         c.out.push_back(get("out", k));
         c.cot.push_back(get("cot", k));
@@ -190,28 +163,21 @@ struct Tolerance {
 };
 Tolerance tolerance(Dtype dt) {
   switch (dt) {
-  case Dtype::f64:
-    return {1e-10, 1e-10};
-  case Dtype::f32:
-    return {1e-5, 1e-5};
-  case Dtype::f16:
-    return {2e-3, 2e-3};
-  case Dtype::bf16:
-    return {2e-2, 2e-2};
-  default:
-    return {0, 0};
+    case Dtype::f64: return {1e-10, 1e-10};
+    case Dtype::f32: return {1e-5, 1e-5};
+    case Dtype::f16: return {2e-3, 2e-3};
+    case Dtype::bf16: return {2e-2, 2e-2};
+    default: return {0, 0};
   }
 }
 
 /// Empty when got matches want; otherwise what differs, with the worst element.
-std::string compare(const Tensor &got, const Tensor &want) {
+std::string compare(const Tensor& got, const Tensor& want) {
   std::ostringstream os;
   if (got.dtype() != want.dtype())
-    os << "dtype " << dtype_name(got.dtype()) << ", want "
-       << dtype_name(want.dtype()) << "; ";
+    os << "dtype " << dtype_name(got.dtype()) << ", want " << dtype_name(want.dtype()) << "; ";
   if (got.shape() != want.shape()) {
-    os << "shape " << shape_str(got.shape()) << ", want "
-       << shape_str(want.shape());
+    os << "shape " << shape_str(got.shape()) << ", want " << shape_str(want.shape());
     return os.str();
   }
   std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
@@ -226,37 +192,31 @@ std::string compare(const Tensor &got, const Tensor &want) {
     } else if (std::isinf(w[i])) {
       ok = g[i] == w[i];
     } else {
-      double err = std::abs(g[i] - w[i]),
-             lim = tol.atol + tol.rtol * std::abs(w[i]);
-      ok = err <= lim; // false for a NaN got
-      excess =
-          std::isnan(err) ? std::numeric_limits<double>::infinity() : err / lim;
+      double err = std::abs(g[i] - w[i]), lim = tol.atol + tol.rtol * std::abs(w[i]);
+      ok = err <= lim;  // false for a NaN got
+      excess = std::isnan(err) ? std::numeric_limits<double>::infinity() : err / lim;
     }
     if (!ok) {
       ++bad;
-      if (excess > worst_excess)
-        worst_excess = excess, worst = i;
+      if (excess > worst_excess) worst_excess = excess, worst = i;
     }
   }
   if (bad)
-    os << bad << " of " << g.size() << " elements differ; worst [" << worst
-       << "] got " << g[worst] << ", want " << w[worst] << " (atol " << tol.atol
-       << ", rtol " << tol.rtol << ")";
+    os << bad << " of " << g.size() << " elements differ; worst [" << worst << "] got " << g[worst]
+       << ", want " << w[worst] << " (atol " << tol.atol << ", rtol " << tol.rtol << ")";
   return os.str();
 }
 
-Tensor apply_layout(Tensor x, const json &views) {
-  if (views.is_null())
-    return x;
-  for (const json &v : views) {
+Tensor apply_layout(Tensor x, const json& views) {
+  if (views.is_null()) return x;
+  for (const json& v : views) {
     const std::string kind = v[0];
     if (kind == "transpose") {
       x = transpose(x, v[1], v[2]);
     } else if (kind == "permute") {
       x = permute(x, ints(v[1]));
     } else if (kind == "slice") {
-      int64_t stop = v[3].is_null() ? std::numeric_limits<int64_t>::max()
-                                    : v[3].get<int64_t>();
+      int64_t stop = v[3].is_null() ? std::numeric_limits<int64_t>::max() : v[3].get<int64_t>();
       x = slice(x, v[1], v[2], stop, v[4]);
     } else if (kind == "expand") {
       x = expand(x, ints(v[1]));
@@ -268,15 +228,14 @@ Tensor apply_layout(Tensor x, const json &views) {
 }
 
 /// Runs one case; returns the failures (empty when it passes).
-std::vector<std::string> run_case(const Case &c) {
+std::vector<std::string> run_case(const Case& c) {
   std::vector<std::string> fails;
-  const json &m = c.meta;
+  const json& m = c.meta;
   // Fresh leaves per run, so the shared reference tensors never join a graph.
   std::vector<Tensor> leaves, views;
   for (size_t k = 0; k < c.in.size(); ++k) {
     leaves.push_back(c.in[k].detach());
-    if (is_floating(leaves.back().dtype()))
-      leaves.back().requires_grad_();
+    if (is_floating(leaves.back().dtype())) leaves.back().requires_grad_();
     views.push_back(apply_layout(leaves.back(), m["layout"][k]));
   }
   std::vector<Tensor> outs = registry().at(m["op"])(views, m["attrs"]);
@@ -285,8 +244,7 @@ std::vector<std::string> run_case(const Case &c) {
                     std::to_string(c.out.size()));
     return fails;
   }
-  // Gradients (built before anything is evaluated, so the graph is still
-  // there).
+  // Gradients (built before anything is evaluated, so the graph is still there).
   std::vector<Tensor> grads;
   if (!c.grad.empty()) {
     std::vector<Tensor> ys, cts, wrt;
@@ -295,8 +253,7 @@ std::vector<std::string> run_case(const Case &c) {
         ys.push_back(outs[k]);
         cts.push_back(c.cot[k]);
       }
-    for (const json &k : m["grads"])
-      wrt.push_back(leaves[k.get<size_t>()]);
+    for (const json& k : m["grads"]) wrt.push_back(leaves[k.get<size_t>()]);
     grads = grad(ys, wrt, cts);
   }
   std::vector<Tensor> all = outs;
@@ -304,22 +261,19 @@ std::vector<std::string> run_case(const Case &c) {
   eval(all);
   for (size_t k = 0; k < outs.size(); ++k) {
     std::string d = compare(outs[k], c.out[k]);
-    if (!d.empty())
-      fails.push_back("out" + std::to_string(k) + ": " + d);
+    if (!d.empty()) fails.push_back("out" + std::to_string(k) + ": " + d);
   }
   for (size_t k = 0; k < grads.size(); ++k) {
     std::string d = compare(grads[k], c.grad[k]);
     if (!d.empty())
-      fails.push_back("grad of in" + std::to_string(m["grads"][k].get<int>()) +
-                      ": " + d);
+      fails.push_back("grad of in" + std::to_string(m["grads"][k].get<int>()) + ": " + d);
   }
   return fails;
 }
 
 std::vector<std::string> registered_ops() {
   std::vector<std::string> ops;
-  for (const auto &[name, fn] : registry())
-    ops.push_back(name);
+  for (const auto& [name, fn] : registry()) ops.push_back(name);
   return ops;
 }
 
@@ -327,44 +281,38 @@ class OpParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(OpParity, MatchesPyTorch) {
   int n = 0;
-  for (const Case &c : parity_cases()) {
-    if (c.meta["op"] != GetParam())
-      continue;
+  for (const Case& c : parity_cases()) {
+    if (c.meta["op"] != GetParam()) continue;
     ++n;
     std::vector<std::string> fails;
     try {
       fails = run_case(c);
-    } catch (const std::exception &e) {
+    } catch (const std::exception& e) {
       fails.push_back(std::string("threw: ") + e.what());
     }
-    for (const auto &f : fails)
-      ADD_FAILURE() << c.name << " " << GetParam() << " "
-                    << c.meta["dtype"].get<std::string>() << " attrs "
-                    << c.meta["attrs"].dump() << " layout "
-                    << c.meta["layout"].dump() << " (ref "
-                    << c.meta["ref"].get<std::string>() << "): " << f;
+    for (const auto& f : fails)
+      ADD_FAILURE() << c.name << " " << GetParam() << " " << c.meta["dtype"].get<std::string>()
+                    << " attrs " << c.meta["attrs"].dump() << " layout " << c.meta["layout"].dump()
+                    << " (ref " << c.meta["ref"].get<std::string>() << "): " << f;
   }
   EXPECT_GT(n, 0) << "no cases for '" << GetParam() << "' in " << parity_path()
                   << "; run /usr/bin/python3 tools/gen_parity.py";
 }
 
-INSTANTIATE_TEST_SUITE_P(Parity, OpParity,
-                         ::testing::ValuesIn(registered_ops()),
-                         [](const ::testing::TestParamInfo<std::string> &info) {
+INSTANTIATE_TEST_SUITE_P(Parity, OpParity, ::testing::ValuesIn(registered_ops()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });
 
 TEST(ParityFile, EveryCaseHasARegisteredOp) {
-  const auto &cases = parity_cases();
+  const auto& cases = parity_cases();
   EXPECT_GT(cases.size(), 100u);
-  for (const Case &c : cases)
+  for (const Case& c : cases)
     EXPECT_TRUE(registry().count(c.meta["op"].get<std::string>()))
-        << c.name << ": op '" << c.meta["op"].get<std::string>()
-        << "' has no registry entry";
+        << c.name << ": op '" << c.meta["op"].get<std::string>() << "' has no registry entry";
 }
 
-// The harness itself must be able to fail: a wrong value, dtype or shape is
-// caught.
+// The harness itself must be able to fail: a wrong value, dtype or shape is caught.
 TEST(ParityFile, CompareCatchesDifferences) {
   Tensor want = from_vector<float>({1, 2, 3}, {3});
   EXPECT_EQ(compare(from_vector<float>({1, 2, 3}, {3}), want), "");
@@ -374,9 +322,7 @@ TEST(ParityFile, CompareCatchesDifferences) {
   EXPECT_NE(compare(from_vector<float>({1, NAN, 3}, {3}), want), "");
   // bf16 within 2e-2 relative passes.
   Tensor wb = cast(want, Dtype::bf16);
-  EXPECT_EQ(
-      compare(cast(from_vector<float>({1, 2.01f, 3}, {3}), Dtype::bf16), wb),
-      "");
+  EXPECT_EQ(compare(cast(from_vector<float>({1, 2.01f, 3}, {3}), Dtype::bf16), wb), "");
 }
 
-} // namespace
+}  // namespace

@@ -1,14 +1,13 @@
 // safetensors checkpoints (https://github.com/huggingface/safetensors):
 //
 //   using namespace hetrain;
-//   safetensors::save("model.safetensors", {{"w", w}, {"b", b}}, {{"step",
-//   "100"}}); safetensors::File f = safetensors::load("model.safetensors");
+//   safetensors::save("model.safetensors", {{"w", w}, {"b", b}}, {{"step", "100"}});
+//   safetensors::File f = safetensors::load("model.safetensors");
 //   Tensor w2 = f.tensors.at("w");
 //
-// Layout: an 8-byte little-endian header length N, N bytes of JSON
-// {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
-// {str: str}}, then the tensor data, row-major and contiguous, offsets relative
-// to the end of the header.
+// Layout: an 8-byte little-endian header length N, N bytes of JSON {name: {"dtype", "shape",
+// "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the tensor data, row-major
+// and contiguous, offsets relative to the end of the header.
 #pragma once
 
 #include <map>
@@ -20,28 +19,24 @@
 
 namespace hetrain::safetensors {
 
-/// Writes tensors (evaluated as needed) in the safetensors format. Dtype names
-/// F64 F32 F16 BF16 I32 I64 BOOL. Written atomically: a temporary file in the
-/// same directory, fsync, rename; an existing file is never left half-written.
-/// Throws Error naming the file on failure.
-void save(const std::string &path,
-          const std::vector<std::pair<std::string, Tensor>> &tensors,
-          const std::map<std::string, std::string> &metadata = {});
+/// Writes tensors (evaluated as needed) in the safetensors format. Dtype names F64 F32 F16 BF16
+/// I32 I64 BOOL. Written atomically: a temporary file in the same directory, fsync, rename; an
+/// existing file is never left half-written. Throws Error naming the file on failure.
+void save(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+          const std::map<std::string, std::string>& metadata = {});
 
 struct File {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, std::string> metadata;
 };
 
-/// Reads and validates everything (header length against file size, JSON, dtype
-/// names, shapes, offsets in order, contiguous and in bounds, sizes = numel *
-/// itemsize); an error names the file and the field at fault, and nothing is
-/// loaded.
-File load(const std::string &path);
+/// Reads and validates everything (header length against file size, JSON, dtype names, shapes,
+/// offsets in order, contiguous and in bounds, sizes = numel * itemsize); an error names the
+/// file and the field at fault, and nothing is loaded.
+File load(const std::string& path);
 
-/// The safetensors name of a dtype ("F32", ...) and back; the latter throws on
-/// unknown names.
-const char *dtype_to_name(Dtype dt);
-Dtype dtype_from_name(const std::string &name);
+/// The safetensors name of a dtype ("F32", ...) and back; the latter throws on unknown names.
+const char* dtype_to_name(Dtype dt);
+Dtype dtype_from_name(const std::string& name);
 
-} // namespace hetrain::safetensors
+}  // namespace hetrain::safetensors
