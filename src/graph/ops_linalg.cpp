@@ -41,6 +41,20 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   const Shape &as = a.shape(), &bs = b.shape();
   if (as.back() != bs[bs.size() - 2])
     fail("[matmul] inner dimensions differ: ", shape_str(a_in.shape()), " @ ", shape_str(b_in.shape()));
+  if (bs.size() == 2 && as.size() > 2) {
+    // A batch of matrices times one matrix is one GEMM with the batch folded into the rows,
+    // as PyTorch does. Besides one larger GEMM, b's gradient is then a single GEMM that
+    // accumulates over the batch in f32, instead of per-batch products rounded to f16/bf16
+    // and summed afterwards.
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < as.size(); ++i) rows *= as[i];
+    Shape out_shape(as.begin(), as.end() - 1);
+    out_shape.push_back(bs.back());
+    Tensor out = reshape(matmul(reshape(a, {rows, as.back()}), b), out_shape);
+    if (a_in.ndim() == 1) out = squeeze(out, -2);
+    if (b_in.ndim() == 1) out = squeeze(out, -1);
+    return out;
+  }
   Shape abatch(as.begin(), as.end() - 2), bbatch(bs.begin(), bs.end() - 2);
   Shape batch = broadcast_shapes(abatch, bbatch, "matmul");
   Dtype dt = promote_types(a.dtype(), b.dtype());

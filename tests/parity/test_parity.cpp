@@ -7,9 +7,11 @@
 //   f64 1e-10   f32 1e-5   f16 2e-3 (about 2 ulp)   bf16 2e-2 (about 2.5 ulp)   ints, bool exact
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -171,6 +173,12 @@ Tolerance tolerance(Dtype dt) {
   }
 }
 
+/// Worst |err| / (atol + rtol |want|) seen per dtype, for the summary each op test prints.
+std::map<Dtype, double>& worst_ratio() {
+  static std::map<Dtype, double> w;
+  return w;
+}
+
 /// Empty when got matches want; otherwise what differs, with the worst element.
 std::string compare(const Tensor& got, const Tensor& want) {
   std::ostringstream os;
@@ -195,6 +203,7 @@ std::string compare(const Tensor& got, const Tensor& want) {
       double err = std::abs(g[i] - w[i]), lim = tol.atol + tol.rtol * std::abs(w[i]);
       ok = err <= lim;  // false for a NaN got
       excess = std::isnan(err) ? std::numeric_limits<double>::infinity() : err / lim;
+      if (lim > 0) worst_ratio()[want.dtype()] = std::max(worst_ratio()[want.dtype()], excess);
     }
     if (!ok) {
       ++bad;
@@ -280,6 +289,7 @@ std::vector<std::string> registered_ops() {
 class OpParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(OpParity, MatchesPyTorch) {
+  worst_ratio().clear();
   int n = 0;
   for (const Case& c : parity_cases()) {
     if (c.meta["op"] != GetParam()) continue;
@@ -295,6 +305,9 @@ TEST_P(OpParity, MatchesPyTorch) {
                     << " attrs " << c.meta["attrs"].dump() << " layout " << c.meta["layout"].dump()
                     << " (ref " << c.meta["ref"].get<std::string>() << "): " << f;
   }
+  std::cout << "[parity] " << GetParam() << ": " << n << " cases; worst |err| / tolerance:";
+  for (const auto& [dt, r] : worst_ratio()) std::cout << " " << dtype_name(dt) << " " << r;
+  std::cout << "\n";
   EXPECT_GT(n, 0) << "no cases for '" << GetParam() << "' in " << parity_path()
                   << "; run /usr/bin/python3 tools/gen_parity.py";
 }
