@@ -160,6 +160,8 @@ def make_input(spec, dt, gen):
         v = torch.randn(shape, generator=gen, dtype=torch.float64)
     elif kind == "pos":
         v = torch.rand(shape, generator=gen, dtype=torch.float64) * 1.5 + 0.5
+    elif kind == "scaled":  # wide range: saturation, fractions of both signs
+        v = torch.randn(shape, generator=gen, dtype=torch.float64) * 5
     elif kind == "ties":
         v = torch.randint(-3, 4, shape, generator=gen).to(torch.float64)
     elif kind == "ints":
@@ -207,6 +209,11 @@ for op, spec in [("neg", randn), ("abs", randn), ("exp", randn), ("log", pos), (
     add(op, [spec()], dtypes=("f64",))
     add(op, [spec(2, 3, 4)], dtypes=("f64",), layout=[[["permute", [2, 0, 1]]]])
 add("abs", [ties(4, 5)])  # exact zeros: gradient 0 at 0
+for op in ("log", "sqrt", "rsqrt"):  # zeros and negatives: inf and NaN where PyTorch has them
+    add(op, [ties(3, 4)], dtypes=("f64", "f32"))
+for op in ("sigmoid", "tanh", "silu", "exp"):  # saturation
+    add(op, [("scaled", [3, 4], None)], dtypes=("f64", "f32", "bf16"))
+add("gelu", [("scaled", [3, 4], None)], dtypes=("f64", "f32"), attrs={"approximate": "none"})
 add("relu", [ties(4, 5)])
 for op in ("neg", "abs", "square", "relu"):
     add(op, [ints(3, 4)], dtypes=("i32", "i64"))
@@ -237,6 +244,8 @@ add("mul", [randn(3, 4), randn(4, dtype="f32")], dtypes=("bf16",))  # promotion 
 add("add", [randn(3, 4), randn(3, 4, dtype="f32")], dtypes=("f64",))  # f64 + f32
 for e in (0.5, 3.0, -1.5, 2.0):
     add("pow_scalar", [pos(3, 4)], dtypes=("f64", "f32", "bf16"), attrs={"exponent": e})
+for e in (3.0, 2.0, 1.0):  # negative bases with integral exponents
+    add("pow_scalar", [randn(3, 4)], dtypes=("f64", "f32"), attrs={"exponent": e})
 
 # comparisons and where.
 for op in ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal"):
@@ -472,10 +481,7 @@ def run_case(case, idx):
     specs = case["inputs"]
     inputs = []
     for s in specs:
-        if s[0] == "scaled":  # floats with fractions, for float -> int casts
-            inputs.append((torch.randn(s[1], generator=gen, dtype=torch.float64) * 5).to(DT[dt]))
-        else:
-            inputs.append(make_input(s, dt, gen))
+        inputs.append(make_input(s, dt, gen))
     fn = OPS[case["op"]]
     diff = [k for k, t in enumerate(inputs) if t.is_floating_point()]
 
