@@ -182,10 +182,10 @@ def make_input(spec, dt, gen):
 CASES = []
 
 
-def add(op, inputs, dtypes=("f64", "f32", "f16", "bf16"), attrs=None, layout=None):
+def add(op, inputs, dtypes=("f64", "f32", "f16", "bf16"), attrs=None, layout=None, check=None):
     for dt in dtypes:
-        CASES.append(dict(op=op, inputs=inputs, dtype=dt, attrs=attrs or {},
-                          layout=layout or [None] * len(inputs),
+        CASES.append(dict(op=op, inputs=inputs, dtype=dt, attrs=attrs or {}, check=check,
+                          layout=(layout or []) + [None] * (len(inputs) - len(layout or [])),
                           force_f32=dt in ("f16", "bf16") and op in F32_REFERENCE))
 
 
@@ -402,6 +402,7 @@ OPS.update({
                                             a["padding"]),
     "avg_pool2d": lambda i, a: F.avg_pool2d(i[0], a["kernel"], a["stride"] or None,
                                             a["padding"]),
+    "dropout": lambda i, a: F.dropout(i[0], a["p"], training=True),
     "sdpa": lambda i, a: sdpa_ref(i[0], i[1], i[2], a["causal"], a.get("scale")),
 })
 
@@ -445,6 +446,11 @@ if "nn" in FAMILIES:
         attrs={"ignore_index": -100, "reduction": "mean"})
     add("cross_entropy", [randn(4, 5), ("targets", [4], "i64", 5, 2)], dtypes=("f32",),
         attrs={"ignore_index": 2, "reduction": "mean"})
+    # dropout: statistics and scaling only (tests/parity checks, not PyTorch's mask).
+    for p in (0.1, 0.5):
+        add("dropout", [randn(2000)], dtypes=("f32",), attrs={"p": p, "seed": 3},
+            check="dropout")
+    add("dropout", [randn(400)], dtypes=("bf16",), attrs={"p": 0.3, "seed": 4}, check="dropout")
 
 if "conv" in FAMILIES:
     for stride, pad in [([1, 1], [0, 0]), ([2, 2], [1, 1]), ([1, 2], [2, 0])]:
@@ -549,6 +555,8 @@ def run_case(case, idx):
                 g if g is not None else torch.zeros_like(inputs[k]))
     meta = {"op": case["op"], "attrs": case["attrs"], "dtype": dt, "layout": case["layout"],
             "n_in": len(inputs), "n_out": len(outs), "grads": grad_idx, "ref": ref}
+    if case["check"]:
+        meta["check"] = case["check"]
     return name, tensors, json.dumps(meta, separators=(",", ":"))
 
 

@@ -33,6 +33,9 @@ using OpFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&, const
 
 std::vector<int64_t> ints(const json& j) { return j.get<std::vector<int64_t>>(); }
 
+/// The k-th input, or an undefined tensor (an optional argument left out).
+Tensor opt(const std::vector<Tensor>& x, size_t k) { return x.size() > k ? x[k] : Tensor(); }
+
 template <Tensor (*F)(const Tensor&)>
 OpFn unary() {
   return [](const std::vector<Tensor>& x, const json&) { return std::vector<Tensor>{F(x[0])}; };
@@ -95,7 +98,7 @@ const std::map<std::string, OpFn>& registry() {
        one([](V x, A a) { return var(x[0], ints(a["axes"]), a["correction"], a["keepdims"]); })},
       // linear algebra
       {"matmul", binary<hetrain::matmul>()},
-      {"linear", one([](V x, A) { return linear(x[0], x[1], x.size() > 2 ? x[2] : Tensor()); })},
+      {"linear", one([](V x, A) { return linear(x[0], x[1], opt(x, 2)); })},
       // views and copies
       {"reshape", one([](V x, A a) { return reshape(x[0], ints(a["shape"])); })},
       {"flatten", one([](V x, A a) { return flatten(x[0], a["start"], a["end"]); })},
@@ -236,11 +239,51 @@ Tensor apply_layout(Tensor x, const json& views) {
   return x;
 }
 
+/// Dropout draws its own mask, so values cannot match PyTorch's. Checked instead: every output
+/// is 0 or x / (1 - p) (PyTorch's scaling, confirmed where both kept an element), the dropped
+/// fraction is within 5 sigma of p, the same seed gives the same mask, and the gradient is the
+/// cotangent through the same mask and scale.
+std::vector<std::string> check_dropout(const Case& c, const Tensor& y,
+                                       const std::vector<Tensor>& g) {
+  std::vector<std::string> fails;
+  const double p = c.meta["attrs"]["p"];
+  const Tolerance tol = tolerance(c.in[0].dtype());
+  auto x = c.in[0].to_vector<double>(), got = y.to_vector<double>();
+  auto torch_y = c.out[0].to_vector<double>(), cot = c.cot[0].to_vector<double>();
+  auto gx = g.empty() ? std::vector<double>() : g[0].to_vector<double>();
+  size_t dropped = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double kept = x[i] / (1 - p);
+    if (got[i] == 0 && x[i] != 0) ++dropped;
+    if (got[i] != 0 && std::abs(got[i] - kept) > tol.atol + tol.rtol * std::abs(kept))
+      fails.push_back("out[" + std::to_string(i) + "] is neither 0 nor x / (1 - p)");
+    if (got[i] != 0 && torch_y[i] != 0 &&
+        std::abs(got[i] - torch_y[i]) > tol.atol + tol.rtol * std::abs(torch_y[i]))
+      fails.push_back("out[" + std::to_string(i) + "] kept with another scale than PyTorch");
+    if (!gx.empty()) {
+      double want = got[i] == 0 && x[i] != 0 ? 0 : cot[i] / (1 - p);
+      if (std::abs(gx[i] - want) > tol.atol + tol.rtol * std::abs(want))
+        fails.push_back("grad[" + std::to_string(i) + "] is not the cotangent through the mask");
+    }
+    if (fails.size() > 3) return fails;
+  }
+  const double n = static_cast<double>(x.size()), sigma = std::sqrt(n * p * (1 - p));
+  if (std::abs(static_cast<double>(dropped) - n * p) > 5 * sigma + 1)
+    fails.push_back("dropped " + std::to_string(dropped) + " of " + std::to_string(x.size()) +
+                    ", expected about " + std::to_string(n * p));
+  // The registry entry seeds a fresh generator from the case: a second run must agree.
+  if (registry().at(c.meta["op"])({c.in[0]}, c.meta["attrs"])[0].to_vector<double>() != got)
+    fails.push_back("the same seed gave a different mask");
+  return fails;
+}
+
 /// Runs one case; returns the failures (empty when it passes).
 std::vector<std::string> run_case(const Case& c) {
   std::vector<std::string> fails;
   const json& m = c.meta;
   // Fresh leaves per run, so the shared reference tensors never join a graph.
+  if (!m["layout"].is_array() || m["layout"].size() != c.in.size())
+    fail("[parity] ", c.name, ": layout needs one entry per input");
   std::vector<Tensor> leaves, views;
   for (size_t k = 0; k < c.in.size(); ++k) {
     leaves.push_back(c.in[k].detach());
@@ -268,6 +311,7 @@ std::vector<std::string> run_case(const Case& c) {
   std::vector<Tensor> all = outs;
   all.insert(all.end(), grads.begin(), grads.end());
   eval(all);
+  if (m.contains("check") && m["check"] == "dropout") return check_dropout(c, outs[0], grads);
   for (size_t k = 0; k < outs.size(); ++k) {
     std::string d = compare(outs[k], c.out[k]);
     if (!d.empty()) fails.push_back("out" + std::to_string(k) + ": " + d);
