@@ -361,7 +361,7 @@ add("max", [randn(40, 500)], dtypes=("bf16",), attrs={"axes": [-1], "keepdims": 
 
 # ---- families that land with later branches: enable by adding the name to FAMILIES ---------
 # (their registry entries in tests/parity/test_parity.cpp come with them).
-FAMILIES = {"core"}
+FAMILIES = {"core", "nn"}
 
 
 def rms_norm_ref(x, shape, w, eps):

@@ -73,9 +73,13 @@ std::vector<Tensor> Norm::vjp(const std::vector<Tensor>& x, const std::vector<Te
   std::vector<Tensor> in{x[0], y[1], gy};
   if (has_w_) in.push_back(x[1]);
   auto grads = make_node(std::make_shared<NormBackward>(center_, cols_, has_w_, has_b_), in);
-  // grads: dx, [dw], [db] -- the same order as this primitive's inputs.
+  // grads: dx, [dw], [db] -- the same order as this primitive's inputs. dw and db come out
+  // flat (cols); a multi-dimensional normalized_shape gives them back their input's shape.
   std::vector<Tensor> r;
-  for (int a : argnums) r.push_back(grads[static_cast<size_t>(a)]);
+  for (int a : argnums) {
+    const Tensor& d = grads[static_cast<size_t>(a)];
+    r.push_back(a == 0 ? d : reshape(d, x[static_cast<size_t>(a)].shape()));
+  }
   return r;
 }
 

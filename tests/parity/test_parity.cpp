@@ -119,6 +119,26 @@ const std::map<std::string, OpFn>& registry() {
       // joining
       {"concat", one([](V x, A a) { return concat(x, a["axis"]); })},
       {"split", [](V x, A a) { return split(x[0], ints(a["sizes"]), a["axis"]); }},
+      // neural-network ops
+      {"softmax", one([](V x, A a) { return softmax(x[0], a["axis"]); })},
+      {"log_softmax", one([](V x, A a) { return log_softmax(x[0], a["axis"]); })},
+      {"layer_norm", one([](V x, A a) {
+         return layer_norm(x[0], ints(a["normalized_shape"]), opt(x, 1), opt(x, 2), a["eps"]);
+       })},
+      {"rms_norm", one([](V x, A a) {
+         return rms_norm(x[0], ints(a["normalized_shape"]), opt(x, 1), a["eps"]);
+       })},
+      {"embedding", one([](V x, A) { return embedding(x[0], x[1]); })},
+      {"index_select", one([](V x, A a) { return index_select(x[0], a["axis"], x[1]); })},
+      {"gather", one([](V x, A a) { return gather(x[0], a["axis"], x[1]); })},
+      {"cross_entropy", one([](V x, A a) {
+         return cross_entropy(x[0], x[1], a["ignore_index"], a["reduction"].get<std::string>());
+       })},
+      // dropout: PyTorch's mask is not ours; the case checks statistics (see check_dropout).
+      {"dropout", one([](V x, A a) {
+         Generator gen(a["seed"].get<uint64_t>());
+         return dropout(x[0], a["p"], true, gen);
+       })},
   };
   return r;
 }
