@@ -361,7 +361,7 @@ add("max", [randn(40, 500)], dtypes=("bf16",), attrs={"axes": [-1], "keepdims": 
 
 # ---- families that land with later branches: enable by adding the name to FAMILIES ---------
 # (their registry entries in tests/parity/test_parity.cpp come with them).
-FAMILIES = {"core", "nn"}
+FAMILIES = {"core", "nn", "conv"}
 
 
 def rms_norm_ref(x, shape, w, eps):
@@ -373,12 +373,12 @@ def rms_norm_ref(x, shape, w, eps):
 
 
 def sdpa_ref(q, k, v, causal, scale):
-    # torch 1.13 has no F.scaled_dot_product_attention: the textbook composition.
+    # torch 1.13 has no F.scaled_dot_product_attention: the reference composition from the
+    # PyTorch 2 documentation (the causal mask is aligned top-left: query i sees keys 0..i).
     scale = scale if scale is not None else 1.0 / q.shape[-1] ** 0.5
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if causal:
-        lq, lk = s.shape[-2], s.shape[-1]
-        keep = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)
+        keep = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril(diagonal=0)
         s = s.masked_fill(~keep, float("-inf"))
     return torch.matmul(torch.softmax(s, -1), v)
 

@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "hetrain/base/error.h"
@@ -138,6 +139,20 @@ const std::map<std::string, OpFn>& registry() {
       {"dropout", one([](V x, A a) {
          Generator gen(a["seed"].get<uint64_t>());
          return dropout(x[0], a["p"], true, gen);
+       })},
+      {"conv2d", one([](V x, A a) {
+         return conv2d(x[0], x[1], opt(x, 2), ints(a["stride"]), ints(a["padding"]));
+       })},
+      {"max_pool2d", one([](V x, A a) {
+         return max_pool2d(x[0], ints(a["kernel"]), ints(a["stride"]), ints(a["padding"]));
+       })},
+      {"avg_pool2d", one([](V x, A a) {
+         return avg_pool2d(x[0], ints(a["kernel"]), ints(a["stride"]), ints(a["padding"]));
+       })},
+      {"sdpa", one([](V x, A a) {
+         std::optional<double> scale;
+         if (a.contains("scale")) scale = a["scale"].get<double>();
+         return scaled_dot_product_attention(x[0], x[1], x[2], a["causal"], scale);
        })},
   };
   return r;
