@@ -483,6 +483,7 @@ if "conv" in FAMILIES:
 # ---- reference computation --------------------------------------------------------------
 def run_case(case, idx):
     gen = torch.Generator().manual_seed(1000 + idx)
+    torch.manual_seed(1000 + idx)  # ops that draw from the global generator (dropout)
     dt = case["dtype"]
     specs = case["inputs"]
     inputs = []
