@@ -22,3 +22,6 @@ add_test(NAME cli.resume_identical_mlp
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/resume_identical.sh ${HT} fashion-mlp
                  --hidden 32 --batch-size 32 --threads 2)
 set_tests_properties(cli.resume_identical_gpt cli.resume_identical_mlp PROPERTIES TIMEOUT 600)
+add_test(NAME cli.wrong_checkpoint
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/wrong_checkpoint.sh ${HT})
+set_tests_properties(cli.wrong_checkpoint PROPERTIES TIMEOUT 300)
