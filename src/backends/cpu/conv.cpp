@@ -1,5 +1,6 @@
-// CPU convolution (im2col + GEMM per image, col2im for the input gradient) and pooling.
-// f32 and f64 compute natively; f16/bf16 are converted to f32 around the f32 kernels.
+// CPU convolution and pooling. f32 (and f16/bf16, converted to f32 around it) goes through
+// oneDNN's convolution primitives (conv_dnnl.cpp); f64, and shapes oneDNN has no fast kernel
+// for, use im2col + GEMM per image (col2im for the input gradient).
 #include "graph/prims/conv.h"
 
 #include <algorithm>
@@ -7,9 +8,11 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "backends/cpu/compute_buffers.h"
+#include "backends/cpu/conv_dnnl.h"
 #include "hetrain/base/dispatch.h"
 #include "hetrain/base/thread_pool.h"
 
@@ -49,6 +52,11 @@ struct ConvGeom {
 
 ConvGeom geom(const Shape& x, const Shape& y, const Window2d& win) {
   return {x[0], x[1], x[2], x[3], y[1], y[2], y[3], win.kernel[0], win.kernel[1], win};
+}
+
+cpu::ConvShape dnnl_shape(const ConvGeom& g) {
+  const auto &s = g.win.stride, &p = g.win.padding;
+  return {g.N, g.C, g.H, g.W, g.O, g.Ho, g.Wo, g.kh, g.kw, s[0], s[1], p[0], p[1]};
 }
 
 /// col (C*kh*kw, Ho*Wo) from one image x (C, H, W); zeros where the window hits padding.
@@ -185,8 +193,10 @@ void Conv2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Arr
   Array y = start_output(*out[0], dt);
   ConvGeom g = geom(x.shape, y.shape, win_);
   dispatch_compute(dt, [&]<class T>() {
-    conv_forward<T>(x.data<T>(), w.data<T>(), b.has_data() ? b.data<T>() : nullptr, y.data<T>(), g,
-                    dt);
+    const T* bp = b.has_data() ? b.data<T>() : nullptr;
+    if constexpr (std::is_same_v<T, float>)
+      if (cpu::dnnl_conv_forward(dnnl_shape(g), x.data<T>(), w.data<T>(), bp, y.data<T>())) return;
+    conv_forward<T>(x.data<T>(), w.data<T>(), bp, y.data<T>(), g, dt);
   });
   finish_output(y, *out[0]);
 }
@@ -198,6 +208,9 @@ void Conv2dBackwardInput::eval_cpu(const std::vector<const Array*>& in,
   Array dx = start_output(*out[0], dt);
   ConvGeom g = geom(dx.shape, gy.shape, win_);
   dispatch_compute(dt, [&]<class T>() {
+    if constexpr (std::is_same_v<T, float>)
+      if (cpu::dnnl_conv_backward_data(dnnl_shape(g), gy.data<T>(), w.data<T>(), dx.data<T>()))
+        return;
     conv_backward_input<T>(gy.data<T>(), w.data<T>(), dx.data<T>(), g, dt);
   });
   finish_output(dx, *out[0]);
@@ -210,10 +223,14 @@ void Conv2dBackwardWeight::eval_cpu(const std::vector<const Array*>& in,
   Array dw = start_output(*out[0], dt);
   ConvGeom g = geom(x.shape, gy.shape, win_);
   dispatch_compute(dt, [&]<class T>() {
-    if (g.N == 0)
+    if (g.N == 0) {
       std::fill(dw.data<T>(), dw.data<T>() + dw.numel(), T(0));
-    else
-      conv_backward_weight<T>(x.data<T>(), gy.data<T>(), dw.data<T>(), g, dt);
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>)
+      if (cpu::dnnl_conv_backward_weights(dnnl_shape(g), x.data<T>(), gy.data<T>(), dw.data<T>()))
+        return;
+    conv_backward_weight<T>(x.data<T>(), gy.data<T>(), dw.data<T>(), g, dt);
   });
   finish_output(dw, *out[0]);
 }

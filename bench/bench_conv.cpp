@@ -1,0 +1,136 @@
+// Convolution and batch-norm speed on fashion-cnn's shapes (batch 128), and one training step
+// (forward + backward, no optimizer) of the fashion-cnn ResNet (widths 16/32/64, one block per
+// stage). The last argument of the conv and step benchmarks picks the conv path: 1 = oneDNN,
+// 0 = im2col + GEMM (the path before oneDNN); BM_BatchNorm's: 1 = fused batch_norm2d,
+// 0 = the composite of mean/var/elementwise ops it replaced.
+//   cmake -S . -B build -G Ninja -DHETRAIN_BUILD_BENCH=ON && cmake --build build -j2
+//   ./build/bench/bench_conv --benchmark_filter=Step
+// "Time" is wall clock, "CPU" the whole process's CPU time (a steadier measure of work on a
+// shared machine); GFLOP/s is per wall-clock second.
+#include <benchmark/benchmark.h>
+
+#include "backends/cpu/conv_dnnl.h"
+#include "hetrain/graph/autodiff.h"
+#include "hetrain/graph/ops.h"
+#include "hetrain/runtime/eval.h"
+#include "hetrain/training/nn.h"
+
+using namespace hetrain;
+
+namespace {
+
+struct ConvCase {
+  int64_t C, H, O, k, s, p;
+};
+// The nine convolutions of fashion-cnn (block 0's two 16->16 convs share a shape).
+const ConvCase kConvs[] = {
+    {1, 28, 16, 3, 1, 1},   // 0 stem
+    {16, 28, 16, 3, 1, 1},  // 1 block 0 conv1/conv2
+    {16, 28, 32, 3, 2, 1},  // 2 block 1 conv1
+    {32, 14, 32, 3, 1, 1},  // 3 block 1 conv2
+    {16, 28, 32, 1, 2, 0},  // 4 block 1 shortcut
+    {32, 14, 64, 3, 2, 1},  // 5 block 2 conv1
+    {64, 7, 64, 3, 1, 1},   // 6 block 2 conv2
+    {32, 14, 64, 1, 2, 0},  // 7 block 2 shortcut
+};
+constexpr int64_t kBatch = 128;
+
+/// range(0): case, range(1): 0 forward, 1 backward data, 2 backward weights, range(2): path.
+void BM_Conv(benchmark::State& st) {
+  const ConvCase& c = kConvs[st.range(0)];
+  const int64_t pass = st.range(1);
+  cpu::set_dnnl_conv_disabled(st.range(2) == 0);
+  Generator gen(1);
+  Tensor x = randn({kBatch, c.C, c.H, c.H}, Dtype::f32, gen);
+  Tensor w = randn({c.O, c.C, c.k, c.k}, Dtype::f32, gen);
+  auto conv = [&](const Tensor& xx, const Tensor& ww) {
+    return conv2d(xx, ww, {}, {c.s, c.s}, {c.p, c.p});
+  };
+  Tensor gy = randn(conv(x, w).shape(), Dtype::f32, gen);
+  eval({x, w, gy});
+  for (auto _ : st) {
+    Tensor out;
+    if (pass == 0)
+      out = conv(x, w);
+    else
+      out = grad({conv(x, w)}, {pass == 1 ? x : w}, {gy})[0];
+    eval({out});
+  }
+  const double flops = 2.0 * static_cast<double>(gy.numel() * c.C * c.k * c.k);
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  cpu::set_dnnl_conv_disabled(false);
+}
+
+void conv_args(benchmark::internal::Benchmark* b) {
+  for (int64_t i = 0; i < static_cast<int64_t>(std::size(kConvs)); ++i)
+    for (int64_t pass = 0; pass < 3; ++pass)
+      for (int64_t path : {0, 1}) b->Args({i, pass, path});
+}
+
+/// Batch norm on (128, 16, 28, 28): forward and the gradients of x, weight and bias.
+void BM_BatchNorm(benchmark::State& st) {
+  const bool fused = st.range(0) == 1;
+  Generator gen(2);
+  const int64_t C = 16;
+  Tensor x = randn({kBatch, C, 28, 28}, Dtype::f32, gen), gy = randn(x.shape(), Dtype::f32, gen);
+  Tensor w = ones({C}), b = zeros({C});
+  eval({x, gy, w, b});
+  auto f = [&](const std::vector<Tensor>& in) {
+    if (fused) return batch_norm2d(in[0], in[1], in[2])[0];
+    const Shape bs{1, C, 1, 1};
+    Tensor mu = mean(in[0], {0, 2, 3}, true);
+    Tensor d = in[0] - mu;
+    Tensor v = mean(square(d), {0, 2, 3}, true);
+    return d * rsqrt(v + 1e-5) * reshape(in[1], bs) + reshape(in[2], bs);
+  };
+  for (auto _ : st) {
+    Tensor y = f({x, w, b});
+    auto g = grad({y}, {x, w, b}, {gy});
+    eval({y, g[0], g[1], g[2]});
+  }
+}
+
+/// One fashion-cnn training step: forward, cross-entropy, backward, running statistics.
+void BM_FashionCnnStep(benchmark::State& st) {
+  cpu::set_dnnl_conv_disabled(st.range(0) == 0);
+  Generator gen(3);
+  nn::ResNet model(1, 10, {16, 32, 64}, 1, gen);
+  model.train();
+  Tensor x = randn({kBatch, 1, 28, 28}, Dtype::f32, gen);
+  std::vector<int64_t> labels(kBatch);
+  for (int64_t i = 0; i < kBatch; ++i) labels[static_cast<size_t>(i)] = (i * 7) % 10;
+  Tensor t = from_vector(labels, {kBatch});
+  eval({x, t});
+  for (auto _ : st) {
+    Tensor loss = cross_entropy(model.forward(x), t);
+    loss.backward();
+    std::vector<Tensor> buffers;
+    for (auto& [n, buf] : model.named_buffers()) buffers.push_back(*buf);
+    eval(buffers);
+    for (auto& [n, buf] : model.named_buffers()) *buf = buf->detach();
+    model.zero_grad();
+  }
+  st.counters["samples/s"] = benchmark::Counter(static_cast<double>(kBatch),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  cpu::set_dnnl_conv_disabled(false);
+}
+
+}  // namespace
+
+BENCHMARK(BM_Conv)->Apply(conv_args)->MeasureProcessCPUTime()->UseRealTime()->Unit(
+    benchmark::kMillisecond);
+BENCHMARK(BM_BatchNorm)
+    ->Arg(0)
+    ->Arg(1)
+    ->MeasureProcessCPUTime()
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FashionCnnStep)
+    ->Arg(0)
+    ->Arg(1)
+    ->MeasureProcessCPUTime()
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+BENCHMARK_MAIN();

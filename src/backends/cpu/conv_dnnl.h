@@ -1,0 +1,35 @@
+// f32 convolution through oneDNN's convolution primitives (forward, backward
+// data, backward weights) on plain NCHW / OIHW arrays. conv.cpp calls these
+// first and falls back to its im2col + GEMM kernels (which also serve f64) when
+// they return false.
+#pragma once
+
+#include <cstdint>
+
+namespace hetrain::cpu {
+
+/// Geometry of one 2-D convolution, groups = 1, no dilation.
+struct ConvShape {
+  int64_t N, C, H, W;  // input
+  int64_t O, Ho, Wo;   // output
+  int64_t kh, kw, sh, sw, ph, pw;
+};
+
+/// y (N, O, Ho, Wo) = conv(x, w) [+ b]; b may be null.
+bool dnnl_conv_forward(const ConvShape &s, const float *x, const float *w, const float *b,
+                       float *y);
+/// dx (N, C, H, W) from gy (N, O, Ho, Wo) and w (O, C, kh, kw).
+bool dnnl_conv_backward_data(const ConvShape &s, const float *gy, const float *w, float *dx);
+/// dw (O, C, kh, kw) from x (N, C, H, W) and gy (N, O, Ho, Wo).
+bool dnnl_conv_backward_weights(const ConvShape &s, const float *x, const float *gy, float *dw);
+
+/// Turns the oneDNN path off (true) or back on; for tests and benchmarks that
+/// compare it with the im2col kernels. Also off when the environment sets
+/// HETRAIN_CONV_DNNL=0.
+void set_dnnl_conv_disabled(bool disabled);
+bool dnnl_conv_disabled();
+/// How many conv passes oneDNN has run in this process (tests check the path
+/// was taken).
+int64_t dnnl_conv_runs();
+
+}  // namespace hetrain::cpu

@@ -1,0 +1,123 @@
+// CPU kernels for the fused batch_norm2d forward and backward. Channels are
+// split over the thread pool (each channel's sums are one thread's, so results
+// do not depend on the thread count); per (n, c) plane sums use eight partial
+// sums in the compute type and planes are added in f64.
+#include "graph/prims/norm2d.h"
+
+#include <cmath>
+
+#include "backends/cpu/vec_math.h"
+#include "graph/prims/elementwise.h"
+#include "hetrain/base/dispatch.h"
+#include "hetrain/base/thread_pool.h"
+
+namespace hetrain {
+
+using cpu::row_sum;
+
+namespace {
+
+/// sum(g) and sum(g * (x - mu)) over n elements.
+template <class T, class C>
+void plane_sums(const T *g, const T *x, int64_t n, C mu, double &sg, double &sgx) {
+  C a[8] = {}, b[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      const C gv = to_compute(g[i + j]);
+      a[j] += gv;
+      b[j] += gv * (to_compute(x[i + j]) - mu);
+    }
+  for (; i < n; ++i) {
+    const C gv = to_compute(g[i]);
+    a[0] += gv;
+    b[0] += gv * (to_compute(x[i]) - mu);
+  }
+  sg += ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  sgx += ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+}
+
+}  // namespace
+
+void BatchNorm2d::eval_cpu(const std::vector<const Array *> &in,
+                           const std::vector<Array *> &out) const {
+  Array x = contiguous_array(*in[0]), w = contiguous_array(*in[1]), b = contiguous_array(*in[2]);
+  Array &y = *out[0], &mean = *out[1], &var = *out[2];
+  y.allocate();
+  mean.allocate();
+  var.allocate();
+  const int64_t N = x.shape[0], C = x.shape[1], HW = x.shape[2] * x.shape[3];
+  const double M = static_cast<double>(N * HW);
+  dispatch_float(x.dtype, name(), [&]<class T>() {
+    using A = compute_t<T>;
+    const T *xp = x.data<T>(), *wp = w.data<T>(), *bp = b.data<T>();
+    T *yp = y.data<T>();
+    A *mp = mean.data<A>(), *vp = var.data<A>();
+    parallel_for(C, 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c) {
+        double s = 0;
+        for (int64_t n = 0; n < N; ++n)
+          s += row_sum(xp + (n * C + c) * HW, HW, [](A v) { return v; });
+        const A mu = static_cast<A>(s / M);
+        double ss = 0;
+        for (int64_t n = 0; n < N; ++n)
+          ss += row_sum(xp + (n * C + c) * HW, HW, [mu](A v) { return (v - mu) * (v - mu); });
+        const double v = ss / M;
+        mp[c] = mu;
+        vp[c] = static_cast<A>(v);
+        const A scale = static_cast<A>(to_compute(wp[c]) / std::sqrt(v + eps_));
+        const A shift = to_compute(bp[c]) - mu * scale;
+        for (int64_t n = 0; n < N; ++n) {
+          const T *xr = xp + (n * C + c) * HW;
+          T *yr = yp + (n * C + c) * HW;
+          for (int64_t i = 0; i < HW; ++i)
+            yr[i] = from_compute<T>(to_compute(xr[i]) * scale + shift);
+        }
+      }
+    });
+  });
+}
+
+void BatchNorm2dBackward::eval_cpu(const std::vector<const Array *> &in,
+                                   const std::vector<Array *> &out) const {
+  Array x = contiguous_array(*in[0]), mean = contiguous_array(*in[1]);
+  Array var = contiguous_array(*in[2]), g = contiguous_array(*in[3]);
+  Array w = contiguous_array(*in[4]);
+  Array &dx = *out[0], &dw = *out[1], &db = *out[2];
+  dx.allocate();
+  dw.allocate();
+  db.allocate();
+  const int64_t N = x.shape[0], C = x.shape[1], HW = x.shape[2] * x.shape[3];
+  const double M = static_cast<double>(N * HW);
+  dispatch_float(x.dtype, name(), [&]<class T>() {
+    using A = compute_t<T>;
+    const T *xp = x.data<T>(), *gp = g.data<T>(), *wp = w.data<T>();
+    const A *mp = mean.data<A>(), *vp = var.data<A>();
+    T *dxp = dx.data<T>(), *dwp = dw.data<T>(), *dbp = db.data<T>();
+    parallel_for(C, 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c) {
+        const A mu = mp[c];
+        const double invstd = 1.0 / std::sqrt(static_cast<double>(vp[c]) + eps_);
+        double sg = 0, sgx = 0;
+        for (int64_t n = 0; n < N; ++n)
+          plane_sums(gp + (n * C + c) * HW, xp + (n * C + c) * HW, HW, mu, sg, sgx);
+        dbp[c] = from_compute<T>(static_cast<A>(sg));
+        dwp[c] = from_compute<T>(static_cast<A>(sgx * invstd));
+        // dx = w * invstd * (g - sg / M - (x - mu) * invstd^2 * sgx / M)
+        const A k = static_cast<A>(to_compute(wp[c]) * invstd);
+        const A gmean = static_cast<A>(sg / M);
+        const A proj = static_cast<A>(sgx * invstd * invstd / M);
+        for (int64_t n = 0; n < N; ++n) {
+          const T *xr = xp + (n * C + c) * HW;
+          const T *gr = gp + (n * C + c) * HW;
+          T *dxr = dxp + (n * C + c) * HW;
+          for (int64_t i = 0; i < HW; ++i)
+            dxr[i] =
+                from_compute<T>(k * (to_compute(gr[i]) - gmean - (to_compute(xr[i]) - mu) * proj));
+        }
+      }
+    });
+  });
+}
+
+}  // namespace hetrain
