@@ -1,12 +1,12 @@
 // Convolution and batch-norm speed on fashion-cnn's shapes (batch 128), and one training step
 // (forward + backward, no optimizer) of the fashion-cnn ResNet (widths 16/32/64, one block per
-// stage). The last argument of the conv and step benchmarks picks the conv path: 1 = oneDNN,
-// 0 = im2col + GEMM (the path before oneDNN); BM_BatchNorm's: 1 = fused batch_norm2d,
-// 0 = the composite of mean/var/elementwise ops it replaced.
+// stage). The last argument of the conv and step benchmarks picks the conv path: 1 = oneDNN, 0 =
+// im2col + GEMM (the path before oneDNN); BM_BatchNorm's: 1 = fused batch_norm2d, 0 = the composite
+// of mean/var/elementwise ops it replaced.
 //   cmake -S . -B build -G Ninja -DHETRAIN_BUILD_BENCH=ON && cmake --build build -j2
 //   ./build/bench/bench_conv --benchmark_filter=Step
-// "Time" is wall clock, "CPU" the whole process's CPU time (a steadier measure of work on a
-// shared machine); GFLOP/s is per wall-clock second.
+// "Time" is wall clock, "CPU" the whole process's CPU time (a steadier measure of work on a shared
+// machine); GFLOP/s is per wall-clock second.
 #include <benchmark/benchmark.h>
 
 #include "backends/cpu/conv_dnnl.h"

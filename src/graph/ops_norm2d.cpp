@@ -1,5 +1,4 @@
-// batch_norm2d: argument checks, shape inference, cost and vjp of the fused
-// batch norm.
+// batch_norm2d: argument checks, shape inference, cost and vjp of the fused batch norm.
 #include <tuple>
 
 #include "graph/prims/norm2d.h"
@@ -11,23 +10,23 @@ namespace {
 Dtype stats_dtype(Dtype dt) { return dt == Dtype::f64 ? Dtype::f64 : Dtype::f32; }
 }  // namespace
 
-std::vector<TensorMeta> BatchNorm2d::infer(const std::vector<TensorMeta> &in) const {
-  const Shape &x = in[0].shape;
+std::vector<TensorMeta> BatchNorm2d::infer(const std::vector<TensorMeta>& in) const {
+  const Shape& x = in[0].shape;
   HT_ASSERT(x.size() == 4 && in[1].shape == Shape{x[1]} && in[2].shape == Shape{x[1]});
   const TensorMeta stats{{x[1]}, stats_dtype(in[0].dtype)};
   return {in[0], stats, stats};
 }
 
-Cost BatchNorm2d::cost(const std::vector<TensorMeta> &in,
-                       const std::vector<TensorMeta> &out) const {
+Cost BatchNorm2d::cost(const std::vector<TensorMeta>& in,
+                       const std::vector<TensorMeta>& out) const {
   Cost c = Primitive::cost(in, out);
   c.flops = 5.0 * static_cast<double>(numel(in[0].shape));  // sum, square-sum, scale-shift
   return c;
 }
 
-std::vector<Tensor> BatchNorm2d::vjp(const std::vector<Tensor> &x, const std::vector<Tensor> &y,
-                                     const std::vector<Tensor> &g,
-                                     const std::vector<int> &argnums) const {
+std::vector<Tensor> BatchNorm2d::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
+                                     const std::vector<Tensor>& g,
+                                     const std::vector<int>& argnums) const {
   Tensor gy = g[0].defined() ? g[0] : zeros_like(y[0]);
   auto grads = make_node(std::make_shared<BatchNorm2dBackward>(eps_),
                          {x[0], y[1], y[2], gy, x[1]});  // dx, dweight, dbias
@@ -35,8 +34,7 @@ std::vector<Tensor> BatchNorm2d::vjp(const std::vector<Tensor> &x, const std::ve
   for (int a : argnums) {
     Tensor d = grads[static_cast<size_t>(a)];
     if (a == 0 && (g[1].defined() || g[2].defined())) {
-      // The statistics are outputs too: d mean / dx = 1 / M, d var / dx = 2 (x
-      // - mean) / M.
+      // The statistics are outputs too: d mean / dx = 1 / M, d var / dx = 2 (x - mean) / M.
       const int64_t c = x[0].size(1);
       const double m = static_cast<double>(x[0].numel() / c);
       const Shape bshape{1, c, 1, 1};
@@ -51,21 +49,21 @@ std::vector<Tensor> BatchNorm2d::vjp(const std::vector<Tensor> &x, const std::ve
   return r;
 }
 
-std::vector<TensorMeta> BatchNorm2dBackward::infer(const std::vector<TensorMeta> &in) const {
-  const Shape &x = in[0].shape;
+std::vector<TensorMeta> BatchNorm2dBackward::infer(const std::vector<TensorMeta>& in) const {
+  const Shape& x = in[0].shape;
   HT_ASSERT(x.size() == 4 && in[3].shape == x && in[4].shape == Shape{x[1]});
   const TensorMeta per_channel{{x[1]}, in[0].dtype};
   return {in[0], per_channel, per_channel};
 }
 
-Cost BatchNorm2dBackward::cost(const std::vector<TensorMeta> &in,
-                               const std::vector<TensorMeta> &out) const {
+Cost BatchNorm2dBackward::cost(const std::vector<TensorMeta>& in,
+                               const std::vector<TensorMeta>& out) const {
   Cost c = Primitive::cost(in, out);
   c.flops = 8.0 * static_cast<double>(numel(in[0].shape));
   return c;
 }
 
-std::array<Tensor, 3> batch_norm2d(const Tensor &x, const Tensor &weight, const Tensor &bias,
+std::array<Tensor, 3> batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                    double eps) {
   if (!x.defined() || x.ndim() != 4)
     fail("[batch_norm2d] input must be 4-D (N, C, H, W), got ",
@@ -77,7 +75,7 @@ std::array<Tensor, 3> batch_norm2d(const Tensor &x, const Tensor &weight, const 
     fail("[batch_norm2d] needs at least one value per channel, got input ", shape_str(x.shape()));
   if (!(eps >= 0)) fail("[batch_norm2d] eps must be >= 0, got ", eps);
   std::vector<Tensor> in{x};
-  for (const auto &[t, what, fill] :
+  for (const auto& [t, what, fill] :
        {std::tuple{weight, "weight", 1.0}, std::tuple{bias, "bias", 0.0}}) {
     if (!t.defined()) {
       in.push_back(full({c}, fill, x.dtype()));

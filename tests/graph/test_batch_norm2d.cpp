@@ -1,6 +1,5 @@
-// batch_norm2d: values against the composite formula and PyTorch, gradients
-// (including those through the returned statistics) against finite differences
-// in f64, dtypes, errors.
+// batch_norm2d: values against the composite formula and PyTorch, gradients (including those
+// through the returned statistics) against finite differences in f64, dtypes, errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,7 +15,7 @@ using hetrain::testing::expect_close;
 
 namespace {
 
-Tensor seq(const Shape &shape, int64_t a, Dtype dt = Dtype::f64) {
+Tensor seq(const Shape& shape, int64_t a, Dtype dt = Dtype::f64) {
   std::vector<double> v(static_cast<size_t>(numel(shape)));
   for (size_t i = 0; i < v.size(); ++i)
     v[i] = static_cast<double>((static_cast<int64_t>(i) * 37 + a) % 101) / 50.0 - 1.0;
@@ -39,11 +38,10 @@ TEST(BatchNorm2d, MatchesCompositeFormula) {
 }
 
 TEST(BatchNorm2d, MatchesPyTorch) {
-  // x = seq((2, 3, 2, 3), 5); F.batch_norm(x, None, None, seq((3,), 7),
-  // seq((3,), 9), training=True, eps=1e-5), with x.grad / weight.grad /
-  // bias.grad of (y * seq(y.shape, 11)).sum()
+  // x = seq((2, 3, 2, 3), 5); F.batch_norm(x, None, None, seq((3,), 7), seq((3,), 9),
+  // training=True, eps=1e-5), with x.grad / weight.grad / bias.grad of (y * seq(y.shape, 11)).sum()
   Tensor x = seq({2, 3, 2, 3}, 5), w = seq({3}, 7), b = seq({3}, 9), r = seq({2, 3, 2, 3}, 11);
-  auto f = [&](const std::vector<Tensor> &in) {
+  auto f = [&](const std::vector<Tensor>& in) {
     return sum(batch_norm2d(in[0], in[1], in[2])[0] * r);
   };
   auto [val, g] = value_and_grad(f, {x, w, b});
@@ -70,12 +68,12 @@ TEST(BatchNorm2d, MatchesPyTorch) {
 }
 
 TEST(BatchNorm2d, GradientsMatchFiniteDifferences) {
-  auto y_only = [](const std::vector<Tensor> &in) {
+  auto y_only = [](const std::vector<Tensor>& in) {
     return batch_norm2d(in[0], in[1], in[2], 1e-4)[0];
   };
   check_grad_fd(y_only, {seq({3, 2, 3, 4}, 1), seq({2}, 2), seq({2}, 3)}, 1e-6, 1e-6);
   // Gradients that flow through the returned mean and variance as well.
-  auto with_stats = [](const std::vector<Tensor> &in) {
+  auto with_stats = [](const std::vector<Tensor>& in) {
     auto [y, m, v] = batch_norm2d(in[0], in[1], in[2], 1e-4);
     return y + reshape(m, {1, 3, 1, 1}) * 2.0 + reshape(v, {1, 3, 1, 1}) * reshape(m, {1, 3, 1, 1});
   };
@@ -100,7 +98,7 @@ TEST(BatchNorm2d, LowerPrecisionAndOptionalAffine) {
   auto grads = [](Dtype dt) {
     Tensor x = cast(seq({4, 3, 5, 5}, 1), dt), w = seq({3}, 2, dt), b = seq({3}, 3, dt);
     Tensor r = seq({4, 3, 5, 5}, 6, dt);
-    auto f = [&](const std::vector<Tensor> &in) {
+    auto f = [&](const std::vector<Tensor>& in) {
       return sum(batch_norm2d(in[0], in[1], in[2])[0] * r);
     };
     return value_and_grad(f, {x, w, b}).second;
@@ -110,10 +108,10 @@ TEST(BatchNorm2d, LowerPrecisionAndOptionalAffine) {
 }
 
 TEST(BatchNorm2d, BadArgumentsGiveClearErrors) {
-  auto msg = [](auto &&f) {
+  auto msg = [](auto&& f) {
     try {
       f();
-    } catch (const Error &e) {
+    } catch (const Error& e) {
       return std::string(e.what());
     }
     return std::string("no error");

@@ -1,16 +1,15 @@
-// oneDNN convolutions for f32. Each call splits the batch into one chunk per
-// hetrain thread and runs a single-threaded oneDNN primitive on each chunk
-// inside hetrain's pool: oneDNN's OpenMP team stays at one thread, so kernels
-// that the executor runs side by side (inter-op parallelism) do not
-// oversubscribe the cores, and the thread count is hetrain's num_threads().
-// Primitives are built once per (pass, shape, chunk) and cached.
+// oneDNN convolutions for f32. Each call splits the batch into one chunk per hetrain thread and
+// runs a single-threaded oneDNN primitive on each chunk inside hetrain's pool: oneDNN's OpenMP team
+// stays at one thread, so kernels that the executor runs side by side (inter-op parallelism) do not
+// oversubscribe the cores, and the thread count is hetrain's num_threads(). Primitives are built
+// once per (pass, shape, chunk) and cached.
 //
-// Layouts: 3x3 (any kernel > 1x1) convolutions with at least 8 input and output
-// channels use the layout oneDNN picks (nChw8c / OIhw8i8o on AVX2), with
-// reorders from and to the caller's NCHW arrays; 1x1 convolutions and thin ones
-// (the 1-channel stem) run on NCHW directly, where the reorders would cost more
-// than the blocked kernel saves (measured on fashion-cnn's shapes; see
-// bench/bench_conv.cpp).
+// Layouts: the primitives run in the layout oneDNN picks (nChw8c / OIhw8i8o on AVX2), with
+// reorders from and to the caller's NCHW arrays. That pays for kernels larger than 1x1 with at
+// least 8 input and output channels (2-4.5x the im2col path on fashion-cnn's 3x3 convs); 1x1
+// convolutions and thin ones (the 1-channel stem) are left to im2col, as fast or faster there
+// than both the blocked kernel with its reorders and oneDNN's own NCHW (GEMM-based) kernel
+// (measured with bench/bench_conv.cpp).
 #include "backends/cpu/conv_dnnl.h"
 
 #include <omp.h>
@@ -41,14 +40,13 @@ using Dt = memory::data_type;
 
 enum class Pass : int64_t { forward, backward_data, backward_weights };
 
-dnnl::engine &cpu_engine() {
+dnnl::engine& cpu_engine() {
   static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   return eng;
 }
 
-/// One primitive argument: the plain layout the caller holds, the layout the
-/// primitive wants, and the reorder between them (caller -> primitive for
-/// inputs, back for outputs).
+/// One primitive argument: the plain layout the caller holds, the layout the primitive wants, and
+/// the reorder between them (caller -> primitive for inputs, back for outputs).
 struct Operand {
   int arg;
   bool output;
@@ -62,32 +60,30 @@ struct Plan {
   std::vector<Operand> operands;  // in the order of the pointers passed to run()
 };
 
-Operand operand(int arg, bool output, const memory::desc &plain, const memory::desc &inner) {
+Operand operand(int arg, bool output, const memory::desc& plain, const memory::desc& inner) {
   Operand op{arg, output, plain, inner, std::nullopt};
   if (plain != inner) {
-    dnnl::engine &eng = cpu_engine();
+    dnnl::engine& eng = cpu_engine();
     op.convert = output ? dnnl::reorder(dnnl::reorder::primitive_desc(eng, inner, eng, plain))
                         : dnnl::reorder(dnnl::reorder::primitive_desc(eng, plain, eng, inner));
   }
   return op;
 }
 
-bool blocked_pays(const ConvShape &s) { return s.kh * s.kw > 1 && s.C >= 8 && s.O >= 8; }
+bool dnnl_pays(const ConvShape& s) { return s.kh * s.kw > 1 && s.C >= 8 && s.O >= 8; }
 
-/// The plan for one pass over a batch of s.N images, or null when oneDNN offers
-/// only its reference kernel (the im2col path is faster than that).
-std::shared_ptr<const Plan> make_plan(Pass pass, const ConvShape &s, bool bias) {
+/// The plan for one pass over a batch of s.N images, or null when oneDNN offers only its reference
+/// kernel (the im2col path is faster than that).
+std::shared_ptr<const Plan> make_plan(Pass pass, const ConvShape& s, bool bias) {
   using Fwd = dnnl::convolution_forward;
   using BwdData = dnnl::convolution_backward_data;
   using BwdWeights = dnnl::convolution_backward_weights;
-  dnnl::engine &eng = cpu_engine();
+  dnnl::engine& eng = cpu_engine();
   const memory::dims xd{s.N, s.C, s.H, s.W}, wd{s.O, s.C, s.kh, s.kw}, yd{s.N, s.O, s.Ho, s.Wo};
   const memory::desc x_plain(xd, Dt::f32, Tag::nchw), w_plain(wd, Dt::f32, Tag::oihw),
       y_plain(yd, Dt::f32, Tag::nchw), b_plain({s.O}, Dt::f32, Tag::x);
-  const bool blocked = blocked_pays(s);
-  const memory::desc x_md = blocked ? memory::desc(xd, Dt::f32, Tag::any) : x_plain;
-  const memory::desc w_md = blocked ? memory::desc(wd, Dt::f32, Tag::any) : w_plain;
-  const memory::desc y_md = blocked ? memory::desc(yd, Dt::f32, Tag::any) : y_plain;
+  const memory::desc x_md(xd, Dt::f32, Tag::any), w_md(wd, Dt::f32, Tag::any),
+      y_md(yd, Dt::f32, Tag::any);
   const memory::dims strides{s.sh, s.sw}, pad{s.ph, s.pw};
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // safe to run concurrently
@@ -141,9 +137,8 @@ std::shared_ptr<const Plan> make_plan(Pass pass, const ConvShape &s, bool bias) 
   return plan;
 }
 
-/// Cached plans; a null entry records that oneDNN has no fast kernel for the
-/// key.
-std::shared_ptr<const Plan> find_plan(Pass pass, const ConvShape &s, bool bias) {
+/// Cached plans; a null entry records that oneDNN has no fast kernel for the key.
+std::shared_ptr<const Plan> find_plan(Pass pass, const ConvShape& s, bool bias) {
   using Key = std::array<int64_t, 15>;
   static std::mutex mu;
   static std::map<Key, std::shared_ptr<const Plan>> cache;
@@ -168,7 +163,7 @@ std::shared_ptr<const Plan> find_plan(Pass pass, const ConvShape &s, bool bias) 
   std::shared_ptr<const Plan> plan;
   try {
     plan = make_plan(pass, s, bias);
-  } catch (const dnnl::error &) {
+  } catch (const dnnl::error&) {
     plan = nullptr;  // unimplemented for this shape: the caller falls back
   }
   cache.emplace(key, plan);
@@ -180,15 +175,15 @@ Array byte_workspace(size_t bytes) {
 }
 
 /// Runs a plan on the calling thread; ptrs follow plan.operands.
-void run(const Plan &plan, const std::vector<const void *> &ptrs) {
-  dnnl::engine &eng = cpu_engine();
+void run(const Plan& plan, const std::vector<const void*>& ptrs) {
+  dnnl::engine& eng = cpu_engine();
   thread_local dnnl::stream stream(cpu_engine());
   std::unordered_map<int, memory> args;
   std::vector<Array> buffers;  // keeps the reorder targets and the scratchpad alive
-  std::vector<std::pair<const Operand *, memory>> outputs;
+  std::vector<std::pair<const Operand*, memory>> outputs;
   for (size_t i = 0; i < plan.operands.size(); ++i) {
-    const Operand &op = plan.operands[i];
-    memory user(op.plain, eng, const_cast<void *>(ptrs[i]));
+    const Operand& op = plan.operands[i];
+    memory user(op.plain, eng, const_cast<void*>(ptrs[i]));
     if (!op.convert) {
       args.emplace(op.arg, user);
       continue;
@@ -206,12 +201,11 @@ void run(const Plan &plan, const std::vector<const void *> &ptrs) {
     args.emplace(DNNL_ARG_SCRATCHPAD, memory(plan.scratch, eng, buffers.back().raw()));
   }
   plan.prim.execute(stream, args);
-  for (auto &[op, user] : outputs) op->convert->execute(stream, args.at(op->arg), user);
+  for (auto& [op, user] : outputs) op->convert->execute(stream, args.at(op->arg), user);
   stream.wait();
 }
 
-/// oneDNN's OpenMP team at one thread for the current scope (the setting is per
-/// thread).
+/// oneDNN's OpenMP team at one thread for the current scope (the setting is per thread).
 class SingleOmpThread {
  public:
   SingleOmpThread() : saved_(omp_get_max_threads()) {
@@ -220,8 +214,8 @@ class SingleOmpThread {
   ~SingleOmpThread() {
     if (saved_ != 1) omp_set_num_threads(saved_);
   }
-  SingleOmpThread(const SingleOmpThread &) = delete;
-  SingleOmpThread &operator=(const SingleOmpThread &) = delete;
+  SingleOmpThread(const SingleOmpThread&) = delete;
+  SingleOmpThread& operator=(const SingleOmpThread&) = delete;
 
  private:
   int saved_;
@@ -233,11 +227,11 @@ struct ChunkedPlans {
   std::shared_ptr<const Plan> small,
       large;  // for small_n and small_n + 1 images
   int64_t begin(int64_t c, int64_t n) const { return c * n / chunks; }
-  const Plan &plan_for(int64_t images) const { return images == small_n ? *small : *large; }
+  const Plan& plan_for(int64_t images) const { return images == small_n ? *small : *large; }
 };
 
-std::optional<ChunkedPlans> chunked_plans(Pass pass, const ConvShape &s, bool bias) {
-  if (s.N <= 0) return std::nullopt;
+std::optional<ChunkedPlans> chunked_plans(Pass pass, const ConvShape& s, bool bias) {
+  if (s.N <= 0 || !dnnl_pays(s)) return std::nullopt;
   ChunkedPlans cp;
   cp.chunks = std::min<int64_t>(s.N, num_threads());
   cp.small_n = s.N / cp.chunks;
@@ -253,10 +247,9 @@ std::optional<ChunkedPlans> chunked_plans(Pass pass, const ConvShape &s, bool bi
   return cp;
 }
 
-/// fn(chunk, first image, image count) for every chunk, in parallel on
-/// hetrain's pool.
+/// fn(chunk, first image, image count) for every chunk, in parallel on hetrain's pool.
 template <class F>
-void for_chunks(const ChunkedPlans &cp, int64_t n, F &&fn) {
+void for_chunks(const ChunkedPlans& cp, int64_t n, F&& fn) {
   parallel_for(cp.chunks, 1, [&](int64_t cb, int64_t ce) {
     SingleOmpThread one;
     for (int64_t c = cb; c < ce; ++c) {
@@ -267,10 +260,10 @@ void for_chunks(const ChunkedPlans &cp, int64_t n, F &&fn) {
 }
 
 bool env_disabled() {
-  const char *v = std::getenv("HETRAIN_CONV_DNNL");
+  const char* v = std::getenv("HETRAIN_CONV_DNNL");
   return v && std::strcmp(v, "0") == 0;
 }
-std::atomic<bool> &disabled_flag() {
+std::atomic<bool>& disabled_flag() {
   static std::atomic<bool> flag{env_disabled()};
   return flag;
 }
@@ -282,13 +275,13 @@ void set_dnnl_conv_disabled(bool disabled) { disabled_flag() = disabled; }
 bool dnnl_conv_disabled() { return disabled_flag(); }
 int64_t dnnl_conv_runs() { return runs; }
 
-bool dnnl_conv_forward(const ConvShape &s, const float *x, const float *w, const float *b,
-                       float *y) {
+bool dnnl_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
+                       float* y) {
   if (dnnl_conv_disabled()) return false;
   auto cp = chunked_plans(Pass::forward, s, b != nullptr);
   if (!cp) return false;
   for_chunks(*cp, s.N, [&](int64_t, int64_t n0, int64_t n) {
-    std::vector<const void *> ptrs{x + n0 * s.C * s.H * s.W, w};
+    std::vector<const void*> ptrs{x + n0 * s.C * s.H * s.W, w};
     if (b) ptrs.push_back(b);
     ptrs.push_back(y + n0 * s.O * s.Ho * s.Wo);
     run(cp->plan_for(n), ptrs);
@@ -297,7 +290,7 @@ bool dnnl_conv_forward(const ConvShape &s, const float *x, const float *w, const
   return true;
 }
 
-bool dnnl_conv_backward_data(const ConvShape &s, const float *gy, const float *w, float *dx) {
+bool dnnl_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx) {
   if (dnnl_conv_disabled()) return false;
   auto cp = chunked_plans(Pass::backward_data, s, false);
   if (!cp) return false;
@@ -308,21 +301,21 @@ bool dnnl_conv_backward_data(const ConvShape &s, const float *gy, const float *w
   return true;
 }
 
-bool dnnl_conv_backward_weights(const ConvShape &s, const float *x, const float *gy, float *dw) {
+bool dnnl_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw) {
   if (dnnl_conv_disabled()) return false;
   auto cp = chunked_plans(Pass::backward_weights, s, false);
   if (!cp) return false;
-  // Chunk 0 writes dw; the others write partial sums, added in chunk order
-  // (deterministic for a given thread count).
+  // Chunk 0 writes dw; the others write partial sums, added in chunk order (deterministic for a
+  // given thread count).
   const int64_t wsize = s.O * s.C * s.kh * s.kw;
   Array partial;
   if (cp->chunks > 1) partial = workspace({cp->chunks - 1, wsize}, Dtype::f32);
   for_chunks(*cp, s.N, [&](int64_t c, int64_t n0, int64_t n) {
-    float *out = c == 0 ? dw : partial.data<float>() + (c - 1) * wsize;
+    float* out = c == 0 ? dw : partial.data<float>() + (c - 1) * wsize;
     run(cp->plan_for(n), {x + n0 * s.C * s.H * s.W, gy + n0 * s.O * s.Ho * s.Wo, out});
   });
   for (int64_t c = 1; c < cp->chunks; ++c) {
-    const float *p = partial.data<float>() + (c - 1) * wsize;
+    const float* p = partial.data<float>() + (c - 1) * wsize;
     for (int64_t i = 0; i < wsize; ++i) dw[i] += p[i];
   }
   ++runs;

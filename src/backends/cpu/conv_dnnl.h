@@ -1,7 +1,7 @@
-// f32 convolution through oneDNN's convolution primitives (forward, backward
-// data, backward weights) on plain NCHW / OIHW arrays. conv.cpp calls these
-// first and falls back to its im2col + GEMM kernels (which also serve f64) when
-// they return false.
+// f32 convolution through oneDNN's convolution primitives (forward, backward data, backward
+// weights) on plain NCHW / OIHW arrays. conv.cpp calls these first and falls back to its
+// im2col + GEMM kernels (which also serve f64) when they return false: for shapes where
+// oneDNN does not pay (1x1 kernels, fewer than 8 channels) or has only a reference kernel.
 #pragma once
 
 #include <cstdint>
@@ -16,20 +16,18 @@ struct ConvShape {
 };
 
 /// y (N, O, Ho, Wo) = conv(x, w) [+ b]; b may be null.
-bool dnnl_conv_forward(const ConvShape &s, const float *x, const float *w, const float *b,
-                       float *y);
+bool dnnl_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
+                       float* y);
 /// dx (N, C, H, W) from gy (N, O, Ho, Wo) and w (O, C, kh, kw).
-bool dnnl_conv_backward_data(const ConvShape &s, const float *gy, const float *w, float *dx);
+bool dnnl_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx);
 /// dw (O, C, kh, kw) from x (N, C, H, W) and gy (N, O, Ho, Wo).
-bool dnnl_conv_backward_weights(const ConvShape &s, const float *x, const float *gy, float *dw);
+bool dnnl_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw);
 
-/// Turns the oneDNN path off (true) or back on; for tests and benchmarks that
-/// compare it with the im2col kernels. Also off when the environment sets
-/// HETRAIN_CONV_DNNL=0.
+/// Turns the oneDNN path off (true) or back on; for tests and benchmarks that compare it with the
+/// im2col kernels. Also off when the environment sets HETRAIN_CONV_DNNL=0.
 void set_dnnl_conv_disabled(bool disabled);
 bool dnnl_conv_disabled();
-/// How many conv passes oneDNN has run in this process (tests check the path
-/// was taken).
+/// How many conv passes oneDNN has run in this process (tests check the path was taken).
 int64_t dnnl_conv_runs();
 
 }  // namespace hetrain::cpu

@@ -1,7 +1,6 @@
-// CPU kernels for the fused batch_norm2d forward and backward. Channels are
-// split over the thread pool (each channel's sums are one thread's, so results
-// do not depend on the thread count); per (n, c) plane sums use eight partial
-// sums in the compute type and planes are added in f64.
+// CPU kernels for the fused batch_norm2d forward and backward. Channels are split over the thread
+// pool (each channel's sums are one thread's, so results do not depend on the thread count); per
+// (n, c) plane sums use eight partial sums in the compute type and planes are added in f64.
 #include "graph/prims/norm2d.h"
 
 #include <cmath>
@@ -19,7 +18,7 @@ namespace {
 
 /// sum(g) and sum(g * (x - mu)) over n elements.
 template <class T, class C>
-void plane_sums(const T *g, const T *x, int64_t n, C mu, double &sg, double &sgx) {
+void plane_sums(const T* g, const T* x, int64_t n, C mu, double& sg, double& sgx) {
   C a[8] = {}, b[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -39,8 +38,8 @@ void plane_sums(const T *g, const T *x, int64_t n, C mu, double &sg, double &sgx
 
 }  // namespace
 
-void BatchNorm2d::eval_cpu(const std::vector<const Array *> &in,
-                           const std::vector<Array *> &out) const {
+void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
+                           const std::vector<Array*>& out) const {
   Array x = contiguous_array(*in[0]), w = contiguous_array(*in[1]), b = contiguous_array(*in[2]);
   Array &y = *out[0], &mean = *out[1], &var = *out[2];
   y.allocate();
@@ -51,7 +50,7 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array *> &in,
   dispatch_float(x.dtype, name(), [&]<class T>() {
     using A = compute_t<T>;
     const T *xp = x.data<T>(), *wp = w.data<T>(), *bp = b.data<T>();
-    T *yp = y.data<T>();
+    T* yp = y.data<T>();
     A *mp = mean.data<A>(), *vp = var.data<A>();
     parallel_for(C, 1, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
@@ -68,8 +67,8 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array *> &in,
         const A scale = static_cast<A>(to_compute(wp[c]) / std::sqrt(v + eps_));
         const A shift = to_compute(bp[c]) - mu * scale;
         for (int64_t n = 0; n < N; ++n) {
-          const T *xr = xp + (n * C + c) * HW;
-          T *yr = yp + (n * C + c) * HW;
+          const T* xr = xp + (n * C + c) * HW;
+          T* yr = yp + (n * C + c) * HW;
           for (int64_t i = 0; i < HW; ++i)
             yr[i] = from_compute<T>(to_compute(xr[i]) * scale + shift);
         }
@@ -78,8 +77,8 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array *> &in,
   });
 }
 
-void BatchNorm2dBackward::eval_cpu(const std::vector<const Array *> &in,
-                                   const std::vector<Array *> &out) const {
+void BatchNorm2dBackward::eval_cpu(const std::vector<const Array*>& in,
+                                   const std::vector<Array*>& out) const {
   Array x = contiguous_array(*in[0]), mean = contiguous_array(*in[1]);
   Array var = contiguous_array(*in[2]), g = contiguous_array(*in[3]);
   Array w = contiguous_array(*in[4]);
@@ -108,9 +107,9 @@ void BatchNorm2dBackward::eval_cpu(const std::vector<const Array *> &in,
         const A gmean = static_cast<A>(sg / M);
         const A proj = static_cast<A>(sgx * invstd * invstd / M);
         for (int64_t n = 0; n < N; ++n) {
-          const T *xr = xp + (n * C + c) * HW;
-          const T *gr = gp + (n * C + c) * HW;
-          T *dxr = dxp + (n * C + c) * HW;
+          const T* xr = xp + (n * C + c) * HW;
+          const T* gr = gp + (n * C + c) * HW;
+          T* dxr = dxp + (n * C + c) * HW;
           for (int64_t i = 0; i < HW; ++i)
             dxr[i] =
                 from_compute<T>(k * (to_compute(gr[i]) - gmean - (to_compute(xr[i]) - mu) * proj));
