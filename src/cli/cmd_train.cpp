@@ -1,10 +1,14 @@
 #include <cstdio>
+#include <ctime>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "hetrain/base/error.h"
+#include "hetrain/insight/device_profile.h"
+#include "hetrain/planning/calibration.h"
 #include "hetrain/training/trainer.h"
 
 namespace hetrain::cli {
@@ -16,6 +20,58 @@ const char* const kSettingFlags[] = {
     "seed",   "threads", "save",     "save-every", "resume",       "json-log",  "weight-decay",
     "momentum", "clip",  "schedule", "warmup",     "log-every",    "eval-batches", "hidden",
     "widths", "blocks",  "layers",   "heads",      "width",        "context",   "dropout"};
+// The run as a record of the planner's measured-runs file (docs/PLANNING.md), or null when
+// the planner cannot model this network (it models GPTs, not the mlp and cnn presets).
+nlohmann::json measured_run_record(const training::TrainConfig& cfg,
+                                   const training::TrainResult& r, const Args& args) {
+  if (cfg.model != "gpt") return nullptr;
+  std::string cmd = "hetrain train";
+  for (const auto& a : args) cmd += " " + a;
+  std::time_t t = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+  double load = -1;
+  if (std::ifstream la("/proc/loadavg"); la) la >> load;
+  const size_t skip = 5;
+  return {{"label", cfg.preset + " (" + std::to_string(cfg.layers) + " layers, width " +
+                        std::to_string(cfg.width) + ", context " + std::to_string(cfg.context) +
+                        ", batch " + std::to_string(cfg.batch_size) + ") on this CPU"},
+          {"model",
+           {{"layers", cfg.layers}, {"hidden", cfg.width}, {"heads", cfg.heads},
+            {"seq", cfg.context}, {"vocab", 256}}},
+          {"hardware", "local"},
+          {"gpus", 1},
+          {"global_batch", cfg.batch_size},
+          {"micro_batch", cfg.batch_size},
+          {"precision", "fp32"},
+          {"step_time_s", training::steady_step_seconds(r, skip)},
+          {"peak_memory_bytes", r.peak_memory_bytes.at("total")},
+          {"threads", r.threads},
+          {"steps_measured", r.step_seconds.size() > skip ? r.step_seconds.size() - skip
+                                                          : r.step_seconds.size()},
+          {"load_average_1min", load},
+          {"source", cmd + ", " + date}};
+}
+
+// Appends `rec` to the measured-runs file atomically (temporary file + rename). A file that
+// is not a measured-runs file is left alone, with a warning.
+void append_measured_run(const std::string& path, const nlohmann::json& rec) {
+  nlohmann::json doc = {{"version", 1}, {"runs", nlohmann::json::array()}};
+  if (std::ifstream in(path); in) {
+    nlohmann::json old = nlohmann::json::parse(in, nullptr, false);
+    if (old.is_discarded() || !old.is_object() || old.value("version", 0) != 1 ||
+        !old.contains("runs") || !old["runs"].is_array()) {
+      std::fprintf(stderr, "warning: %s is not a measured-runs file; run not recorded\n",
+                   path.c_str());
+      return;
+    }
+    doc = std::move(old);
+  }
+  doc["runs"].push_back(rec);
+  insight::write_json_atomic(path, doc);
+  std::fprintf(stderr, "recorded step time %.4f s in %s\n", rec["step_time_s"].get<double>(),
+               path.c_str());
+}
 }  // namespace
 
 int cmd_train(const Args& args) {
@@ -57,6 +113,9 @@ int cmd_train(const Args& args) {
       .option("dropout", "X", "gpt dropout probability")
       .flag("no-progress", "no live progress bar, even on a terminal")
       .flag("json", "print the final result as JSON on stdout")
+      .flag("no-record",
+            "do not append the run's step time to $XDG_CACHE_HOME/hetrain/measured_runs.json "
+            "(read by 'hetrain plan --measured')")
       .epilog(
           "examples:\n"
           "  hetrain train --preset fashion-mlp\n"
@@ -71,8 +130,20 @@ int cmd_train(const Args& args) {
   for (const char* f : kSettingFlags)
     if (p.given(f)) training::apply_setting(cfg, f, p.get(f), "flag --" + std::string(f));
   cfg.progress = !p.get_flag("no-progress");
+  std::string record_path;
+  if (!p.get_flag("no-record") && cfg.model == "gpt") {
+    record_path = planning::default_measured_runs_path();
+    try {
+      insight::check_writable(record_path, "measured-runs file");
+    } catch (const Error& e) {
+      std::fprintf(stderr, "warning: %s; the run will not be recorded\n", e.what());
+      record_path.clear();
+    }
+  }
 
   training::TrainResult r = training::train(cfg);
+
+  if (!record_path.empty()) append_measured_run(record_path, measured_run_record(cfg, r, args));
 
   double peak_mib = static_cast<double>(r.peak_memory_bytes["total"]) / (1024.0 * 1024.0);
   if (p.get_flag("json")) {

@@ -11,6 +11,7 @@ const std::vector<Command>& commands() {
       {"train", "train a model on this machine (presets fashion-mlp, fashion-cnn, gpt-mini)",
        cmd_train},
       {"plan", "memory, time and cost of a training job; search hardware and strategy", cmd_plan},
+      {"bench", "measure this machine's FMA peak, GEMM rates and memory bandwidth", cmd_bench},
       {"version", "print the version, backends and CPU features", cmd_version},
   };
   return cmds;

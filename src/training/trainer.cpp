@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +29,15 @@ namespace hetrain::training {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+
+double steady_step_seconds(const TrainResult& r, size_t skip) {
+  std::vector<double> v = r.step_seconds;
+  if (v.empty()) return 0;
+  if (v.size() > skip) v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(skip));
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 std::string format_loss(double v) {
   std::ostringstream os;
@@ -282,8 +292,10 @@ TrainResult train(const TrainConfig& cfg) {
   auto interval_start = t0;
   int64_t interval_steps = 0, samples_done = 0, first_step = step;
   double interval_loss = 0, last_loss = NAN;
+  std::vector<double> step_seconds;
   model->train();
   while (step < total) {
+    const auto step_start = Clock::now();
     const double lr = sched.at(step);
     opt->set_lr(lr);
     const int64_t epoch = loader.epoch();
@@ -302,6 +314,7 @@ TrainResult train(const TrainConfig& cfg) {
     if (!std::isfinite(last_loss))
       fail("[train] loss became ", last_loss, " at step ", step + 1,
            "; lower --lr or enable --clip");
+    step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
     ++step;
     ++interval_steps;
     interval_loss += last_loss;
@@ -338,6 +351,8 @@ TrainResult train(const TrainConfig& cfg) {
   r.train_loss = last_loss;
   r.wall_s = train_wall;
   r.samples_per_s = static_cast<double>(samples_done) / std::max(train_wall, 1e-9);
+  r.step_seconds = std::move(step_seconds);
+  r.threads = num_threads();
   auto stats = host_allocator().stats();
   for (int t = 0; t < kNumMemoryTags; ++t)
     r.peak_memory_bytes[std::string(memory_tag_name(static_cast<MemoryTag>(t)))] = stats.peak[static_cast<size_t>(t)];

@@ -25,3 +25,5 @@ set_tests_properties(cli.resume_identical_gpt cli.resume_identical_mlp PROPERTIE
 add_test(NAME cli.wrong_checkpoint
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/wrong_checkpoint.sh ${HT})
 set_tests_properties(cli.wrong_checkpoint PROPERTIES TIMEOUT 300)
+hetrain_cli_test(cli.bench_unwritable "cannot write --json file '/proc/forbidden/p.json'"
+                 ${HT} bench --quick --no-store --json /proc/forbidden/p.json)

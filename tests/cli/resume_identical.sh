@@ -5,6 +5,9 @@ set -euo pipefail
 bin=$1; preset=$2; shift 2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# Runs record their step time in $XDG_CACHE_HOME/hetrain/measured_runs.json: keep the user's
+# cache clean, and check the records.
+export XDG_CACHE_HOME="$tmp/cache"
 common=(--preset "$preset" --no-progress --log-every 10 "$@")
 # One run of 40 steps that checkpoints at step 20 (as a run that was interrupted would have).
 "$bin" train "${common[@]}" --steps 40 --save "$tmp/ckpt" --save-every 20 \
@@ -20,3 +23,8 @@ echo "straight: $full  resumed: $resumed"
 again=$(grep '"final"' "$tmp/again.jsonl" | sed -E 's/.*"train_loss":([^,}]*).*/\1/')
 [ "$full" = "$again" ]
 echo "resume and rerun identical"
+if [ "$preset" = gpt-mini ]; then
+  n=$(grep -c '"step_time_s"' "$tmp/cache/hetrain/measured_runs.json")
+  [ "$n" = 3 ] || { echo "expected 3 measured-run records, found $n"; exit 1; }
+  echo "3 measured runs recorded"
+fi

@@ -1,7 +1,7 @@
 // Measured runs against the planner's predictions: the planner's own error, and a
 // per-hardware correction fitted from those runs.
 //
-// File format (JSON), e.g. written by `hetrain train` once it exists:
+// File format (JSON), as `hetrain train` appends to it:
 //   {"version": 1,
 //    "runs": [{"label": "gpt2-124m seq 256 on this CPU",
 //              "model": {"preset": "gpt2-124m", "seq": 256},   // or layers/hidden/heads/seq/vocab

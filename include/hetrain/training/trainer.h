@@ -58,7 +58,13 @@ struct TrainResult {
   double unigram_entropy = -1;               // language models: of the validation bytes
   double wall_s = 0, samples_per_s = 0;
   std::map<std::string, int64_t> peak_memory_bytes;
+  std::vector<double> step_seconds;  // wall time of each step of this run (data to optimizer)
+  int threads = 1;                   // worker threads used
 };
+
+/// Median of step_seconds without the first `skip` steps (warm-up: primitive creation,
+/// buffer cache, page faults); all steps when there are no more than `skip`.
+double steady_step_seconds(const TrainResult& r, size_t skip = 5);
 
 /// Runs training as configured. Output (progress, log lines) goes to stderr; the JSON log
 /// to cfg.json_log.

@@ -1,0 +1,55 @@
+// This machine's ceilings, measured: the FMA peak from a register-only loop, GEMM rates per
+// dtype through hetrain::matmul, and memory bandwidth from a STREAM triad. The result is the
+// device profile that `hetrain plan` reads as the `local` hardware (docs/PLANNING.md).
+//
+//   auto p = hetrain::insight::measure_device({.quick = true});
+//   hetrain::insight::write_device_profile(p, hetrain::insight::device_profile_path());
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace hetrain::insight {
+
+struct BenchOptions {
+  bool quick = false;  // about 2 s: fewer repetitions, GEMM at 1024 only, smaller triad
+};
+
+/// One measured rate, as printed in the bench table.
+struct BenchRow {
+  std::string what;    // e.g. "gemm f32 n=2048"
+  double value = 0;    // in `unit`
+  std::string unit;    // GFLOP/s or GB/s
+  double seconds = 0;  // best time of one repetition
+};
+
+struct DeviceProfile {
+  std::string name, date, isa;
+  int threads = 1;
+  double fma_peak_gflops = 0;  // all threads, register-only FMA loop, per CPU second
+  double gemm_f32_tflops = 0, gemm_bf16_tflops = 0, gemm_f16_tflops = 0;  // best size
+  double mem_bw_gbs = 0;  // triad, 2 reads + 1 write counted
+  double mem_bytes = 0;   // physical memory
+  std::vector<BenchRow> rows;
+
+  /// The planner's device-profile format (version 1) plus the detail rows.
+  nlohmann::json to_json() const;
+};
+
+/// Runs the measurements on the process-wide thread pool (all its threads).
+DeviceProfile measure_device(const BenchOptions& opts = {});
+
+/// $XDG_CACHE_HOME/hetrain/device_profile.json (default ~/.cache/hetrain/...); "" when
+/// neither variable is set.
+std::string device_profile_path();
+
+/// Throws hetrain::Error when `path` cannot be created or written (its directory is created
+/// first); leaves no file behind. For checking outputs before any work is done.
+void check_writable(const std::string& path, const std::string& what);
+
+/// Writes `j` to `path` atomically (temporary file in the same directory + rename),
+/// creating the directory.
+void write_json_atomic(const std::string& path, const nlohmann::json& j);
+
+}  // namespace hetrain::insight

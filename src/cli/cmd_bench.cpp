@@ -1,0 +1,63 @@
+#include <cstdio>
+#include <iostream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "hetrain/base/error.h"
+#include "hetrain/base/thread_pool.h"
+#include "hetrain/insight/device_profile.h"
+
+namespace hetrain::cli {
+
+int cmd_bench(const Args& args) {
+  ArgParser p("bench",
+              "Measure this machine's ceilings: the FMA peak (register-only loop), GEMM rates\n"
+              "per dtype through hetrain::matmul and memory bandwidth (STREAM triad). Writes\n"
+              "the device profile that 'hetrain plan' uses as hardware 'local' to\n"
+              "$XDG_CACHE_HOME/hetrain/device_profile.json (default ~/.cache/hetrain).");
+  p.option("json", "FILE", "also write the device profile to FILE")
+      .option("threads", "N", "worker threads (0: every core)", "0")
+      .flag("quick", "a short run (about 2 s): fewer repetitions, GEMM at n=1024 only")
+      .flag("no-store", "do not write the profile to the cache directory")
+      .epilog("examples:\n  hetrain bench\n  hetrain bench --quick --json profile.json");
+  if (!p.parse(args)) return 0;
+  if (!p.positional().empty())
+    fail("[bench] unexpected argument '", p.positional()[0], "'; see 'hetrain bench --help'");
+
+  // Every output is checked before any measurement.
+  const bool store = !p.get_flag("no-store");
+  const std::string cache = store ? insight::device_profile_path() : "";
+  if (store) insight::check_writable(cache, "device profile");
+  if (p.given("json")) insight::check_writable(p.get("json"), "--json file");
+  int threads = 0;
+  try {
+    threads = std::stoi(p.get("threads"));
+  } catch (const std::exception&) {
+    fail("[bench] --threads must be an integer, got '", p.get("threads"), "'");
+  }
+  if (threads < 0) fail("[bench] --threads must be >= 0");
+  set_num_threads(threads);
+
+  insight::DeviceProfile prof = insight::measure_device({.quick = p.get_flag("quick")});
+  std::printf("%s, %s, %.1f GiB memory, %s\n", prof.name.c_str(), prof.isa.c_str(),
+              prof.mem_bytes / (1024.0 * 1024.0 * 1024.0), prof.date.c_str());
+  std::printf("%-32s %12s %-8s %10s\n", "measurement", "rate", "unit", "best ms");
+  for (const auto& r : prof.rows)
+    std::printf("%-32s %12.1f %-8s %10.2f\n", r.what.c_str(), r.value, r.unit.c_str(),
+                r.seconds * 1e3);
+  const double gemm_gflops = prof.gemm_f32_tflops * 1e3;
+  std::printf("f32 GEMM reaches %.0f%% of the FMA peak\n",
+              100.0 * gemm_gflops / prof.fma_peak_gflops);
+  const auto j = prof.to_json();
+  if (store) {
+    insight::write_json_atomic(cache, j);
+    std::printf("device profile: %s\n", cache.c_str());
+  }
+  if (p.given("json")) {
+    insight::write_json_atomic(p.get("json"), j);
+    std::printf("device profile: %s\n", p.get("json").c_str());
+  }
+  return 0;
+}
+
+}  // namespace hetrain::cli
