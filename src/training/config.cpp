@@ -28,7 +28,7 @@ TrainConfig preset_config(const std::string& name) {
     c.data = "/usr/share/datasets/fashion-mnist";
     c.widths = {16, 32, 64};
     c.blocks = 1;
-    c.epochs = 3;
+    c.epochs = 5;
     c.batch_size = 128;
     c.lr = 2e-3;
     c.weight_decay = 1e-4;
