@@ -5,6 +5,7 @@ set -uo pipefail
 bin=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+export XDG_CACHE_HOME="$tmp/cache"  # keep the user's measured-runs file out of it
 "$bin" train --preset fashion-mlp --hidden 32 --steps 3 --batch-size 16 --no-progress \
   --save "$tmp/ckpt" > /dev/null 2>&1 || { echo "setup run failed"; exit 1; }
 before=$(sha256sum "$tmp/ckpt/model.safetensors")
