@@ -10,7 +10,7 @@ trap 'rm -rf "$tmp"' EXIT
 printf "%-12s %14s %14s %8s %16s %16s\n" preset "hetrain s/s" "pytorch s/s" ratio "hetrain peak MiB" "torch RSS+ MiB"
 for preset in fashion-mlp fashion-cnn gpt-mini; do
   ./build/hetrain train --preset "$preset" --steps "$steps" --threads "$threads" --no-progress \
-    --log-every 1000000 --eval-batches 1 --json-log "$tmp/$preset.jsonl" > /dev/null 2>&1
+    --log-every 1000000 --eval-batches 1 --no-record --json-log "$tmp/$preset.jsonl" > /dev/null 2>&1
   h=$(grep '"final"' "$tmp/$preset.jsonl")
   t=$(/usr/bin/python3 tools/bench_train_torch.py "$preset" --steps "$steps" --threads "$threads")
   python3 - "$preset" "$h" "$t" <<'PY'
