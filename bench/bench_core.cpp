@@ -19,6 +19,7 @@
 
 #include "backends/cpu/gemm.h"
 #include "hetrain/base/cpu_features.h"
+#include "hetrain/insight/device_profile.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/runtime/eval.h"
@@ -59,49 +60,9 @@ double wall_s() {
 // ---- FMA peak
 // ------------------------------------------------------------------------------
 
-constexpr int kChains = 12;  // independent accumulators: > FMA latency x FMA ports (4 x 2)
-
-/// Register-only FMA loop: kChains chains of 8-wide single-precision FMAs.
-__attribute__((target("avx2,fma"))) float fma_loop_avx2(int64_t iters) {
-  __m256 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c) * 1e-3f);
-  const __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], m, a);
-  }
-  __m256 s = acc[0];
-  for (int c = 1; c < kChains; ++c) s = _mm256_add_ps(s, acc[c]);
-  float out[8];
-  _mm256_storeu_ps(out, s);
-  return out[0];
-}
-
-/// Baseline x86-64 fallback: SSE mul + add (two flops, two instructions).
-float fma_loop_sse(int64_t iters) {
-  __m128 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm_set1_ps(static_cast<float>(c) * 1e-3f);
-  const __m128 m = _mm_set1_ps(0.999999f), a = _mm_set1_ps(1e-7f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm_add_ps(_mm_mul_ps(acc[c], m), a);
-  }
-  __m128 s = acc[0];
-  for (int c = 1; c < kChains; ++c) s = _mm_add_ps(s, acc[c]);
-  return _mm_cvtss_f32(s);
-}
-
-struct FmaKernel {
-  float (*fn)(int64_t);
-  double flops_per_iter;
-  const char* isa;
-};
-
-FmaKernel fma_kernel() {
-  const CpuFeatures& f = cpu_features();
-  if (f.avx2 && f.fma) return {fma_loop_avx2, kChains * 8 * 2.0, "avx2+fma"};
-  return {fma_loop_sse, kChains * 4 * 2.0, "sse"};
-}
+// The kernel is the library's (insight::fma_kernel), so bench and `hetrain bench` agree.
+using insight::fma_kernel;
+using insight::FmaKernel;
 
 void BM_FmaPeak(benchmark::State& state) {
   const int threads = state.range(0) == 0 ? static_cast<int>(std::thread::hardware_concurrency())

@@ -80,12 +80,21 @@ float fma_loop_sse(int64_t iters) {
   return _mm_cvtss_f32(s);
 }
 
-void measure_fma(DeviceProfile& p, bool quick) {
+}  // namespace
+
+FmaKernel fma_kernel() {
   const CpuFeatures& f = cpu_features();
-  const bool avx2 = f.avx2 && f.fma;
-  float (*fn)(int64_t) = avx2 ? fma_loop_avx2 : fma_loop_sse;
-  const double flops_per_iter = kChains * (avx2 ? 8 : 4) * 2.0;
-  p.isa = avx2 ? "avx2+fma" : "sse";
+  if (f.avx2 && f.fma) return {fma_loop_avx2, kChains * 8 * 2.0, "avx2+fma"};
+  return {fma_loop_sse, kChains * 4 * 2.0, "sse"};
+}
+
+namespace {
+
+void measure_fma(DeviceProfile& p, bool quick) {
+  const FmaKernel k = fma_kernel();
+  float (*fn)(int64_t) = k.fn;
+  const double flops_per_iter = k.flops_per_iter;
+  p.isa = k.isa;
   const int64_t iters = quick ? 5'000'000 : 20'000'000;
   const int threads = p.threads;
   // Rate per CPU second of each thread, summed: a ceiling of the hardware that other

@@ -37,6 +37,15 @@ struct DeviceProfile {
   nlohmann::json to_json() const;
 };
 
+/// The register-only FMA loop this CPU runs fastest (AVX2+FMA when present, else SSE
+/// multiply+add): fn(iters) does iters * flops_per_iter flops and returns a value to sink.
+struct FmaKernel {
+  float (*fn)(int64_t iters);
+  double flops_per_iter;
+  const char* isa;
+};
+FmaKernel fma_kernel();
+
 /// Runs the measurements on the process-wide thread pool (all its threads).
 DeviceProfile measure_device(const BenchOptions& opts = {});
 
