@@ -1,4 +1,6 @@
 // matmul and linear.
+#include <string_view>
+
 #include "graph/prims/linalg.h"
 #include "hetrain/graph/ops.h"
 
@@ -22,17 +24,26 @@ Cost Matmul::cost(const std::vector<TensorMeta>& in, const std::vector<TensorMet
 }
 
 std::vector<Tensor> Matmul::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>&,
-                                const std::vector<Tensor>& g, const std::vector<int>& argnums) const {
+                                const std::vector<Tensor>& g,
+                                const std::vector<int>& argnums) const {
   std::vector<Tensor> r;
   for (int i : argnums) {
-    if (i == 0) r.push_back(matmul(g[0], transpose(x[1], -1, -2)));
-    else r.push_back(matmul(transpose(x[0], -1, -2), g[0]));
+    if (i == 0)
+      r.push_back(matmul(g[0], transpose(x[1], -1, -2)));
+    else if (x[1].ndim() == 2 && x[0].ndim() == 2 && x[1].node()->prim &&
+             std::string_view(x[1].node()->prim->name()) == "permute")
+      // b is a transposed weight (linear): produce its gradient as (gᵀ a)ᵀ, so that the
+      // transpose's own vjp yields the weight's gradient contiguous (no copy at the leaf).
+      r.push_back(transpose(matmul(transpose(g[0], -1, -2), x[0]), -1, -2));
+    else
+      r.push_back(matmul(transpose(x[0], -1, -2), g[0]));
   }
   return r;
 }
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
-  if (a_in.ndim() == 0 || b_in.ndim() == 0) fail("[matmul] operands must have at least 1 dimension");
+  if (a_in.ndim() == 0 || b_in.ndim() == 0)
+    fail("[matmul] operands must have at least 1 dimension");
   if (!is_floating(a_in.dtype()) || !is_floating(b_in.dtype()))
     fail("[matmul] needs floating-point operands, got ", dtype_name(a_in.dtype()), " and ",
          dtype_name(b_in.dtype()));
@@ -40,7 +51,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   Tensor b = b_in.ndim() == 1 ? unsqueeze(b_in, -1) : b_in;
   const Shape &as = a.shape(), &bs = b.shape();
   if (as.back() != bs[bs.size() - 2])
-    fail("[matmul] inner dimensions differ: ", shape_str(a_in.shape()), " @ ", shape_str(b_in.shape()));
+    fail("[matmul] inner dimensions differ: ", shape_str(a_in.shape()), " @ ",
+         shape_str(b_in.shape()));
   if (bs.size() == 2 && as.size() > 2) {
     // A batch of matrices times one matrix is one GEMM with the batch folded into the rows,
     // as PyTorch does. Besides one larger GEMM, b's gradient is then a single GEMM that

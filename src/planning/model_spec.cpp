@@ -71,6 +71,63 @@ ConvNetSpec resnet(const std::vector<int>& blocks, int64_t classes) {
   return c;
 }
 
+}  // namespace
+
+ModelSpec mlp_model(int64_t inputs, const std::vector<int64_t>& hidden, int64_t classes) {
+  ModelSpec m;
+  m.name = "mlp";
+  m.family = ModelFamily::convnet;
+  m.conv.image = 1;
+  m.conv.channels = inputs;
+  int64_t in = inputs;
+  int block = 0;
+  for (int64_t h : hidden) {
+    m.conv.layers.push_back({ConvLayer::Kind::linear, in, h, 1, 1, 1, 1, true, block});
+    m.conv.layers.push_back({ConvLayer::Kind::activation, h, h, 1, 1, 1, 1, false, block});
+    in = h, ++block;
+  }
+  m.conv.layers.push_back({ConvLayer::Kind::linear, in, classes, 1, 1, 1, 1, true, block});
+  return m;
+}
+
+ModelSpec small_resnet(int64_t channels, int64_t image, const std::vector<int64_t>& widths,
+                       int64_t blocks, int64_t classes) {
+  if (widths.empty() || blocks < 1 || channels < 1 || image < 1 || classes < 1)
+    fail("[plan] small ResNet needs widths, blocks >= 1, channels, image size and classes");
+  ModelSpec m;
+  m.name = "resnet-small";
+  m.family = ModelFamily::convnet;
+  ConvNetSpec& c = m.conv;
+  c.image = image, c.channels = channels;
+  int64_t hw = image;
+  int block = 0;
+  auto conv_bn = [&](int64_t in, int64_t out, int64_t k, int64_t stride, int64_t at) {
+    int64_t o = (at + stride - 1) / stride;
+    c.layers.push_back({ConvLayer::Kind::conv, in, out, k, stride, o, o, false, block});
+    c.layers.push_back({ConvLayer::Kind::batchnorm, out, out, 1, 1, o, o, false, block});
+    return o;
+  };
+  conv_bn(channels, widths[0], 3, 1, hw);
+  int64_t in = widths[0];
+  for (size_t s = 0; s < widths.size(); ++s) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      ++block;
+      int64_t stride = (s > 0 && b == 0) ? 2 : 1, w = widths[s];
+      int64_t out_hw = conv_bn(in, w, 3, stride, hw);
+      conv_bn(w, w, 3, 1, out_hw);
+      if (stride != 1 || in != w) conv_bn(in, w, 1, stride, hw);
+      // residual add and the ReLU after it
+      c.layers.push_back({ConvLayer::Kind::activation, w, w, 1, 1, out_hw, out_hw, false, block});
+      hw = out_hw, in = w;
+    }
+  }
+  ++block;
+  c.layers.push_back({ConvLayer::Kind::linear, in, classes, 1, 1, 1, 1, true, block});
+  return m;
+}
+
+namespace {
+
 ModelSpec llama(const std::string& name, int64_t layers, int64_t hidden, int64_t heads,
                 int64_t kv_heads, int64_t ffn, int64_t seq) {
   ModelSpec m;

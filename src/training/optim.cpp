@@ -118,14 +118,15 @@ void AdamW::step() {
     if (!g.defined()) continue;
     Tensor& m = slot("exp_avg", i);
     Tensor& v = slot("exp_avg_sq", i);
-    // torch.optim.AdamW: decoupled decay, then the Adam update.
-    m = m.defined() ? m * o_.beta1 + g * (1.0 - o_.beta1) : g * (1.0 - o_.beta1);
-    v = v.defined() ? v * o_.beta2 + square(g) * (1.0 - o_.beta2) : square(g) * (1.0 - o_.beta2);
-    Tensor decayed = o_.weight_decay != 0 ? p * (1.0 - lr_ * o_.weight_decay) : p;
-    Tensor denom = sqrt(v) * (1.0 / std::sqrt(bc2)) + o_.eps;
-    updates.push_back({&p, decayed - (m / denom) * (lr_ / bc1), MemoryTag::parameters});
-    updates.push_back({&m, m, MemoryTag::optimizer_state});
-    updates.push_back({&v, v, MemoryTag::optimizer_state});
+    if (!m.defined()) m = zeros_like(p);
+    if (!v.defined()) v = zeros_like(p);
+    // torch.optim.AdamW (decoupled decay, then the Adam update), fused: one pass per tensor.
+    AdamWStepArgs a{lr_, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, bc1, bc2};
+    std::vector<Tensor> r =
+        adamw_update(p, g.dtype() == p.dtype() ? g : cast(g, p.dtype()), m, v, a);
+    updates.push_back({&p, r[0], MemoryTag::parameters});
+    updates.push_back({&m, r[1], MemoryTag::optimizer_state});
+    updates.push_back({&v, r[2], MemoryTag::optimizer_state});
   }
   commit(updates);
   ++steps_;
@@ -169,7 +170,8 @@ double LrSchedule::at(int64_t step) const {
   }
   if (kind == "cosine") {
     int64_t span = std::max<int64_t>(total_steps - warmup_steps, 1);
-    double prog = std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(span));
+    double prog =
+        std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(span));
     return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + std::cos(M_PI * prog));
   }
   fail("[lr schedule] unknown kind '", kind, "'; expected constant, step or cosine");

@@ -187,4 +187,16 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t axis = 0);
 /// Pieces of the given sizes along axis (views).
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis = 0);
 
+// ---- fused optimizer updates ------------------------------------------------------------
+/// Hyper-parameters of one AdamW step; bias_correction1/2 = 1 - beta^t.
+struct AdamWStepArgs {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  double bias_correction1 = 1, bias_correction2 = 1;
+};
+/// One fused AdamW step: returns {p', m', v'} with m' = b1 m + (1-b1) g,
+/// v' = b2 v + (1-b2) g², p' = p (1 - lr wd) - lr/bc1 · m' / (sqrt(v')/sqrt(bc2) + eps).
+/// p, g, m, v must have one shape and one floating dtype. Not differentiable.
+std::vector<Tensor> adamw_update(const Tensor& p, const Tensor& g, const Tensor& m,
+                                 const Tensor& v, const AdamWStepArgs& args);
+
 }  // namespace hetrain

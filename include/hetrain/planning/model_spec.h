@@ -40,7 +40,9 @@ struct TransformerSpec {
 
 /// One layer of a conv net; sizes are for one sample at the preset's image size.
 struct ConvLayer {
-  enum class Kind { conv, batchnorm, linear } kind = Kind::conv;
+  /// batchnorm: a BatchNorm (with the ReLU after it, if any); activation: an elementwise
+  /// function on its own (an MLP's ReLU, a residual add).
+  enum class Kind { conv, batchnorm, linear, activation } kind = Kind::conv;
   int64_t in = 0, out = 0, kernel = 1, stride = 1;
   int64_t out_h = 1, out_w = 1;  // spatial size of the output
   bool bias = false;
@@ -86,6 +88,14 @@ struct ModelSpec {
 const std::vector<std::string>& preset_ids();
 /// A preset by id; throws Error listing the ids for an unknown one.
 ModelSpec preset(const std::string& id);
+/// A multi-layer perceptron over flattened inputs: Linear (+bias) and ReLU per hidden layer,
+/// then a Linear classifier (Hetrain's `mlp` model).
+ModelSpec mlp_model(int64_t inputs, const std::vector<int64_t>& hidden, int64_t classes);
+/// Hetrain's small ResNet (`cnn`): 3x3 conv-BN-ReLU stem, per stage `blocks` residual blocks
+/// of two 3x3 conv-BN (1x1 conv-BN shortcut where the shape changes, stride 2 entering
+/// each stage after the first), global average pooling, Linear classifier.
+ModelSpec small_resnet(int64_t channels, int64_t image, const std::vector<int64_t>& widths,
+                       int64_t blocks, int64_t classes);
 /// A GPT-2-style model (learned positions, LayerNorm, GELU 4h MLP, biases, tied embeddings).
 ModelSpec gpt_model(int64_t layers, int64_t hidden, int64_t heads, int64_t seq, int64_t vocab);
 
