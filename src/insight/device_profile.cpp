@@ -137,9 +137,9 @@ double measure_gemm(DeviceProfile& p, Dtype dt, int64_t n, int reps) {
   return gflops;
 }
 
-// ---- memory bandwidth: STREAM triad a = b + s*c over three buffers far beyond the LLC.
-void measure_triad(DeviceProfile& p, bool quick) {
-  const int64_t bytes = int64_t{64} << 20;  // per buffer; 3 x 64 MiB in all
+// ---- memory bandwidth: STREAM triad a = b + s*c over three buffers of `bytes` each: far
+// beyond the LLC for memory bandwidth, within it for cache bandwidth.
+double triad_gbs(int64_t bytes, int reps, double* seconds) {
   const int64_t n = bytes / 4;
   std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n), 1.0f),
       c(static_cast<size_t>(n), 2.0f);
@@ -152,11 +152,27 @@ void measure_triad(DeviceProfile& p, bool quick) {
     });
   };
   triad();  // first touch of `a`
-  const double t = best_time(quick ? 3 : 8, triad);
+  const double t = best_time(reps, triad);
   volatile float keep = a[static_cast<size_t>(n / 2)];
   (void)keep;
-  p.mem_bw_gbs = 3.0 * static_cast<double>(bytes) / t * 1e-9;
+  *seconds = t;
+  return 3.0 * static_cast<double>(bytes) / t * 1e-9;
+}
+
+void measure_triad(DeviceProfile& p, bool quick) {
+  double t = 0;
+  p.mem_bw_gbs = triad_gbs(int64_t{64} << 20, quick ? 3 : 8, &t);
   p.rows.push_back({"triad 3 x 64 MiB", p.mem_bw_gbs, "GB/s", t});
+  // The private caches of the threads in use: what elementwise operands of a small model
+  // stay in between kernels (a VM's shared L3 figure is often the whole socket's).
+  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (l2 <= 0) return;
+  p.cache_bytes = static_cast<double>(l2) * p.threads;
+  const int64_t per_buffer = std::max<int64_t>(static_cast<int64_t>(p.cache_bytes) / 6, 16 << 10);
+  // Many repetitions of a short loop: the best one saw the buffers resident in cache.
+  p.cache_bw_gbs = triad_gbs(per_buffer, quick ? 50 : 200, &t);
+  p.rows.push_back({"triad 3 x " + std::to_string(per_buffer >> 10) + " KiB (in cache)",
+                    p.cache_bw_gbs, "GB/s", t});
 }
 
 std::string today_utc() {
@@ -171,6 +187,8 @@ std::string today_utc() {
 }  // namespace
 
 json DeviceProfile::to_json() const {
+  json curve = json::array();
+  for (const auto& [n, gflops] : gemm_f32_curve) curve.push_back({n, gflops});
   json detail = json::array();
   for (const auto& r : rows)
     detail.push_back(
@@ -181,6 +199,9 @@ json DeviceProfile::to_json() const {
           {"gemm_tflops",
            {{"f32", gemm_f32_tflops}, {"bf16", gemm_bf16_tflops}, {"f16", gemm_f16_tflops}}},
           {"mem_bw_gbs", mem_bw_gbs},
+          {"gemm_f32_curve", curve},
+          {"cache_bw_gbs", cache_bw_gbs},
+          {"cache_bytes", cache_bytes},
           {"mem_bytes", mem_bytes},
           {"price_usd_per_hour", 0},
           {"fma_peak_tflops", fma_peak_gflops * 1e-3},
@@ -203,8 +224,13 @@ DeviceProfile measure_device(const BenchOptions& opts) {
   const std::vector<int64_t> sizes =
       opts.quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 2048};
   const int reps = opts.quick ? 2 : 3;
+  // Small GEMMs, where fixed costs and cache blocking matter: the planner's GEMM curve.
+  for (int64_t n : {64, 128, 256, 512})
+    p.gemm_f32_curve.emplace_back(n, measure_gemm(p, Dtype::f32, n, opts.quick ? 5 : 20));
   for (int64_t n : sizes) {
-    p.gemm_f32_tflops = std::max(p.gemm_f32_tflops, measure_gemm(p, Dtype::f32, n, reps) * 1e-3);
+    const double f32 = measure_gemm(p, Dtype::f32, n, reps);
+    p.gemm_f32_curve.emplace_back(n, f32);
+    p.gemm_f32_tflops = std::max(p.gemm_f32_tflops, f32 * 1e-3);
     p.gemm_bf16_tflops = std::max(p.gemm_bf16_tflops, measure_gemm(p, Dtype::bf16, n, reps) * 1e-3);
     p.gemm_f16_tflops = std::max(p.gemm_f16_tflops, measure_gemm(p, Dtype::f16, n, reps) * 1e-3);
   }

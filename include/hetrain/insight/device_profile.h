@@ -31,6 +31,10 @@ struct DeviceProfile {
   double gemm_f32_tflops = 0, gemm_bf16_tflops = 0, gemm_f16_tflops = 0;  // best size
   double mem_bw_gbs = 0;  // triad, 2 reads + 1 write counted
   double mem_bytes = 0;   // physical memory
+  /// f32 GEMM rate (GFLOP/s) at square sizes n, small to large: the planner's GEMM model.
+  std::vector<std::pair<int64_t, double>> gemm_f32_curve;
+  double cache_bw_gbs = 0;  // triad over buffers filling a quarter of the last-level cache
+  double cache_bytes = 0;   // last-level cache size
   std::vector<BenchRow> rows;
 
   /// The planner's device-profile format (version 1) plus the detail rows.
