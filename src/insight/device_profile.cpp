@@ -9,8 +9,10 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <thread>
 
+#include "backends/cpu/gemm.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
@@ -122,7 +124,18 @@ void measure_fma(DeviceProfile& p, bool quick) {
   const double t = best_wall;
   p.rows.push_back(
       {std::string("fma peak (") + p.isa + ", " + std::to_string(threads) + " threads)",
-       p.fma_peak_gflops, "GFLOP/s", t});
+       p.fma_peak_gflops, "GFLOP/s", t, "register-only loop, per thread CPU second"});
+}
+
+// How hetrain::matmul runs a dtype on this CPU (src/backends/cpu/matmul.cpp).
+std::string gemm_path(Dtype dt) {
+  const std::string sgemm = cpu::sgemm_path() == cpu::SgemmPath::openblas
+                                ? "OpenBLAS " + cpu::openblas_core_name() + " sgemm"
+                                : std::string("oneDNN sgemm");
+  if (dt == Dtype::f32) return sgemm;
+  if (dt == Dtype::bf16 && cpu::bf16_gemm_path() == cpu::Bf16GemmPath::onednn)
+    return "oneDNN bf16 matmul";
+  return std::string(dtype_name(dt)) + " -> f32, " + sgemm;
 }
 
 // ---- GEMM through hetrain::matmul (the engine's own path: oneDNN/OpenBLAS underneath).
@@ -132,14 +145,34 @@ double measure_gemm(DeviceProfile& p, Dtype dt, int64_t n, int reps) {
   matmul(a, b).eval();  // warm-up: primitive creation, buffer cache, thread start
   const double t = best_time(reps, [&] { matmul(a, b).eval(); });
   const double gflops = 2.0 * static_cast<double>(n) * n * n / t * 1e-9;
-  p.rows.push_back(
-      {"gemm " + std::string(dtype_name(dt)) + " n=" + std::to_string(n), gflops, "GFLOP/s", t});
+  p.rows.push_back({"gemm " + std::string(dtype_name(dt)) + " n=" + std::to_string(n), gflops,
+                    "GFLOP/s", t, gemm_path(dt)});
   return gflops;
+}
+
+// The largest cache's size from sysfs (0 when unknown).
+double last_level_cache_bytes() {
+  double best = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+    std::string s;
+    if (!(in >> s) || s.empty()) continue;
+    double v = std::atof(s.c_str());
+    if (s.back() == 'K') v *= 1024;
+    if (s.back() == 'M') v *= 1024 * 1024;
+    best = std::max(best, v);
+  }
+  return best;
 }
 
 // ---- memory bandwidth: STREAM triad a = b + s*c over three buffers far beyond the LLC.
 void measure_triad(DeviceProfile& p, bool quick) {
-  const int64_t bytes = int64_t{64} << 20;  // per buffer; 3 x 64 MiB in all
+  // Each buffer 4x the last-level cache (at least 64 MiB, at most 1 GiB), so no pass is
+  // served from cache.
+  p.llc_bytes = last_level_cache_bytes();
+  const int64_t bytes = std::clamp<int64_t>(
+      (static_cast<int64_t>(4 * p.llc_bytes) + (int64_t{1} << 20) - 1) & ~((int64_t{1} << 20) - 1),
+      int64_t{64} << 20, int64_t{1} << 30);
   const int64_t n = bytes / 4;
   std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n), 1.0f),
       c(static_cast<size_t>(n), 2.0f);
@@ -156,7 +189,8 @@ void measure_triad(DeviceProfile& p, bool quick) {
   volatile float keep = a[static_cast<size_t>(n / 2)];
   (void)keep;
   p.mem_bw_gbs = 3.0 * static_cast<double>(bytes) / t * 1e-9;
-  p.rows.push_back({"triad 3 x 64 MiB", p.mem_bw_gbs, "GB/s", t});
+  p.rows.push_back({"triad 3 x " + std::to_string(bytes >> 20) + " MiB", p.mem_bw_gbs, "GB/s", t,
+                    "LLC " + std::to_string(static_cast<int64_t>(p.llc_bytes) >> 20) + " MiB"});
 }
 
 std::string today_utc() {
@@ -173,8 +207,11 @@ std::string today_utc() {
 json DeviceProfile::to_json() const {
   json detail = json::array();
   for (const auto& r : rows)
-    detail.push_back(
-        {{"what", r.what}, {"value", r.value}, {"unit", r.unit}, {"seconds", r.seconds}});
+    detail.push_back({{"what", r.what},
+                      {"value", r.value},
+                      {"unit", r.unit},
+                      {"seconds", r.seconds},
+                      {"path", r.path}});
   return {{"version", 1},
           {"name", name},
           {"date", date},
@@ -186,6 +223,9 @@ json DeviceProfile::to_json() const {
           {"fma_peak_tflops", fma_peak_gflops * 1e-3},
           {"isa", isa},
           {"threads", threads},
+          {"cpu_model", cpu_model},
+          {"hetrain_version", hetrain_version},
+          {"llc_bytes", llc_bytes},
           {"measurements", detail},
           {"source", "hetrain bench"}};
 }
@@ -194,6 +234,8 @@ DeviceProfile measure_device(const BenchOptions& opts) {
   DeviceProfile p;
   p.threads = num_threads();
   const CpuFeatures& f = cpu_features();
+  p.cpu_model = f.model;
+  p.hetrain_version = HETRAIN_VERSION;
   p.name = (f.model.empty() ? std::string("this CPU") : f.model) + " (" +
            std::to_string(p.threads) + " threads)";
   p.date = today_utc();
@@ -209,6 +251,97 @@ DeviceProfile measure_device(const BenchOptions& opts) {
     p.gemm_f16_tflops = std::max(p.gemm_f16_tflops, measure_gemm(p, Dtype::f16, n, reps) * 1e-3);
   }
   measure_triad(p, opts.quick);
+  return p;
+}
+
+namespace {
+double positive(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_number()) fail("field '", key, "' is missing or not a number");
+  const double v = j[key].get<double>();
+  if (!(v > 0)) fail("field '", key, "' must be positive, got ", v);
+  return v;
+}
+}  // namespace
+
+DeviceProfile DeviceProfile::from_json(const json& j) {
+  if (!j.is_object()) fail("expected a JSON object");
+  if (j.value("version", 0) != 1) fail("field 'version' must be 1");
+  DeviceProfile p;
+  p.name = j.value("name", std::string());
+  p.date = j.value("date", std::string());
+  p.isa = j.value("isa", std::string());
+  p.cpu_model = j.value("cpu_model", std::string());
+  p.hetrain_version = j.value("hetrain_version", std::string());
+  p.threads = j.value("threads", 0);
+  p.llc_bytes = j.value("llc_bytes", 0.0);
+  if (!j.contains("gemm_tflops") || !j["gemm_tflops"].is_object())
+    fail("field 'gemm_tflops' is missing or not an object");
+  p.gemm_f32_tflops = positive(j["gemm_tflops"], "f32");
+  p.gemm_bf16_tflops = j["gemm_tflops"].value("bf16", 0.0);
+  p.gemm_f16_tflops = j["gemm_tflops"].value("f16", 0.0);
+  p.fma_peak_gflops = positive(j, "fma_peak_tflops") * 1e3;
+  p.mem_bw_gbs = positive(j, "mem_bw_gbs");
+  p.mem_bytes = positive(j, "mem_bytes");
+  if (j.contains("measurements") && j["measurements"].is_array())
+    for (const auto& r : j["measurements"])
+      p.rows.push_back({r.value("what", std::string()), r.value("value", 0.0),
+                        r.value("unit", std::string()), r.value("seconds", 0.0),
+                        r.value("path", std::string())});
+  return p;
+}
+
+bool load_device_profile(const std::string& path, int threads, DeviceProfile* out,
+                         std::string* why) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *why = "no device profile at '" + path + "'";
+    return false;
+  }
+  DeviceProfile p;
+  try {
+    p = DeviceProfile::from_json(json::parse(in));
+  } catch (const std::exception& e) {
+    *why = "device profile '" + path + "' is corrupt (" + e.what() + ")";
+    return false;
+  }
+  if (p.hetrain_version != HETRAIN_VERSION) {
+    *why = "device profile '" + path + "' is stale: measured by hetrain " +
+           (p.hetrain_version.empty() ? std::string("(unknown version)") : p.hetrain_version) +
+           ", this is " + HETRAIN_VERSION;
+    return false;
+  }
+  if (p.cpu_model != cpu_features().model) {
+    *why = "device profile '" + path + "' is foreign: measured on '" + p.cpu_model +
+           "', this CPU is '" + cpu_features().model + "'";
+    return false;
+  }
+  if (threads > 0 && p.threads != threads) {
+    *why = "device profile '" + path + "' was measured with " + std::to_string(p.threads) +
+           " threads, this run uses " + std::to_string(threads);
+    return false;
+  }
+  *out = std::move(p);
+  return true;
+}
+
+DeviceProfile stored_or_measured_profile(const std::string& path) {
+  DeviceProfile p;
+  std::string why;
+  if (!path.empty() && load_device_profile(path, num_threads(), &p, &why)) return p;
+  if (path.empty()) why = "no cache directory for the device profile (set XDG_CACHE_HOME or HOME)";
+  std::cerr << "warning: " << why << "; measuring this machine (hetrain bench --quick)\n";
+  p = measure_device({.quick = true});
+  // Only a full-machine measurement replaces the stored profile: the planner reads it.
+  const bool whole_machine =
+      p.threads == static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (!path.empty() && whole_machine) {
+    try {
+      write_json_atomic(path, p.to_json());
+      std::cerr << "device profile: " << path << "\n";
+    } catch (const Error& e) {
+      std::cerr << "warning: " << e.what() << "; the profile was not stored\n";
+    }
+  }
   return p;
 }
 
