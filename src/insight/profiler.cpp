@@ -226,7 +226,7 @@ json Profiler::chrome_trace() const {
                     {"bytes_written", e.bytes_written},
                     {"dtype", std::string(dtype_name(e.dtype))},
                     {"shapes", e.shapes},
-                    {"step", e.step}}}});
+                    {"step", e.step >= 0 ? steps_[static_cast<size_t>(e.step)].index : -1}}}});
   }
   for (const auto& m : memory_) {
     json args = json::object();
