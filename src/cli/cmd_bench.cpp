@@ -52,11 +52,11 @@ int cmd_bench(const Args& args) {
   for (const auto& r : prof.rows)
     std::printf("%-32s %10.1f %-8s %10.2f  %s\n", r.what.c_str(), r.value, r.unit.c_str(),
                 r.seconds * 1e3, r.path.c_str());
-  std::printf("roofline ridge point: %.1f FLOP/byte (FMA peak / triad bandwidth)\n",
+  std::printf("roofline ridge point: %.1f FLOP/byte (FMA peak / triad, both per CPU second)\n",
               prof.ridge_flop_per_byte());
-  const double gemm_gflops = prof.gemm_f32_tflops * 1e3;
-  std::printf("f32 GEMM reaches %.0f%% of the FMA peak\n",
-              100.0 * gemm_gflops / prof.fma_peak_gflops);
+  std::printf("f32 GEMM reaches %.0f%% of the FMA peak per CPU second (%.0f%% per wall second)\n",
+              100.0 * prof.gemm_f32_cpu_gflops / prof.fma_peak_gflops,
+              100.0 * prof.gemm_f32_tflops * 1e3 / prof.fma_peak_gflops);
   const auto j = prof.to_json();
   if (store) {
     insight::write_json_atomic(cache, j);

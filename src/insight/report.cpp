@@ -19,7 +19,7 @@ std::vector<RooflineRow> roofline_rows(const std::vector<PrimitiveSummary>& summ
     r.s = s;
     r.percent_of_step = step_seconds > 0 ? 100.0 * s.total_s / step_seconds : 0;
     const double i = s.intensity();
-    r.attainable_gflops = std::min(device.peak_gflops(), i * device.mem_bw_gbs);
+    r.attainable_gflops = std::min(device.peak_gflops(), i * device.roof_bw_gbs());
     r.of_roofline = r.attainable_gflops > 0 ? s.gflops_per_s() / r.attainable_gflops : 0;
     r.compute_bound = ridge > 0 && i >= ridge;
     rows.push_back(r);
@@ -154,7 +154,7 @@ const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#94
 std::string roofline_svg(const ReportInput& in) {
   Plot p("roofline", "Roofline: each primitive against this machine's measured ceilings");
   const DeviceProfile& d = in.device;
-  const double peak = d.peak_gflops(), bw = d.mem_bw_gbs, ridge = d.ridge_flop_per_byte();
+  const double peak = d.peak_gflops(), bw = d.roof_bw_gbs(), ridge = d.ridge_flop_per_byte();
   double imin = ridge, imax = ridge, gmin = peak, gmax = peak;
   for (const auto& r : in.rows) {
     if (r.s.flops <= 0 || r.s.total_s <= 0) continue;
@@ -178,7 +178,7 @@ std::string roofline_svg(const ReportInput& in) {
     << "\" text-anchor=\"end\">FMA peak " << fmt("%.0f", peak) << " GFLOP/s</text>\n";
   o << "<text x=\"" << p.px(xs) + 6 << "\" y=\"" << p.py(xs * bw) - 8
     << "\">triad " << fmt("%.1f", bw) << " GB/s</text>\n";
-  const double gemm = d.gemm_f32_tflops * 1e3;
+  const double gemm = d.gemm_f32_cpu_gflops > 0 ? d.gemm_f32_cpu_gflops : d.gemm_f32_tflops * 1e3;
   if (gemm > 0 && gemm < y1) {
     p.polyline({{x0, gemm}, {x1, gemm}}, "stroke=\"#888\" stroke-dasharray=\"6,4\"");
     o << "<text x=\"" << p.px(x0) + 6 << "\" y=\"" << p.py(gemm) - 5
@@ -389,10 +389,13 @@ json profile_json(const ReportInput& in) {
            {{"name", in.device.name},
             {"fma_peak_gflops", in.device.peak_gflops()},
             {"mem_bw_gbs", in.device.mem_bw_gbs},
+            {"roof_bw_gbs", in.device.roof_bw_gbs()},
             {"gemm_f32_gflops", in.device.gemm_f32_tflops * 1e3},
+            {"gemm_f32_cpu_gflops", in.device.gemm_f32_cpu_gflops},
             {"ridge_flop_per_byte", in.device.ridge_flop_per_byte()},
             {"threads", in.device.threads},
             {"date", in.device.date}}},
+          {"load_average_1min", in.load_average},
           {"steps", steps},
           {"step_seconds_total", in.profiler->step_seconds()},
           {"nodes", in.profiler->nodes().size()},
@@ -417,9 +420,11 @@ std::string render_html_report(const ReportInput& in) {
     << " ms per step; " << in.profiler->nodes().size() << " nodes on "
     << in.profiler->workers() << " worker thread(s). Device: " << esc(in.device.name)
     << " &mdash; FMA peak " << fmt("%.1f", in.device.peak_gflops()) << " GFLOP/s, triad "
-    << fmt("%.2f", in.device.mem_bw_gbs) << " GB/s, ridge point "
+    << fmt("%.2f", in.device.roof_bw_gbs()) << " GB/s (both per CPU second), ridge point "
     << fmt("%.1f", in.device.ridge_flop_per_byte()) << " FLOP/byte (measured "
-    << esc(in.device.date) << ").</p>\n";
+    << esc(in.device.date) << "). Achieved rates are per wall-clock second"
+    << (in.load_average >= 0 ? "; 1-minute load average " + fmt("%.1f", in.load_average) : "")
+    << ".</p>\n";
   o << "<pre>" << esc(in.command) << "\n" << esc(in.config) << "</pre>\n";
   o << "<h2>Roofline</h2>\n" << roofline_svg(in);
   o << "<h2>Time breakdown</h2>\n" << breakdown_svg(in);

@@ -33,7 +33,11 @@ struct DeviceProfile {
   double llc_bytes = 0;  // last-level cache the triad buffers were sized against
   double fma_peak_gflops = 0;  // all threads, register-only FMA loop, per CPU second
   double gemm_f32_tflops = 0, gemm_bf16_tflops = 0, gemm_f16_tflops = 0;  // best size
-  double mem_bw_gbs = 0;  // triad, 2 reads + 1 write counted
+  double mem_bw_gbs = 0;  // triad, 2 reads + 1 write counted, per wall-clock second
+  // The same triad per CPU second of this process times its threads: the bandwidth were the
+  // cores ours, on the same basis as the FMA peak (0 when not measured).
+  double mem_bw_cpu_gbs = 0;
+  double gemm_f32_cpu_gflops = 0;  // best f32 GEMM per CPU second times threads
   double mem_bytes = 0;   // physical memory
   std::vector<BenchRow> rows;
 
@@ -41,10 +45,14 @@ struct DeviceProfile {
   nlohmann::json to_json() const;
   /// The inverse of to_json(); throws Error naming the missing or bad field.
   static DeviceProfile from_json(const nlohmann::json& j);
-  /// Roofline ceilings: compute (the FMA peak) and memory (the triad), and the ridge point
-  /// in FLOP/byte where they meet.
+  /// Roofline ceilings, both per CPU second so that other processes sharing the cores do not
+  /// move the ridge: compute (the FMA peak) and memory (the triad), and the ridge point in
+  /// FLOP/byte where they meet.
   double peak_gflops() const { return fma_peak_gflops; }
-  double ridge_flop_per_byte() const { return mem_bw_gbs > 0 ? fma_peak_gflops / mem_bw_gbs : 0; }
+  double roof_bw_gbs() const { return mem_bw_cpu_gbs > 0 ? mem_bw_cpu_gbs : mem_bw_gbs; }
+  double ridge_flop_per_byte() const {
+    return roof_bw_gbs() > 0 ? fma_peak_gflops / roof_bw_gbs() : 0;
+  }
 };
 
 /// The register-only FMA loop this CPU runs fastest (AVX2+FMA when present, else SSE

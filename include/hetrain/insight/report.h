@@ -39,6 +39,7 @@ struct ReportInput {
   DeviceProfile device;
   std::vector<RooflineRow> rows;
   std::vector<std::pair<int64_t, double>> losses;  // (step, loss) of every step run
+  double load_average = -1;  // 1-minute load average after the run (-1: unknown)
 };
 
 /// The `--json` document: device ceilings, steps, and one record per primitive.
