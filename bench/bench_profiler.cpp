@@ -4,12 +4,11 @@
 //
 //   build/bench/bench_profiler [--preset gpt-mini] [--pairs 8] [--threads 0]
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <chrono>
 
 #include "hetrain/base/error.h"
 #include "hetrain/graph/ops.h"
@@ -47,9 +46,12 @@ int main(int argc, char** argv) {
   std::string preset = "gpt-mini";
   int pairs = 8, threads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--preset")) preset = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--pairs")) pairs = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--preset"))
+      preset = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--pairs"))
+      pairs = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--threads"))
+      threads = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: bench_profiler [--preset P] [--pairs N] [--threads N]\n");
       return 2;
@@ -82,20 +84,21 @@ int main(int argc, char** argv) {
     for (size_t s = warmup; s < r.step_seconds.size(); ++s)
       (profiled(static_cast<int64_t>(s)) ? on : off).push_back(r.step_seconds[s]);
     const double m_on = median(on), m_off = median(off);
-    std::printf("%s, %d threads: median step %.2f ms profiler off, %.2f ms on (%zu steps each); "
-                "overhead %+.1f%%; %zu node events, %zu memory samples\n",
-                preset.c_str(), r.threads, m_off * 1e3, m_on * 1e3, on.size(),
-                100 * (m_on / m_off - 1), prof.nodes().size(), prof.memory().size());
+    std::printf(
+        "%s, %d threads: median step %.2f ms profiler off, %.2f ms on (%zu steps each); "
+        "overhead %+.1f%%; %zu node events, %zu memory samples\n",
+        preset.c_str(), r.threads, m_off * 1e3, m_on * 1e3, on.size(), 100 * (m_on / m_off - 1),
+        prof.nodes().size(), prof.memory().size());
     // The hook's own cost per node, and what it adds to a step of this preset.
     insight::Profiler tiny;
     const double off_s = seconds_per_tiny_node(nullptr, 20000);
     const double on_s = seconds_per_tiny_node(&tiny, 20000);
     const double nodes_per_step = static_cast<double>(prof.nodes().size()) / on.size();
-    std::printf("tiny nodes: %.2f us each profiler off, %.2f us on: %.2f us per node; x %.0f nodes "
-                "per step = %.2f ms = %.2f%% of the median step\n",
-                off_s * 1e6, on_s * 1e6, (on_s - off_s) * 1e6, nodes_per_step,
-                (on_s - off_s) * nodes_per_step * 1e3,
-                100 * (on_s - off_s) * nodes_per_step / m_off);
+    std::printf(
+        "tiny nodes: %.2f us each profiler off, %.2f us on: %.2f us per node; x %.0f nodes "
+        "per step = %.2f ms = %.2f%% of the median step\n",
+        off_s * 1e6, on_s * 1e6, (on_s - off_s) * 1e6, nodes_per_step,
+        (on_s - off_s) * nodes_per_step * 1e3, 100 * (on_s - off_s) * nodes_per_step / m_off);
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_profiler: %s\n", e.what());
     return 1;

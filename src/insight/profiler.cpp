@@ -183,13 +183,17 @@ json Profiler::chrome_trace() const {
   constexpr int kPid = 1;
 
   json ev = json::array();
-  ev.push_back({{"ph", "M"}, {"pid", kPid}, {"name", "process_name"},
-                {"args", {{"name", "hetrain"}}}});
+  ev.push_back(
+      {{"ph", "M"}, {"pid", kPid}, {"name", "process_name"}, {"args", {{"name", "hetrain"}}}});
   const int nworkers = std::max(1, workers());
   for (int w = 0; w < nworkers; ++w)
-    ev.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", w}, {"name", "thread_name"},
-                  {"args", {{"name", w == 0 ? std::string("worker 0 (main)")
-                                            : "worker " + std::to_string(w)}}}});
+    ev.push_back(
+        {{"ph", "M"},
+         {"pid", kPid},
+         {"tid", w},
+         {"name", "thread_name"},
+         {"args",
+          {{"name", w == 0 ? std::string("worker 0 (main)") : "worker " + std::to_string(w)}}}});
   // A step appears on each worker track that ran nodes in it, so every node event nests
   // inside a step event on its own track.
   std::vector<std::vector<bool>> step_on(steps_.size(), std::vector<bool>(nworkers, false));
@@ -204,9 +208,14 @@ json Profiler::chrome_trace() const {
       if (!step_on[i][static_cast<size_t>(w)]) continue;
       json args = {{"step", s.index}};
       if (std::isfinite(s.loss)) args["loss"] = s.loss;
-      ev.push_back({{"ph", "X"}, {"cat", "step"}, {"name", "step " + std::to_string(s.index)},
-                    {"pid", kPid}, {"tid", w}, {"ts", us(s.start_ns)},
-                    {"dur", us(s.end_ns) - us(s.start_ns)}, {"args", args}});
+      ev.push_back({{"ph", "X"},
+                    {"cat", "step"},
+                    {"name", "step " + std::to_string(s.index)},
+                    {"pid", kPid},
+                    {"tid", w},
+                    {"ts", us(s.start_ns)},
+                    {"dur", us(s.end_ns) - us(s.start_ns)},
+                    {"args", args}});
     }
   }
   for (const auto& e : nodes_) {
@@ -233,8 +242,11 @@ json Profiler::chrome_trace() const {
     for (int t = 0; t < kNumMemoryTags; ++t)
       args[std::string(memory_tag_name(static_cast<MemoryTag>(t)))] =
           static_cast<double>(m.bytes[static_cast<size_t>(t)]) / (1024.0 * 1024.0);
-    ev.push_back({{"ph", "C"}, {"name", "host memory (MiB)"}, {"pid", kPid},
-                  {"ts", us(m.t_ns)}, {"args", args}});
+    ev.push_back({{"ph", "C"},
+                  {"name", "host memory (MiB)"},
+                  {"pid", kPid},
+                  {"ts", us(m.t_ns)},
+                  {"args", args}});
   }
   return {{"traceEvents", ev}, {"displayTimeUnit", "ms"}};
 }

@@ -39,11 +39,20 @@ std::string esc(const std::string& s) {
   std::string o;
   for (char c : s) {
     switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o += c;
     }
   }
   return o;
@@ -69,9 +78,9 @@ class Plot {
         << "\" height=\"" << H << "\" viewBox=\"0 0 " << W << " " << H
         << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
         << "<title>" << esc(title) << "</title>\n"
-        << "<rect x=\"0\" y=\"0\" width=\"" << W << "\" height=\"" << H
-        << "\" fill=\"#fff\"/>\n"
-        << "<text x=\"" << W / 2 << "\" y=\"20\" text-anchor=\"middle\" font-size=\"15\" "
+        << "<rect x=\"0\" y=\"0\" width=\"" << W << "\" height=\"" << H << "\" fill=\"#fff\"/>\n"
+        << "<text x=\"" << W / 2
+        << "\" y=\"20\" text-anchor=\"middle\" font-size=\"15\" "
            "font-weight=\"bold\">"
         << esc(title) << "</text>\n";
   }
@@ -135,8 +144,8 @@ class Plot {
       }
     }
     if (x)
-      os_ << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 14
-          << "\" text-anchor=\"middle\">" << esc(label) << "</text>\n";
+      os_ << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 14 << "\" text-anchor=\"middle\">"
+          << esc(label) << "</text>\n";
     else
       os_ << "<text transform=\"translate(16," << (T + H - B) / 2
           << ") rotate(-90)\" text-anchor=\"middle\">" << esc(label) << "</text>\n";
@@ -171,18 +180,17 @@ std::string roofline_svg(const ReportInput& in) {
   p.y_axis(y0, y1, true, "GFLOP/s");
   // Ceilings: memory slope up to the ridge, then the FMA peak; the f32 GEMM rate dashed.
   const double xs = std::max(x0, y0 / bw);
-  p.polyline({{xs, xs * bw}, {ridge, peak}, {x1, peak}},
-             "stroke=\"#000\" stroke-width=\"2.5\"");
+  p.polyline({{xs, xs * bw}, {ridge, peak}, {x1, peak}}, "stroke=\"#000\" stroke-width=\"2.5\"");
   auto& o = p.raw();
   o << "<text x=\"" << p.px(x1) - 4 << "\" y=\"" << p.py(peak) - 6
     << "\" text-anchor=\"end\">FMA peak " << fmt("%.0f", peak) << " GFLOP/s</text>\n";
-  o << "<text x=\"" << p.px(xs) + 6 << "\" y=\"" << p.py(xs * bw) - 8
-    << "\">triad " << fmt("%.1f", bw) << " GB/s</text>\n";
+  o << "<text x=\"" << p.px(xs) + 6 << "\" y=\"" << p.py(xs * bw) - 8 << "\">triad "
+    << fmt("%.1f", bw) << " GB/s</text>\n";
   const double gemm = d.gemm_f32_cpu_gflops > 0 ? d.gemm_f32_cpu_gflops : d.gemm_f32_tflops * 1e3;
   if (gemm > 0 && gemm < y1) {
     p.polyline({{x0, gemm}, {x1, gemm}}, "stroke=\"#888\" stroke-dasharray=\"6,4\"");
-    o << "<text x=\"" << p.px(x0) + 6 << "\" y=\"" << p.py(gemm) - 5
-      << "\" fill=\"#666\">GEMM f32 " << fmt("%.0f", gemm) << " GFLOP/s</text>\n";
+    o << "<text x=\"" << p.px(x0) + 6 << "\" y=\"" << p.py(gemm) - 5 << "\" fill=\"#666\">GEMM f32 "
+      << fmt("%.0f", gemm) << " GFLOP/s</text>\n";
   }
   o << "<line x1=\"" << p.px(ridge) << "\" y1=\"" << p.py(y0) << "\" x2=\"" << p.px(ridge)
     << "\" y2=\"" << p.py(peak) << "\" stroke=\"#aaa\" stroke-dasharray=\"2,3\"/>\n";
@@ -196,10 +204,10 @@ std::string roofline_svg(const ReportInput& in) {
     const char* c = kPalette[k++ % 10];
     o << "<g class=\"point\"><circle cx=\"" << fmt("%.1f", cx) << "\" cy=\"" << fmt("%.1f", cy)
       << "\" r=\"" << fmt("%.1f", 3 + std::min(6.0, r.percent_of_step / 5)) << "\" fill=\"" << c
-      << "\" fill-opacity=\"0.8\"><title>" << esc(r.s.name) << ": "
-      << fmt("%.2f", r.s.intensity()) << " FLOP/B, " << fmt("%.2f", r.s.gflops_per_s())
-      << " GFLOP/s, " << fmt("%.1f", 100 * r.of_roofline) << "% of roof, "
-      << fmt("%.1f", r.percent_of_step) << "% of step</title></circle>"
+      << "\" fill-opacity=\"0.8\"><title>" << esc(r.s.name) << ": " << fmt("%.2f", r.s.intensity())
+      << " FLOP/B, " << fmt("%.2f", r.s.gflops_per_s()) << " GFLOP/s, "
+      << fmt("%.1f", 100 * r.of_roofline) << "% of roof, " << fmt("%.1f", r.percent_of_step)
+      << "% of step</title></circle>"
       << "<text x=\"" << fmt("%.1f", cx + 7) << "\" y=\"" << fmt("%.1f", cy + 4)
       << "\" font-size=\"10\" fill=\"" << c << "\">" << esc(r.s.name) << "</text></g>\n";
   }
@@ -215,8 +223,10 @@ std::string breakdown_svg(const ReportInput& in) {
   std::vector<std::pair<std::string, double>> bars;
   double other = 0;
   for (size_t i = 0; i < in.rows.size(); ++i) {
-    if (i < 14) bars.emplace_back(in.rows[i].s.name, in.rows[i].percent_of_step);
-    else other += in.rows[i].percent_of_step;
+    if (i < 14)
+      bars.emplace_back(in.rows[i].s.name, in.rows[i].percent_of_step);
+    else
+      other += in.rows[i].percent_of_step;
   }
   if (other > 0) bars.emplace_back("other", other);
   std::ostringstream o;
@@ -236,9 +246,9 @@ std::string breakdown_svg(const ReportInput& in) {
     const double w = (W - left - 90) * bars[i].second / vmax;
     o << "<text x=\"" << left - 6 << "\" y=\"" << y + 15 << "\" text-anchor=\"end\">"
       << esc(bars[i].first) << "</text>\n<rect class=\"bar\" x=\"" << left << "\" y=\"" << y + 3
-      << "\" width=\"" << fmt("%.1f", std::max(w, 0.5)) << "\" height=\"" << row - 6
-      << "\" fill=\"" << kPalette[i % 10] << "\"/>\n<text x=\"" << left + w + 6 << "\" y=\""
-      << y + 15 << "\">" << fmt("%.1f", bars[i].second) << "%</text>\n";
+      << "\" width=\"" << fmt("%.1f", std::max(w, 0.5)) << "\" height=\"" << row - 6 << "\" fill=\""
+      << kPalette[i % 10] << "\"/>\n<text x=\"" << left + w + 6 << "\" y=\"" << y + 15 << "\">"
+      << fmt("%.1f", bars[i].second) << "%</text>\n";
   }
   o << "</svg>\n";
   return o.str();
@@ -259,8 +269,8 @@ std::string memory_svg(const ReportInput& in) {
   constexpr size_t kBins = 600;
   std::vector<const MemorySample*> bin(kBins, nullptr);
   for (const auto& m : mem) {
-    size_t b = static_cast<size_t>(static_cast<double>(m.t_ns - t0) /
-                                   static_cast<double>(t1 - t0) * (kBins - 1));
+    size_t b = static_cast<size_t>(static_cast<double>(m.t_ns - t0) / static_cast<double>(t1 - t0) *
+                                   (kBins - 1));
     b = std::min(b, kBins - 1);
     if (!bin[b] || m.total > bin[b]->total) bin[b] = &m;
   }
@@ -290,9 +300,9 @@ std::string memory_svg(const ReportInput& in) {
       o << fmt("%.1f", p.px(1e-6 * static_cast<double>(s->t_ns - t0))) << ","
         << fmt("%.1f", p.py(top / (1 << 20))) << " ";
     }
-    o << fmt("%.1f", p.px(1e-6 * static_cast<double>(pts.back()->t_ns - t0))) << ","
-      << p.py(0) << " " << fmt("%.1f", p.px(1e-6 * static_cast<double>(pts.front()->t_ns - t0)))
-      << "," << p.py(0) << "\"><title>" << memory_tag_name(static_cast<MemoryTag>(t))
+    o << fmt("%.1f", p.px(1e-6 * static_cast<double>(pts.back()->t_ns - t0))) << "," << p.py(0)
+      << " " << fmt("%.1f", p.px(1e-6 * static_cast<double>(pts.front()->t_ns - t0))) << ","
+      << p.py(0) << "\"><title>" << memory_tag_name(static_cast<MemoryTag>(t))
       << "</title></polygon>\n";
   }
   for (int t = 0; t < kNumMemoryTags; ++t)
@@ -417,9 +427,9 @@ std::string render_html_report(const ReportInput& in) {
     << "svg{display:block;margin:8px 0;border:1px solid #ddd}\n</style>\n</head>\n<body>\n";
   o << "<h1>Hetrain profile: " << esc(in.title) << "</h1>\n";
   o << "<p>" << nsteps << " profiled steps, " << fmt("%.2f", nsteps ? step_s * 1e3 / nsteps : 0)
-    << " ms per step; " << in.profiler->nodes().size() << " nodes on "
-    << in.profiler->workers() << " worker thread(s). Device: " << esc(in.device.name)
-    << " &mdash; FMA peak " << fmt("%.1f", in.device.peak_gflops()) << " GFLOP/s, triad "
+    << " ms per step; " << in.profiler->nodes().size() << " nodes on " << in.profiler->workers()
+    << " worker thread(s). Device: " << esc(in.device.name) << " &mdash; FMA peak "
+    << fmt("%.1f", in.device.peak_gflops()) << " GFLOP/s, triad "
     << fmt("%.2f", in.device.roof_bw_gbs()) << " GB/s (both per CPU second), ridge point "
     << fmt("%.1f", in.device.ridge_flop_per_byte()) << " FLOP/byte (measured "
     << esc(in.device.date) << "). Achieved rates are per wall-clock second"

@@ -71,7 +71,8 @@ TEST(ProfilerCost, AttentionIsTwoGemmsPlusSoftmax) {
   // q k^T: 2 L S E; softmax: 4 L S (max, exp, sum, scale); p v: 2 L S Ev; per batch x head.
   const double B = 2, Hh = 3, L = 7, S = 7, E = 8, Ev = 8;
   Generator g(3);
-  Tensor q = randn({2, 3, 7, 8}, Dtype::f32, g).eval(), k = randn({2, 3, 7, 8}, Dtype::f32, g).eval(),
+  Tensor q = randn({2, 3, 7, 8}, Dtype::f32, g).eval(),
+         k = randn({2, 3, 7, 8}, Dtype::f32, g).eval(),
          v = randn({2, 3, 7, 8}, Dtype::f32, g).eval();
   NodeEvent full =
       profile_one("sdpa", [&] { scaled_dot_product_attention(q, k, v, false).eval(); });
@@ -128,8 +129,11 @@ struct ProfiledRun {
 
 void profile_gpt(ProfiledRun& run, int threads, int64_t warmup, int64_t steps) {
   training::TrainConfig cfg = training::preset_config("gpt-mini");
-  for (auto [k, v] : {std::pair{"layers", "2"}, {"width", "128"}, {"heads", "4"},
-                      {"context", "64"}, {"batch-size", "16"}})
+  for (auto [k, v] : {std::pair{"layers", "2"},
+                      {"width", "128"},
+                      {"heads", "4"},
+                      {"context", "64"},
+                      {"batch-size", "16"}})
     training::apply_setting(cfg, k, v, "test");
   cfg.threads = threads;
   cfg.steps = warmup + steps;
@@ -219,7 +223,7 @@ TEST(Profiler, PrimitiveTimesAddUpToStepTimeOnOneThread) {
 TEST(Roofline, RowsClassifyAgainstTheRidgePoint) {
   DeviceProfile d;
   d.fma_peak_gflops = 100;
-  d.mem_bw_gbs = 10;  // ridge at 10 FLOP/byte
+  d.mem_bw_gbs = 10;                                        // ridge at 10 FLOP/byte
   PrimitiveSummary gemm{"matmul", 1, 1.0, 50e9, 1e9, 1e9};  // 25 FLOP/B, 50 GFLOP/s
   PrimitiveSummary add{"add", 1, 1.0, 1e9, 8e9, 4e9};       // 1/12 FLOP/B, 12 GB/s
   auto rows = roofline_rows({gemm, add}, 4.0, d);

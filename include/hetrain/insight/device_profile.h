@@ -30,7 +30,7 @@ struct DeviceProfile {
   std::string cpu_model;        // /proc/cpuinfo model name: a profile from another CPU is foreign
   std::string hetrain_version;  // HETRAIN_VERSION that measured it: another one is stale
   int threads = 1;
-  double llc_bytes = 0;  // last-level cache the triad buffers were sized against
+  double llc_bytes = 0;        // last-level cache the triad buffers were sized against
   double fma_peak_gflops = 0;  // all threads, register-only FMA loop, per CPU second
   double gemm_f32_tflops = 0, gemm_bf16_tflops = 0, gemm_f16_tflops = 0;  // best size
   double mem_bw_gbs = 0;  // triad, 2 reads + 1 write counted, per wall-clock second
@@ -38,7 +38,7 @@ struct DeviceProfile {
   // cores ours, on the same basis as the FMA peak (0 when not measured).
   double mem_bw_cpu_gbs = 0;
   double gemm_f32_cpu_gflops = 0;  // best f32 GEMM per CPU second times threads
-  double mem_bytes = 0;   // physical memory
+  double mem_bytes = 0;            // physical memory
   std::vector<BenchRow> rows;
 
   /// The planner's device-profile format (version 1) plus the detail rows.

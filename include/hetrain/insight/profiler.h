@@ -11,8 +11,8 @@
 //     prof.end_step(loss.item<double>());
 //   }
 //   prof.stop();
-//   for (const auto& p : prof.summary()) std::printf("%s %.3f ms\n", p.name.c_str(), p.total_s * 1e3);
-//   write_json_atomic("trace.json", prof.chrome_trace());
+//   for (const auto& p : prof.summary()) std::printf("%s %.3f ms\n", p.name.c_str(), p.total_s *
+//   1e3); write_json_atomic("trace.json", prof.chrome_trace());
 #pragma once
 
 #include <array>
@@ -35,7 +35,7 @@ namespace hetrain::insight {
 struct NodeEvent {
   std::string primitive;  // Primitive::name()
   Device device;
-  int worker = 0;    // 0: the thread that called start(); others numbered as first seen
+  int worker = 0;     // 0: the thread that called start(); others numbered as first seen
   int64_t step = -1;  // index into Profiler::steps(); -1 outside any step
   int64_t start_ns = 0, end_ns = 0;
   double flops = 0, bytes_read = 0, bytes_written = 0;

@@ -18,7 +18,7 @@ namespace hetrain::insight {
 /// One primitive against the roofline of the device profile.
 struct RooflineRow {
   PrimitiveSummary s;
-  double percent_of_step = 0;  // total time / summed step wall time
+  double percent_of_step = 0;    // total time / summed step wall time
   double attainable_gflops = 0;  // min(FMA peak, intensity x triad bandwidth)
   double of_roofline = 0;        // achieved / attainable (0 for primitives without FLOPs)
   bool compute_bound = false;    // intensity at or beyond the ridge point
