@@ -4,6 +4,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
       libdnnl-dev libopenblas-dev zlib1g-dev nlohmann-json3-dev libtomlplusplus-dev
       libgtest-dev libgmock-dev libbenchmark-dev
+      chromium
       dataset-fashion-mnist fortunes)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include "cli/args.h"
@@ -37,17 +38,25 @@ int cmd_bench(const Args& args) {
   }
   if (threads < 0) fail("[bench] --threads must be >= 0");
   set_num_threads(threads);
+  if (store) {
+    insight::DeviceProfile old;
+    std::string why;
+    if (std::ifstream(cache) && !insight::load_device_profile(cache, 0, &old, &why))
+      std::fprintf(stderr, "warning: %s; it will be replaced\n", why.c_str());
+  }
 
   insight::DeviceProfile prof = insight::measure_device({.quick = p.get_flag("quick")});
   std::printf("%s, %s, %.1f GiB memory, %s\n", prof.name.c_str(), prof.isa.c_str(),
               prof.mem_bytes / (1024.0 * 1024.0 * 1024.0), prof.date.c_str());
-  std::printf("%-32s %12s %-8s %10s\n", "measurement", "rate", "unit", "best ms");
+  std::printf("%-32s %10s %-8s %10s  %s\n", "measurement", "rate", "unit", "best ms", "path");
   for (const auto& r : prof.rows)
-    std::printf("%-32s %12.1f %-8s %10.2f\n", r.what.c_str(), r.value, r.unit.c_str(),
-                r.seconds * 1e3);
-  const double gemm_gflops = prof.gemm_f32_tflops * 1e3;
-  std::printf("f32 GEMM reaches %.0f%% of the FMA peak\n",
-              100.0 * gemm_gflops / prof.fma_peak_gflops);
+    std::printf("%-32s %10.1f %-8s %10.2f  %s\n", r.what.c_str(), r.value, r.unit.c_str(),
+                r.seconds * 1e3, r.path.c_str());
+  std::printf("roofline ridge point: %.1f FLOP/byte (FMA peak / triad, both per CPU second)\n",
+              prof.ridge_flop_per_byte());
+  std::printf("f32 GEMM reaches %.0f%% of the FMA peak per CPU second (%.0f%% per wall second)\n",
+              100.0 * prof.gemm_f32_cpu_gflops / prof.fma_peak_gflops,
+              100.0 * prof.gemm_f32_tflops * 1e3 / prof.fma_peak_gflops);
   const auto j = prof.to_json();
   if (store) {
     insight::write_json_atomic(cache, j);

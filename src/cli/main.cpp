@@ -11,6 +11,8 @@ const std::vector<Command>& commands() {
       {"train", "train a model on this machine (presets fashion-mlp, fashion-cnn, gpt-mini)",
        cmd_train},
       {"plan", "memory, time and cost of a training job; search hardware and strategy", cmd_plan},
+      {"profile", "per-primitive time, FLOPs, bytes and roofline of a few training steps; trace",
+       cmd_profile},
       {"bench", "measure this machine's FMA peak, GEMM rates and memory bandwidth", cmd_bench},
       {"version", "print the version, backends and CPU features", cmd_version},
   };

@@ -9,8 +9,10 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <thread>
 
+#include "backends/cpu/gemm.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
@@ -33,6 +35,12 @@ double now_s() {
 double thread_cpu_s() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
@@ -122,7 +130,18 @@ void measure_fma(DeviceProfile& p, bool quick) {
   const double t = best_wall;
   p.rows.push_back(
       {std::string("fma peak (") + p.isa + ", " + std::to_string(threads) + " threads)",
-       p.fma_peak_gflops, "GFLOP/s", t});
+       p.fma_peak_gflops, "GFLOP/s", t, "register-only loop, per thread CPU second"});
+}
+
+// How hetrain::matmul runs a dtype on this CPU (src/backends/cpu/matmul.cpp).
+std::string gemm_path(Dtype dt) {
+  const std::string sgemm = cpu::sgemm_path() == cpu::SgemmPath::openblas
+                                ? "OpenBLAS " + cpu::openblas_core_name() + " sgemm"
+                                : std::string("oneDNN sgemm");
+  if (dt == Dtype::f32) return sgemm;
+  if (dt == Dtype::bf16 && cpu::bf16_gemm_path() == cpu::Bf16GemmPath::onednn)
+    return "oneDNN bf16 matmul";
+  return std::string(dtype_name(dt)) + " -> f32, " + sgemm;
 }
 
 // ---- GEMM through hetrain::matmul (the engine's own path: oneDNN/OpenBLAS underneath).
@@ -130,20 +149,49 @@ double measure_gemm(DeviceProfile& p, Dtype dt, int64_t n, int reps) {
   Generator gen(7);
   Tensor a = randn({n, n}, dt, gen).eval(), b = randn({n, n}, dt, gen).eval();
   matmul(a, b).eval();  // warm-up: primitive creation, buffer cache, thread start
-  const double t = best_time(reps, [&] { matmul(a, b).eval(); });
-  const double gflops = 2.0 * static_cast<double>(n) * n * n / t * 1e-9;
-  p.rows.push_back(
-      {"gemm " + std::string(dtype_name(dt)) + " n=" + std::to_string(n), gflops, "GFLOP/s", t});
+  const double flops = 2.0 * static_cast<double>(n) * n * n;
+  double t = 1e300, cpu_rate = 0;
+  for (int r = 0; r < reps; ++r) {
+    const double c0 = process_cpu_s(), t0 = now_s();
+    matmul(a, b).eval();
+    const double wall = now_s() - t0, cpu = process_cpu_s() - c0;
+    t = std::min(t, wall);
+    if (cpu > 0) cpu_rate = std::max(cpu_rate, flops / cpu);
+  }
+  const double gflops = flops / t * 1e-9;
+  p.rows.push_back({"gemm " + std::string(dtype_name(dt)) + " n=" + std::to_string(n), gflops,
+                    "GFLOP/s", t, gemm_path(dt)});
+  if (dt == Dtype::f32)
+    p.gemm_f32_cpu_gflops =
+        std::max(p.gemm_f32_cpu_gflops, std::max(gflops, cpu_rate * p.threads * 1e-9));
   return gflops;
 }
 
-// ---- memory bandwidth: STREAM triad a = b + s*c over three buffers of `bytes` each: far
-// beyond the LLC for memory bandwidth, within it for cache bandwidth.
-double triad_gbs(int64_t bytes, int reps, double* seconds) {
+// The largest cache's size from sysfs (0 when unknown).
+double last_level_cache_bytes() {
+  double best = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+    std::string s;
+    if (!(in >> s) || s.empty()) continue;
+    double v = std::atof(s.c_str());
+    if (s.back() == 'K') v *= 1024;
+    if (s.back() == 'M') v *= 1024 * 1024;
+    best = std::max(best, v);
+  }
+  return best;
+}
+
+// ---- STREAM triad a = b + s*c over three buffers of `bytes` each: best wall time of `reps`
+// passes, and the best rate per CPU second of the process (bytes/s).
+struct Triad {
+  double seconds = 1e300, cpu_rate = 0;
+};
+Triad triad(int64_t bytes, int reps) {
   const int64_t n = bytes / 4;
   std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n), 1.0f),
       c(static_cast<size_t>(n), 2.0f);
-  auto triad = [&] {
+  auto pass = [&] {
     parallel_for(n, 1 << 16, [&](int64_t lo, int64_t hi) {
       float* ap = a.data();
       const float* bp = b.data();
@@ -151,28 +199,48 @@ double triad_gbs(int64_t bytes, int reps, double* seconds) {
       for (int64_t i = lo; i < hi; ++i) ap[i] = bp[i] + 3.0f * cp[i];
     });
   };
-  triad();  // first touch of `a`
-  const double t = best_time(reps, triad);
+  pass();  // first touch of `a`
+  Triad r;
+  for (int rep = 0; rep < reps; ++rep) {
+    const double c0 = process_cpu_s(), t0 = now_s();
+    pass();
+    const double wall = now_s() - t0, cpu = process_cpu_s() - c0;
+    r.seconds = std::min(r.seconds, wall);
+    if (cpu > 0) r.cpu_rate = std::max(r.cpu_rate, 3.0 * static_cast<double>(bytes) / cpu);
+  }
   volatile float keep = a[static_cast<size_t>(n / 2)];
   (void)keep;
-  *seconds = t;
-  return 3.0 * static_cast<double>(bytes) / t * 1e-9;
+  return r;
 }
 
+// ---- memory bandwidth far beyond the LLC, and within the threads' L2 caches.
 void measure_triad(DeviceProfile& p, bool quick) {
-  double t = 0;
-  p.mem_bw_gbs = triad_gbs(int64_t{64} << 20, quick ? 3 : 8, &t);
-  p.rows.push_back({"triad 3 x 64 MiB", p.mem_bw_gbs, "GB/s", t});
-  // The private caches of the threads in use: what elementwise operands of a small model
-  // stay in between kernels (a VM's shared L3 figure is often the whole socket's).
+  // Each buffer 4x the last-level cache (at least 64 MiB, at most 1 GiB), so no pass is
+  // served from cache.
+  p.llc_bytes = last_level_cache_bytes();
+  const int64_t bytes = std::clamp<int64_t>(
+      (static_cast<int64_t>(4 * p.llc_bytes) + (int64_t{1} << 20) - 1) & ~((int64_t{1} << 20) - 1),
+      int64_t{64} << 20, int64_t{1} << 30);
+  const Triad big = triad(bytes, quick ? 3 : 8);
+  p.mem_bw_gbs = 3.0 * static_cast<double>(bytes) / big.seconds * 1e-9;
+  p.rows.push_back({"triad 3 x " + std::to_string(bytes >> 20) + " MiB", p.mem_bw_gbs, "GB/s",
+                    big.seconds,
+                    "LLC " + std::to_string(static_cast<int64_t>(p.llc_bytes) >> 20) + " MiB"});
+  // Per CPU second of the process, times the threads that ran it.
+  p.mem_bw_cpu_gbs = std::max(p.mem_bw_gbs, big.cpu_rate * p.threads * 1e-9);
+  p.rows.push_back({"triad per CPU second x threads", p.mem_bw_cpu_gbs, "GB/s", big.seconds,
+                    "the bandwidth were the cores ours"});
+  // The private caches of the threads in use: where the elementwise operands of a small
+  // model stay between kernels (the planner's in-cache bandwidth).
   const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
   if (l2 <= 0) return;
   p.cache_bytes = static_cast<double>(l2) * p.threads;
   const int64_t per_buffer = std::max<int64_t>(static_cast<int64_t>(p.cache_bytes) / 6, 16 << 10);
-  // Many repetitions of a short loop: the best one saw the buffers resident in cache.
-  p.cache_bw_gbs = triad_gbs(per_buffer, quick ? 50 : 200, &t);
-  p.rows.push_back({"triad 3 x " + std::to_string(per_buffer >> 10) + " KiB (in cache)",
-                    p.cache_bw_gbs, "GB/s", t});
+  // Many repetitions of a short pass: the best one saw the buffers resident in cache.
+  const Triad small = triad(per_buffer, quick ? 50 : 200);
+  p.cache_bw_gbs = 3.0 * static_cast<double>(per_buffer) / small.seconds * 1e-9;
+  p.rows.push_back({"triad 3 x " + std::to_string(per_buffer >> 10) + " KiB", p.cache_bw_gbs,
+                    "GB/s", small.seconds, "in the threads' L2"});
 }
 
 std::string today_utc() {
@@ -191,14 +259,19 @@ json DeviceProfile::to_json() const {
   for (const auto& [n, gflops] : gemm_f32_curve) curve.push_back({n, gflops});
   json detail = json::array();
   for (const auto& r : rows)
-    detail.push_back(
-        {{"what", r.what}, {"value", r.value}, {"unit", r.unit}, {"seconds", r.seconds}});
+    detail.push_back({{"what", r.what},
+                      {"value", r.value},
+                      {"unit", r.unit},
+                      {"seconds", r.seconds},
+                      {"path", r.path}});
   return {{"version", 1},
           {"name", name},
           {"date", date},
           {"gemm_tflops",
            {{"f32", gemm_f32_tflops}, {"bf16", gemm_bf16_tflops}, {"f16", gemm_f16_tflops}}},
           {"mem_bw_gbs", mem_bw_gbs},
+          {"mem_bw_cpu_gbs", mem_bw_cpu_gbs},
+          {"gemm_f32_cpu_gflops", gemm_f32_cpu_gflops},
           {"gemm_f32_curve", curve},
           {"cache_bw_gbs", cache_bw_gbs},
           {"cache_bytes", cache_bytes},
@@ -207,6 +280,9 @@ json DeviceProfile::to_json() const {
           {"fma_peak_tflops", fma_peak_gflops * 1e-3},
           {"isa", isa},
           {"threads", threads},
+          {"cpu_model", cpu_model},
+          {"hetrain_version", hetrain_version},
+          {"llc_bytes", llc_bytes},
           {"measurements", detail},
           {"source", "hetrain bench"}};
 }
@@ -215,6 +291,8 @@ DeviceProfile measure_device(const BenchOptions& opts) {
   DeviceProfile p;
   p.threads = num_threads();
   const CpuFeatures& f = cpu_features();
+  p.cpu_model = f.model;
+  p.hetrain_version = HETRAIN_VERSION;
   p.name = (f.model.empty() ? std::string("this CPU") : f.model) + " (" +
            std::to_string(p.threads) + " threads)";
   p.date = today_utc();
@@ -234,7 +312,102 @@ DeviceProfile measure_device(const BenchOptions& opts) {
     p.gemm_bf16_tflops = std::max(p.gemm_bf16_tflops, measure_gemm(p, Dtype::bf16, n, reps) * 1e-3);
     p.gemm_f16_tflops = std::max(p.gemm_f16_tflops, measure_gemm(p, Dtype::f16, n, reps) * 1e-3);
   }
+  p.rows.push_back({"gemm f32 per CPU second x threads", p.gemm_f32_cpu_gflops, "GFLOP/s", 0,
+                    "best size; the rate were the cores ours"});
   measure_triad(p, opts.quick);
+  return p;
+}
+
+namespace {
+double positive(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_number()) fail("field '", key, "' is missing or not a number");
+  const double v = j[key].get<double>();
+  if (!(v > 0)) fail("field '", key, "' must be positive, got ", v);
+  return v;
+}
+}  // namespace
+
+DeviceProfile DeviceProfile::from_json(const json& j) {
+  if (!j.is_object()) fail("expected a JSON object");
+  if (j.value("version", 0) != 1) fail("field 'version' must be 1");
+  DeviceProfile p;
+  p.name = j.value("name", std::string());
+  p.date = j.value("date", std::string());
+  p.isa = j.value("isa", std::string());
+  p.cpu_model = j.value("cpu_model", std::string());
+  p.hetrain_version = j.value("hetrain_version", std::string());
+  p.threads = j.value("threads", 0);
+  p.llc_bytes = j.value("llc_bytes", 0.0);
+  if (!j.contains("gemm_tflops") || !j["gemm_tflops"].is_object())
+    fail("field 'gemm_tflops' is missing or not an object");
+  p.gemm_f32_tflops = positive(j["gemm_tflops"], "f32");
+  p.gemm_bf16_tflops = j["gemm_tflops"].value("bf16", 0.0);
+  p.gemm_f16_tflops = j["gemm_tflops"].value("f16", 0.0);
+  p.fma_peak_gflops = positive(j, "fma_peak_tflops") * 1e3;
+  p.mem_bw_gbs = positive(j, "mem_bw_gbs");
+  p.mem_bytes = positive(j, "mem_bytes");
+  p.mem_bw_cpu_gbs = j.value("mem_bw_cpu_gbs", 0.0);
+  p.gemm_f32_cpu_gflops = j.value("gemm_f32_cpu_gflops", 0.0);
+  if (j.contains("measurements") && j["measurements"].is_array())
+    for (const auto& r : j["measurements"])
+      p.rows.push_back({r.value("what", std::string()), r.value("value", 0.0),
+                        r.value("unit", std::string()), r.value("seconds", 0.0),
+                        r.value("path", std::string())});
+  return p;
+}
+
+bool load_device_profile(const std::string& path, int threads, DeviceProfile* out,
+                         std::string* why) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *why = "no device profile at '" + path + "'";
+    return false;
+  }
+  DeviceProfile p;
+  try {
+    p = DeviceProfile::from_json(json::parse(in));
+  } catch (const std::exception& e) {
+    *why = "device profile '" + path + "' is corrupt (" + e.what() + ")";
+    return false;
+  }
+  if (p.hetrain_version != HETRAIN_VERSION) {
+    *why = "device profile '" + path + "' is stale: measured by hetrain " +
+           (p.hetrain_version.empty() ? std::string("(unknown version)") : p.hetrain_version) +
+           ", this is " + HETRAIN_VERSION;
+    return false;
+  }
+  if (p.cpu_model != cpu_features().model) {
+    *why = "device profile '" + path + "' is foreign: measured on '" + p.cpu_model +
+           "', this CPU is '" + cpu_features().model + "'";
+    return false;
+  }
+  if (threads > 0 && p.threads != threads) {
+    *why = "device profile '" + path + "' was measured with " + std::to_string(p.threads) +
+           " threads, this run uses " + std::to_string(threads);
+    return false;
+  }
+  *out = std::move(p);
+  return true;
+}
+
+DeviceProfile stored_or_measured_profile(const std::string& path) {
+  DeviceProfile p;
+  std::string why;
+  if (!path.empty() && load_device_profile(path, num_threads(), &p, &why)) return p;
+  if (path.empty()) why = "no cache directory for the device profile (set XDG_CACHE_HOME or HOME)";
+  std::cerr << "warning: " << why << "; measuring this machine (hetrain bench --quick)\n";
+  p = measure_device({.quick = true});
+  // Only a full-machine measurement replaces the stored profile: the planner reads it.
+  const bool whole_machine =
+      p.threads == static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (!path.empty() && whole_machine) {
+    try {
+      write_json_atomic(path, p.to_json());
+      std::cerr << "device profile: " << path << "\n";
+    } catch (const Error& e) {
+      std::cerr << "warning: " << e.what() << "; the profile was not stored\n";
+    }
+  }
   return p;
 }
 

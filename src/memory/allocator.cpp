@@ -76,6 +76,12 @@ void HostAllocator::count(MemoryTag tag, int64_t delta) {
   stats_.current_total += delta;
   stats_.peak[i] = std::max(stats_.peak[i], stats_.current[i]);
   stats_.peak_total = std::max(stats_.peak_total, stats_.current_total);
+  if (observer_) observer_->on_memory(tag, delta, stats_);
+}
+
+void HostAllocator::set_observer(MemoryObserver* obs) {
+  std::lock_guard<std::mutex> lk(mu_);
+  observer_ = obs;
 }
 
 std::shared_ptr<Buffer> HostAllocator::allocate(size_t bytes, MemoryTag tag) {

@@ -240,7 +240,7 @@ void check_writable_dir(const std::string& dir, const char* flag) {
 
 }  // namespace
 
-TrainResult train(const TrainConfig& cfg) {
+TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   validate(cfg);
   // Fail on unwritable outputs before any work.
   std::ofstream jlog;
@@ -295,6 +295,7 @@ TrainResult train(const TrainConfig& cfg) {
   std::vector<double> step_seconds;
   model->train();
   while (step < total) {
+    if (hooks.begin) hooks.begin(step);
     const auto step_start = Clock::now();
     const double lr = sched.at(step);
     opt->set_lr(lr);
@@ -315,6 +316,7 @@ TrainResult train(const TrainConfig& cfg) {
       fail("[train] loss became ", last_loss, " at step ", step + 1,
            "; lower --lr or enable --clip");
     step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
+    if (hooks.end) hooks.end(step, last_loss);
     ++step;
     ++interval_steps;
     interval_loss += last_loss;
@@ -358,8 +360,9 @@ TrainResult train(const TrainConfig& cfg) {
     r.peak_memory_bytes[std::string(memory_tag_name(static_cast<MemoryTag>(t)))] = stats.peak[static_cast<size_t>(t)];
   r.peak_memory_bytes["total"] = stats.peak_total;
 
-  auto [tl, acc] = evaluate(*model, *data.test, cfg.batch_size, data.language,
-                            data.language ? cfg.eval_batches : 0);
+  auto [tl, acc] = cfg.final_eval ? evaluate(*model, *data.test, cfg.batch_size, data.language,
+                                             data.language ? cfg.eval_batches : 0)
+                                  : std::pair<double, double>{NAN, NAN};
   if (data.language) {
     r.val_loss = tl;
     r.unigram_entropy = data.entropy;

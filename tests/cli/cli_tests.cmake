@@ -27,3 +27,11 @@ add_test(NAME cli.wrong_checkpoint
 set_tests_properties(cli.wrong_checkpoint PROPERTIES TIMEOUT 300)
 hetrain_cli_test(cli.bench_unwritable "cannot write --json file '/proc/forbidden/p.json'"
                  ${HT} bench --quick --no-store --json /proc/forbidden/p.json)
+hetrain_cli_test(cli.profile_help "--warmup-steps N.*--trace FILE.*--json FILE.*--report FILE"
+                 ${HT} profile --help)
+# Outputs are checked before any work: no device measurement, no training.
+hetrain_cli_test(cli.profile_unwritable "cannot write --report file '/proc/forbidden/r.html'"
+                 ${HT} profile --steps 1 --report /proc/forbidden/r.html)
+add_test(NAME cli.report_chromium
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/report_chromium.sh ${HT})
+set_tests_properties(cli.report_chromium PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)

@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
+#include "hetrain/base/thread_pool.h"
 #include "hetrain/insight/device_profile.h"
 #include "hetrain/planning/catalog.h"
 
@@ -60,6 +62,60 @@ TEST(DeviceProfile, AtomicWriteReplacesTheFile) {
   std::ifstream in(path);
   EXPECT_EQ(nlohmann::json::parse(in)["a"], 2);
   std::filesystem::remove(path);
+}
+
+// A stored profile is used only when it was made by this version on this CPU model; anything
+// else is named in the reason and re-measured.
+TEST(DeviceProfile, StaleForeignOrCorruptProfilesAreRejected) {
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("hetrain_stale_" + std::to_string(getpid()));
+  const std::string path = dir + "/device_profile.json";
+  DeviceProfile good;
+  good.name = "test";
+  good.cpu_model = cpu_features().model;
+  good.hetrain_version = HETRAIN_VERSION;
+  good.threads = 3;
+  good.fma_peak_gflops = 100;
+  good.gemm_f32_tflops = 0.05;
+  good.mem_bw_gbs = 10;
+  good.mem_bytes = 1e9;
+  DeviceProfile got;
+  std::string why;
+
+  write_json_atomic(path, good.to_json());
+  ASSERT_TRUE(load_device_profile(path, 3, &got, &why)) << why;
+  EXPECT_DOUBLE_EQ(got.fma_peak_gflops, 100);
+  EXPECT_DOUBLE_EQ(got.ridge_flop_per_byte(), 10);
+  EXPECT_FALSE(load_device_profile(path, 2, &got, &why));
+  EXPECT_NE(why.find("measured with 3 threads"), std::string::npos) << why;
+
+  DeviceProfile old = good;
+  old.hetrain_version = "0.0.1";
+  write_json_atomic(path, old.to_json());
+  EXPECT_FALSE(load_device_profile(path, 0, &got, &why));
+  EXPECT_NE(why.find("stale"), std::string::npos) << why;
+
+  DeviceProfile foreign = good;
+  foreign.cpu_model = "Some Other CPU 9000";
+  write_json_atomic(path, foreign.to_json());
+  EXPECT_FALSE(load_device_profile(path, 0, &got, &why));
+  EXPECT_NE(why.find("foreign"), std::string::npos) << why;
+
+  for (const char* bad : {"{\"version\": 1, \"gemm_tflops\"", "[1, 2]",
+                          "{\"version\": 1, \"gemm_tflops\": {\"f32\": -1}}"}) {
+    std::ofstream(path) << bad;
+    EXPECT_FALSE(load_device_profile(path, 0, &got, &why));
+    EXPECT_NE(why.find("corrupt"), std::string::npos) << why;
+  }
+  EXPECT_FALSE(load_device_profile(dir + "/missing.json", 0, &got, &why));
+
+  // The corrupt file is re-measured and replaced by a usable profile.
+  set_num_threads(0);
+  DeviceProfile fresh = stored_or_measured_profile(path);
+  EXPECT_GT(fresh.fma_peak_gflops, 1.0);
+  ASSERT_TRUE(load_device_profile(path, 0, &got, &why)) << why;
+  EXPECT_DOUBLE_EQ(got.mem_bw_gbs, fresh.mem_bw_gbs);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

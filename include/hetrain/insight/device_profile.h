@@ -13,7 +13,7 @@
 namespace hetrain::insight {
 
 struct BenchOptions {
-  bool quick = false;  // about 2 s: fewer repetitions, GEMM at 1024 only, smaller triad
+  bool quick = false;  // about 2 s: fewer repetitions, GEMM at 1024 only
 };
 
 /// One measured rate, as printed in the bench table.
@@ -22,23 +22,41 @@ struct BenchRow {
   double value = 0;    // in `unit`
   std::string unit;    // GFLOP/s or GB/s
   double seconds = 0;  // best time of one repetition
+  std::string path;    // how it ran, e.g. "OpenBLAS Zen sgemm", "bf16 -> f32 + sgemm"
 };
 
 struct DeviceProfile {
   std::string name, date, isa;
+  std::string cpu_model;        // /proc/cpuinfo model name: a profile from another CPU is foreign
+  std::string hetrain_version;  // HETRAIN_VERSION that measured it: another one is stale
   int threads = 1;
+  double llc_bytes = 0;        // last-level cache the triad buffers were sized against
   double fma_peak_gflops = 0;  // all threads, register-only FMA loop, per CPU second
   double gemm_f32_tflops = 0, gemm_bf16_tflops = 0, gemm_f16_tflops = 0;  // best size
-  double mem_bw_gbs = 0;  // triad, 2 reads + 1 write counted
-  double mem_bytes = 0;   // physical memory
+  double mem_bw_gbs = 0;  // triad, 2 reads + 1 write counted, per wall-clock second
+  // The same triad per CPU second of this process times its threads: the bandwidth were the
+  // cores ours, on the same basis as the FMA peak (0 when not measured).
+  double mem_bw_cpu_gbs = 0;
+  double gemm_f32_cpu_gflops = 0;  // best f32 GEMM per CPU second times threads
+  double mem_bytes = 0;            // physical memory
   /// f32 GEMM rate (GFLOP/s) at square sizes n, small to large: the planner's GEMM model.
   std::vector<std::pair<int64_t, double>> gemm_f32_curve;
-  double cache_bw_gbs = 0;  // triad over buffers filling a quarter of the last-level cache
-  double cache_bytes = 0;   // last-level cache size
+  double cache_bw_gbs = 0;  // triad over buffers filling the threads' L2 caches
+  double cache_bytes = 0;   // those L2 caches together
   std::vector<BenchRow> rows;
 
   /// The planner's device-profile format (version 1) plus the detail rows.
   nlohmann::json to_json() const;
+  /// The inverse of to_json(); throws Error naming the missing or bad field.
+  static DeviceProfile from_json(const nlohmann::json& j);
+  /// Roofline ceilings, both per CPU second so that other processes sharing the cores do not
+  /// move the ridge: compute (the FMA peak) and memory (the triad), and the ridge point in
+  /// FLOP/byte where they meet.
+  double peak_gflops() const { return fma_peak_gflops; }
+  double roof_bw_gbs() const { return mem_bw_cpu_gbs > 0 ? mem_bw_cpu_gbs : mem_bw_gbs; }
+  double ridge_flop_per_byte() const {
+    return roof_bw_gbs() > 0 ? fma_peak_gflops / roof_bw_gbs() : 0;
+  }
 };
 
 /// The register-only FMA loop this CPU runs fastest (AVX2+FMA when present, else SSE
@@ -52,6 +70,18 @@ FmaKernel fma_kernel();
 
 /// Runs the measurements on the process-wide thread pool (all its threads).
 DeviceProfile measure_device(const BenchOptions& opts = {});
+
+/// Reads a stored profile and checks that it is usable here: parses, format version 1, made
+/// by this Hetrain version on this CPU model with `threads` threads (0: any). Returns false
+/// and says why in *why when it is missing, corrupt, stale or foreign.
+bool load_device_profile(const std::string& path, int threads, DeviceProfile* out,
+                         std::string* why);
+
+/// The stored profile when it is usable (see load_device_profile), else a fresh measurement
+/// (quick), with a warning on stderr saying why. A fresh profile replaces a corrupt, stale
+/// or foreign file; one measured for a different thread count than the stored profile's
+/// is used for this run only, so the planner keeps the full-machine profile.
+DeviceProfile stored_or_measured_profile(const std::string& path);
 
 /// $XDG_CACHE_HOME/hetrain/device_profile.json (default ~/.cache/hetrain/...); "" when
 /// neither variable is set.

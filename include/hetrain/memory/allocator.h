@@ -36,6 +36,16 @@ struct MemoryStats {
 
 class Allocator;
 
+/// Observes every change of an allocator's counters (the profiler's memory timeline). Called
+/// with the allocator's lock held, on the thread that allocated or freed: it must be quick
+/// and must not allocate through the same allocator.
+class MemoryObserver {
+ public:
+  virtual ~MemoryObserver() = default;
+  /// `tag` changed by `delta` bytes; `stats` holds the counters after the change.
+  virtual void on_memory(MemoryTag tag, int64_t delta, const MemoryStats& stats) = 0;
+};
+
 /// A block of device memory. Freed (returned to its allocator's cache) when the last
 /// reference goes away.
 class Buffer {
@@ -70,6 +80,8 @@ class Allocator {
   virtual void reset_peak() = 0;
   /// Releases cached blocks back to the system.
   virtual void empty_cache() = 0;
+  /// Installs an observer of the counters (nullptr removes it; off by default). Not owned.
+  virtual void set_observer(MemoryObserver* obs) = 0;
 
  protected:
   friend class Buffer;
@@ -87,6 +99,7 @@ class HostAllocator final : public Allocator {
   MemoryStats stats() const override;
   void reset_peak() override;
   void empty_cache() override;
+  void set_observer(MemoryObserver* obs) override;
 
  private:
   void release(void* ptr, size_t bytes, size_t capacity, MemoryTag tag) override;
@@ -96,6 +109,7 @@ class HostAllocator final : public Allocator {
   mutable std::mutex mu_;
   std::multimap<size_t, void*> cache_;
   MemoryStats stats_;
+  MemoryObserver* observer_ = nullptr;
 };
 
 HostAllocator& host_allocator();

@@ -34,6 +34,7 @@ struct TrainConfig {
   int64_t save_every = 0, log_every = 50;
   int64_t eval_batches = 0;  // language models: validation batches (0: all)
   bool progress = true;      // a live bar when stderr is a terminal
+  bool final_eval = true;    // evaluate on the test/validation set after the last step
 };
 
 /// A preset's defaults; throws for an unknown name (listing the known ones).
@@ -66,9 +67,16 @@ struct TrainResult {
 /// buffer cache, page faults); all steps when there are no more than `skip`.
 double steady_step_seconds(const TrainResult& r, size_t skip = 5);
 
+/// Called around each optimizer step (the profiler's step marks): begin before the batch is
+/// loaded, end after the step's loss has been read. Either may be empty.
+struct StepHooks {
+  std::function<void(int64_t step)> begin;
+  std::function<void(int64_t step, double loss)> end;
+};
+
 /// Runs training as configured. Output (progress, log lines) goes to stderr; the JSON log
 /// to cfg.json_log.
-TrainResult train(const TrainConfig& cfg);
+TrainResult train(const TrainConfig& cfg, const StepHooks& hooks = {});
 
 /// Formats a loss the way the logs do (9 significant digits).
 std::string format_loss(double v);

@@ -1,0 +1,52 @@
+// What `hetrain profile` shows: the per-primitive table against the measured roofline, its
+// JSON form, and a self-contained HTML report whose charts (roofline, time breakdown, memory
+// timeline by tag, loss curve) are inline SVG drawn here.
+//
+//   auto rows = hetrain::insight::roofline_rows(prof.summary(), prof.step_seconds(), device);
+//   std::string html = hetrain::insight::render_html_report({.title = "gpt-mini", ...});
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hetrain/insight/device_profile.h"
+#include "hetrain/insight/profiler.h"
+
+namespace hetrain::insight {
+
+/// One primitive against the roofline of the device profile.
+struct RooflineRow {
+  PrimitiveSummary s;
+  double percent_of_step = 0;    // total time / summed step wall time
+  double attainable_gflops = 0;  // min(FMA peak, intensity x triad bandwidth)
+  double of_roofline = 0;        // achieved / attainable (0 for primitives without FLOPs)
+  bool compute_bound = false;    // intensity at or beyond the ridge point
+};
+
+/// Rows in the order of `summary` (longest first).
+std::vector<RooflineRow> roofline_rows(const std::vector<PrimitiveSummary>& summary,
+                                       double step_seconds, const DeviceProfile& device);
+
+/// The table as printed by `hetrain profile`.
+std::string format_table(const std::vector<RooflineRow>& rows, double step_seconds, int steps);
+
+struct ReportInput {
+  std::string title;    // e.g. "gpt-mini"
+  std::string command;  // the command line that produced it
+  std::string config;   // settings, one per line
+  const Profiler* profiler = nullptr;
+  DeviceProfile device;
+  std::vector<RooflineRow> rows;
+  std::vector<std::pair<int64_t, double>> losses;  // (step, loss) of every step run
+  double load_average = -1;  // 1-minute load average after the run (-1: unknown)
+};
+
+/// The `--json` document: device ceilings, steps, and one record per primitive.
+nlohmann::json profile_json(const ReportInput& in);
+
+/// One HTML page, no external resources and no script: four inline SVG charts with ids
+/// roofline, time-breakdown, memory-timeline and loss-curve, plus the table.
+std::string render_html_report(const ReportInput& in);
+
+}  // namespace hetrain::insight

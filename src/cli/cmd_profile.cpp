@@ -1,0 +1,149 @@
+// hetrain profile: trains a few steps with the profiler on and shows where time and memory go
+// against this machine's measured roofline.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "hetrain/base/error.h"
+#include "hetrain/base/thread_pool.h"
+#include "hetrain/insight/device_profile.h"
+#include "hetrain/insight/profiler.h"
+#include "hetrain/insight/report.h"
+#include "hetrain/training/trainer.h"
+
+namespace hetrain::cli {
+
+namespace {
+const char* const kSettingFlags[] = {"data", "batch-size", "seed", "threads"};
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
+    out << text;
+    out.flush();
+    if (!out) fail("cannot write '", tmp, "'");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    fail("cannot rename '", tmp, "' to '", path, "'");
+  }
+}
+}  // namespace
+
+int cmd_profile(const Args& args) {
+  ArgParser p("profile",
+              "Train a few steps of a preset or config with the profiler on (the second stage of\n"
+              "the Hetrain workflow: analyse). Prints, per primitive: calls, total time, share of\n"
+              "the step, achieved GFLOP/s and GB/s, compute density (FLOP/byte), and whether it\n"
+              "is compute- or memory-bound against the roofline of this machine's device profile\n"
+              "(FMA peak and triad bandwidth from 'hetrain bench'; a missing, stale or foreign\n"
+              "profile is re-measured with 'hetrain bench --quick' first).");
+  p.option("preset", "NAME", "fashion-mlp, fashion-cnn or gpt-mini", "gpt-mini")
+      .option("config", "FILE", "TOML file of training settings (as for 'hetrain train')")
+      .option("steps", "N", "profiled steps", "5")
+      .option("warmup-steps", "N",
+              "steps run first and not profiled (primitive creation, buffer cache, page faults)",
+              "1")
+      .option("data", "PATH", "dataset (see 'hetrain train --help'; default: the preset's)")
+      .option("batch-size", "N", "examples per step (default: the preset's)")
+      .option("seed", "N", "seed for initialisation, shuffling and dropout")
+      .option("threads", "N", "worker threads (0: every core)")
+      .option("trace", "FILE",
+              "write a Chrome trace JSON (open in https://ui.perfetto.dev or chrome://tracing): "
+              "one track per worker thread, a step event around its nodes, FLOPs/bytes/shapes "
+              "in each event's args, host memory by tag as a counter track")
+      .option("json", "FILE", "write the per-primitive table, steps and device ceilings as JSON")
+      .option("report", "FILE",
+              "write a self-contained HTML page: roofline, time breakdown, memory timeline by "
+              "tag, loss curve and the table (inline SVG, no scripts, no network)")
+      .flag("no-progress", "no live progress bar, even on a terminal")
+      .epilog(
+          "examples:\n"
+          "  hetrain profile --preset gpt-mini --steps 5\n"
+          "  hetrain profile --preset gpt-mini --steps 5 --trace trace.json --report "
+          "report.html\n"
+          "  hetrain profile --preset fashion-cnn --steps 3 --threads 1 --json profile.json");
+  if (!p.parse(args)) return 0;
+  if (!p.positional().empty())
+    fail("[profile] unexpected argument '", p.positional()[0], "'; see 'hetrain profile --help'");
+
+  const long long steps = p.get_int("steps"), warmup = p.get_int("warmup-steps");
+  if (steps < 1) fail("[profile] --steps must be >= 1, got ", steps);
+  if (warmup < 0) fail("[profile] --warmup-steps must be >= 0, got ", warmup);
+  training::TrainConfig cfg = training::preset_config(p.get("preset"));
+  if (p.given("config")) training::apply_toml_file(cfg, p.get("config"), !p.given("preset"));
+  for (const char* f : kSettingFlags)
+    if (p.given(f)) training::apply_setting(cfg, f, p.get(f), "flag --" + std::string(f));
+  cfg.steps = warmup + steps;
+  cfg.log_every = cfg.steps;
+  cfg.final_eval = false;
+  cfg.save_every = 0;
+  cfg.save_dir.clear();
+  cfg.json_log.clear();
+  cfg.progress = !p.get_flag("no-progress");
+  training::validate(cfg);
+
+  // Every output is checked before any work is done.
+  for (const char* f : {"trace", "json", "report"})
+    if (p.given(f)) insight::check_writable(p.get(f), std::string("--") + f + " file");
+
+  set_num_threads(cfg.threads);
+  insight::DeviceProfile device =
+      insight::stored_or_measured_profile(insight::device_profile_path());
+
+  insight::Profiler prof;
+  std::vector<std::pair<int64_t, double>> losses;
+  training::StepHooks hooks;
+  hooks.begin = [&](int64_t step) {
+    if (step < warmup) return;
+    if (step == warmup) prof.start();
+    prof.begin_step(step);
+  };
+  hooks.end = [&](int64_t step, double loss) {
+    losses.emplace_back(step, loss);
+    if (step < warmup) return;
+    prof.end_step(loss);
+    if (step + 1 == cfg.steps) prof.stop();
+  };
+  training::train(cfg, hooks);
+  prof.stop();
+
+  insight::ReportInput in;
+  in.title = cfg.preset;
+  in.command = "hetrain profile";
+  for (const auto& a : args) in.command += " " + a;
+  in.config = training::config_to_toml(cfg);
+  in.profiler = &prof;
+  in.device = device;
+  in.rows = insight::roofline_rows(prof.summary(), prof.step_seconds(), device);
+  in.losses = losses;
+  if (std::ifstream la("/proc/loadavg"); la) la >> in.load_average;
+
+  std::printf(
+      "profile of %s: %lld steps after %lld warm-up, %d threads; roofline of %s: FMA peak "
+      "%.1f GFLOP/s, triad %.2f GB/s (per CPU second), ridge %.1f FLOP/byte; load average %.1f\n",
+      cfg.preset.c_str(), steps, warmup, num_threads(), device.name.c_str(), device.peak_gflops(),
+      device.roof_bw_gbs(), device.ridge_flop_per_byte(), in.load_average);
+  std::fputs(
+      insight::format_table(in.rows, prof.step_seconds(), static_cast<int>(prof.steps().size()))
+          .c_str(),
+      stdout);
+  if (p.given("trace")) {
+    write_text_atomic(p.get("trace"), prof.chrome_trace().dump());
+    std::printf("trace: %s (%zu node events)\n", p.get("trace").c_str(), prof.nodes().size());
+  }
+  if (p.given("json")) {
+    insight::write_json_atomic(p.get("json"), insight::profile_json(in));
+    std::printf("json: %s\n", p.get("json").c_str());
+  }
+  if (p.given("report")) {
+    write_text_atomic(p.get("report"), insight::render_html_report(in));
+    std::printf("report: %s\n", p.get("report").c_str());
+  }
+  return 0;
+}
+
+}  // namespace hetrain::cli
