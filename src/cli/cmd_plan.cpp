@@ -351,9 +351,17 @@ int cmd_plan(const Args& args) {
     if (p.get_flag("calibrate")) {
       cat = calibrated(cat, rep);
       if (!json_out)
-        for (const auto& [id, scale] : rep.step_scale)
-          std::cout << "calibration applied: " << id << " compute time x" << sig(scale)
-                    << " (median measured/predicted)\n\n";
+        for (const auto& [id, scale] : rep.step_scale) {
+          std::cout << "calibration applied: " << id;
+          if (auto it = rep.part_scale.find(id); it != rep.part_scale.end()) {
+            for (size_t k = 0; k < it->second.size(); ++k)
+              std::cout << (k ? ", " : " ") << to_string(static_cast<TimePart>(k)) << " x"
+                        << sig(it->second[k]);
+            std::cout << " (least squares over its runs)\n\n";
+          } else {
+            std::cout << " compute time x" << sig(scale) << " (median measured/predicted)\n\n";
+          }
+        }
     }
   } else if (p.get_flag("calibrate")) {
     fail("[plan] --calibrate needs measured runs: --measured FILE (format: docs/PLANNING.md)");

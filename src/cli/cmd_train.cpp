@@ -16,15 +16,33 @@ namespace hetrain::cli {
 namespace {
 // Flags that map one-to-one onto config settings.
 const char* const kSettingFlags[] = {
-    "data",   "epochs",  "steps",    "batch-size", "lr",           "min-lr",    "optimizer",
-    "seed",   "threads", "save",     "save-every", "resume",       "json-log",  "weight-decay",
-    "momentum", "clip",  "schedule", "warmup",     "log-every",    "eval-batches", "hidden",
-    "widths", "blocks",  "layers",   "heads",      "width",        "context",   "dropout"};
-// The run as a record of the planner's measured-runs file (docs/PLANNING.md), or null when
-// the planner cannot model this network (it models GPTs, not the mlp and cnn presets).
-nlohmann::json measured_run_record(const training::TrainConfig& cfg,
-                                   const training::TrainResult& r, const Args& args) {
-  if (cfg.model != "gpt") return nullptr;
+    "data",     "epochs",  "steps",    "batch-size", "lr",        "min-lr",       "optimizer",
+    "seed",     "threads", "save",     "save-every", "resume",    "json-log",     "weight-decay",
+    "momentum", "clip",    "schedule", "warmup",     "log-every", "eval-batches", "hidden",
+    "widths",   "blocks",  "layers",   "heads",      "width",     "context",      "dropout"};
+// The run as a record of the planner's measured-runs file (docs/PLANNING.md): the model as
+// the planner describes it (IDX image sets are 28x28 grey images in 10 classes).
+nlohmann::json measured_run_record(const training::TrainConfig& cfg, const training::TrainResult& r,
+                                   const Args& args) {
+  nlohmann::json model;
+  std::string shape;
+  if (cfg.model == "gpt") {
+    model = {{"layers", cfg.layers},
+             {"hidden", cfg.width},
+             {"heads", cfg.heads},
+             {"seq", cfg.context},
+             {"vocab", 256}};
+    shape = std::to_string(cfg.layers) + " layers, width " + std::to_string(cfg.width) +
+            ", context " + std::to_string(cfg.context);
+  } else if (cfg.model == "mlp") {
+    model = {{"family", "mlp"}, {"inputs", 28 * 28}, {"hidden", cfg.hidden}, {"classes", 10}};
+    shape = "hidden " + nlohmann::json(cfg.hidden).dump();
+  } else {
+    model = {{"family", "resnet-small"}, {"channels", 1},        {"image", 28},
+             {"widths", cfg.widths},     {"blocks", cfg.blocks}, {"classes", 10}};
+    shape = "widths " + nlohmann::json(cfg.widths).dump() + ", " + std::to_string(cfg.blocks) +
+            " block(s) per stage";
+  }
   std::string cmd = "hetrain train";
   for (const auto& a : args) cmd += " " + a;
   std::time_t t = std::time(nullptr);
@@ -33,12 +51,9 @@ nlohmann::json measured_run_record(const training::TrainConfig& cfg,
   double load = -1;
   if (std::ifstream la("/proc/loadavg"); la) la >> load;
   const size_t skip = 5;
-  return {{"label", cfg.preset + " (" + std::to_string(cfg.layers) + " layers, width " +
-                        std::to_string(cfg.width) + ", context " + std::to_string(cfg.context) +
-                        ", batch " + std::to_string(cfg.batch_size) + ") on this CPU"},
-          {"model",
-           {{"layers", cfg.layers}, {"hidden", cfg.width}, {"heads", cfg.heads},
-            {"seq", cfg.context}, {"vocab", 256}}},
+  return {{"label", cfg.preset + " (" + shape + ", batch " + std::to_string(cfg.batch_size) + ", " +
+                        std::to_string(r.threads) + " threads) on this CPU"},
+          {"model", model},
           {"hardware", "local"},
           {"gpus", 1},
           {"global_batch", cfg.batch_size},
@@ -47,8 +62,8 @@ nlohmann::json measured_run_record(const training::TrainConfig& cfg,
           {"step_time_s", training::steady_step_seconds(r, skip)},
           {"peak_memory_bytes", r.peak_memory_bytes.at("total")},
           {"threads", r.threads},
-          {"steps_measured", r.step_seconds.size() > skip ? r.step_seconds.size() - skip
-                                                          : r.step_seconds.size()},
+          {"steps_measured",
+           r.step_seconds.size() > skip ? r.step_seconds.size() - skip : r.step_seconds.size()},
           {"load_average_1min", load},
           {"source", cmd + ", " + date}};
 }
@@ -98,8 +113,9 @@ int cmd_train(const Args& args) {
       .option("threads", "N", "worker threads (0: every core)")
       .option("save", "DIR", "write a checkpoint (safetensors weights + training state) to DIR")
       .option("save-every", "N", "also checkpoint every N steps, into DIR/step-N")
-      .option("resume", "DIR", "continue from a checkpoint; the result is bit-identical to an "
-                               "uninterrupted run")
+      .option("resume", "DIR",
+              "continue from a checkpoint; the result is bit-identical to an "
+              "uninterrupted run")
       .option("json-log", "FILE", "write one JSON record per log interval and a final record")
       .option("log-every", "N", "steps per log interval")
       .option("eval-batches", "N", "validation batches for language models (0: all)")
@@ -131,7 +147,7 @@ int cmd_train(const Args& args) {
     if (p.given(f)) training::apply_setting(cfg, f, p.get(f), "flag --" + std::string(f));
   cfg.progress = !p.get_flag("no-progress");
   std::string record_path;
-  if (!p.get_flag("no-record") && cfg.model == "gpt") {
+  if (!p.get_flag("no-record")) {
     record_path = planning::default_measured_runs_path();
     try {
       insight::check_writable(record_path, "measured-runs file");
@@ -147,8 +163,11 @@ int cmd_train(const Args& args) {
 
   double peak_mib = static_cast<double>(r.peak_memory_bytes["total"]) / (1024.0 * 1024.0);
   if (p.get_flag("json")) {
-    nlohmann::json j = {{"steps", r.steps}, {"train_loss", r.train_loss}, {"wall_s", r.wall_s},
-                        {"samples_per_s", r.samples_per_s}, {"peak_memory_bytes", r.peak_memory_bytes}};
+    nlohmann::json j = {{"steps", r.steps},
+                        {"train_loss", r.train_loss},
+                        {"wall_s", r.wall_s},
+                        {"samples_per_s", r.samples_per_s},
+                        {"peak_memory_bytes", r.peak_memory_bytes}};
     if (r.test_accuracy >= 0) {
       j["test_accuracy"] = r.test_accuracy;
       j["test_loss"] = r.test_loss;
@@ -158,16 +177,18 @@ int cmd_train(const Args& args) {
     }
     std::cout << j.dump(2) << "\n";
   } else if (r.test_accuracy >= 0) {
-    std::printf("result: test accuracy %.2f%% (test loss %.4f), train loss %s, %lld steps in %.1f s, "
-                "%.0f samples/s, peak memory %.1f MiB\n",
-                100.0 * r.test_accuracy, r.test_loss, training::format_loss(r.train_loss).c_str(),
-                static_cast<long long>(r.steps), r.wall_s, r.samples_per_s, peak_mib);
+    std::printf(
+        "result: test accuracy %.2f%% (test loss %.4f), train loss %s, %lld steps in %.1f s, "
+        "%.0f samples/s, peak memory %.1f MiB\n",
+        100.0 * r.test_accuracy, r.test_loss, training::format_loss(r.train_loss).c_str(),
+        static_cast<long long>(r.steps), r.wall_s, r.samples_per_s, peak_mib);
   } else {
-    std::printf("result: val loss %.4f nats/byte (unigram entropy %.4f, ratio %.2f), train loss %s, "
-                "%lld steps in %.1f s, %.0f samples/s, peak memory %.1f MiB\n",
-                r.val_loss, r.unigram_entropy, r.val_loss / r.unigram_entropy,
-                training::format_loss(r.train_loss).c_str(), static_cast<long long>(r.steps),
-                r.wall_s, r.samples_per_s, peak_mib);
+    std::printf(
+        "result: val loss %.4f nats/byte (unigram entropy %.4f, ratio %.2f), train loss %s, "
+        "%lld steps in %.1f s, %.0f samples/s, peak memory %.1f MiB\n",
+        r.val_loss, r.unigram_entropy, r.val_loss / r.unigram_entropy,
+        training::format_loss(r.train_loss).c_str(), static_cast<long long>(r.steps), r.wall_s,
+        r.samples_per_s, peak_mib);
   }
   return 0;
 }

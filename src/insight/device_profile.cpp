@@ -182,14 +182,10 @@ double last_level_cache_bytes() {
   return best;
 }
 
-// ---- memory bandwidth: STREAM triad a = b + s*c over three buffers far beyond the LLC.
-void measure_triad(DeviceProfile& p, bool quick) {
-  // Each buffer 4x the last-level cache (at least 64 MiB, at most 1 GiB), so no pass is
-  // served from cache.
-  p.llc_bytes = last_level_cache_bytes();
-  const int64_t bytes = std::clamp<int64_t>(
-      (static_cast<int64_t>(4 * p.llc_bytes) + (int64_t{1} << 20) - 1) & ~((int64_t{1} << 20) - 1),
-      int64_t{64} << 20, int64_t{1} << 30);
+// ---- memory bandwidth: STREAM triad a = b + s*c over three buffers of `bytes` each: far
+// beyond the LLC for memory bandwidth, within it for cache bandwidth. Returns GB/s per wall
+// second; *cpu_gbs gets the rate per CPU second of the process times `threads`.
+double triad_gbs(int64_t bytes, int reps, int threads, double* seconds, double* cpu_gbs) {
   const int64_t n = bytes / 4;
   std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n), 1.0f),
       c(static_cast<size_t>(n), 2.0f);
@@ -203,7 +199,7 @@ void measure_triad(DeviceProfile& p, bool quick) {
   };
   triad();  // first touch of `a`
   double t = 1e300, cpu_rate = 0;
-  for (int rep = 0; rep < (quick ? 3 : 8); ++rep) {
+  for (int rep = 0; rep < reps; ++rep) {
     const double c0 = process_cpu_s(), t0 = now_s();
     triad();
     const double wall = now_s() - t0, cpu = process_cpu_s() - c0;
@@ -212,13 +208,37 @@ void measure_triad(DeviceProfile& p, bool quick) {
   }
   volatile float keep = a[static_cast<size_t>(n / 2)];
   (void)keep;
-  p.mem_bw_gbs = 3.0 * static_cast<double>(bytes) / t * 1e-9;
+  *seconds = t;
+  const double gbs = 3.0 * static_cast<double>(bytes) / t * 1e-9;
+  *cpu_gbs = std::max(gbs, cpu_rate * threads * 1e-9);
+  return gbs;
+}
+
+void measure_triad(DeviceProfile& p, bool quick) {
+  // Each buffer 4x the last-level cache (at least 64 MiB, at most 1 GiB), so no pass is
+  // served from cache.
+  p.llc_bytes = last_level_cache_bytes();
+  const int64_t bytes = std::clamp<int64_t>(
+      (static_cast<int64_t>(4 * p.llc_bytes) + (int64_t{1} << 20) - 1) & ~((int64_t{1} << 20) - 1),
+      int64_t{64} << 20, int64_t{1} << 30);
+  double t = 0, cpu_gbs = 0;
+  p.mem_bw_gbs = triad_gbs(bytes, quick ? 3 : 8, p.threads, &t, &cpu_gbs);
   p.rows.push_back({"triad 3 x " + std::to_string(bytes >> 20) + " MiB", p.mem_bw_gbs, "GB/s", t,
                     "LLC " + std::to_string(static_cast<int64_t>(p.llc_bytes) >> 20) + " MiB"});
   // Per CPU second of the process, times the threads that ran it.
-  p.mem_bw_cpu_gbs = std::max(p.mem_bw_gbs, cpu_rate * p.threads * 1e-9);
+  p.mem_bw_cpu_gbs = cpu_gbs;
   p.rows.push_back({"triad per CPU second x threads", p.mem_bw_cpu_gbs, "GB/s", t,
                     "the bandwidth were the cores ours"});
+  // The private caches of the threads in use: what elementwise operands of a small model
+  // stay in between kernels (a VM's shared L3 figure is often the whole socket's).
+  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (l2 <= 0) return;
+  p.cache_bytes = static_cast<double>(l2) * p.threads;
+  const int64_t per_buffer = std::max<int64_t>(static_cast<int64_t>(p.cache_bytes) / 6, 16 << 10);
+  // Many repetitions of a short loop: the best one saw the buffers resident in cache.
+  p.cache_bw_gbs = triad_gbs(per_buffer, quick ? 50 : 200, p.threads, &t, &cpu_gbs);
+  p.rows.push_back({"triad 3 x " + std::to_string(per_buffer >> 10) + " KiB (in cache)",
+                    p.cache_bw_gbs, "GB/s", t, "L2 x threads"});
 }
 
 std::string today_utc() {
@@ -233,6 +253,8 @@ std::string today_utc() {
 }  // namespace
 
 json DeviceProfile::to_json() const {
+  json curve = json::array();
+  for (const auto& [n, gflops] : gemm_f32_curve) curve.push_back({n, gflops});
   json detail = json::array();
   for (const auto& r : rows)
     detail.push_back({{"what", r.what},
@@ -248,6 +270,9 @@ json DeviceProfile::to_json() const {
           {"mem_bw_gbs", mem_bw_gbs},
           {"mem_bw_cpu_gbs", mem_bw_cpu_gbs},
           {"gemm_f32_cpu_gflops", gemm_f32_cpu_gflops},
+          {"gemm_f32_curve", curve},
+          {"cache_bw_gbs", cache_bw_gbs},
+          {"cache_bytes", cache_bytes},
           {"mem_bytes", mem_bytes},
           {"price_usd_per_hour", 0},
           {"fma_peak_tflops", fma_peak_gflops * 1e-3},
@@ -275,8 +300,13 @@ DeviceProfile measure_device(const BenchOptions& opts) {
   const std::vector<int64_t> sizes =
       opts.quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 2048};
   const int reps = opts.quick ? 2 : 3;
+  // Small GEMMs, where fixed costs and cache blocking matter: the planner's GEMM curve.
+  for (int64_t n : {64, 128, 256, 512})
+    p.gemm_f32_curve.emplace_back(n, measure_gemm(p, Dtype::f32, n, opts.quick ? 5 : 20));
   for (int64_t n : sizes) {
-    p.gemm_f32_tflops = std::max(p.gemm_f32_tflops, measure_gemm(p, Dtype::f32, n, reps) * 1e-3);
+    const double f32 = measure_gemm(p, Dtype::f32, n, reps);
+    p.gemm_f32_curve.emplace_back(n, f32);
+    p.gemm_f32_tflops = std::max(p.gemm_f32_tflops, f32 * 1e-3);
     p.gemm_bf16_tflops = std::max(p.gemm_bf16_tflops, measure_gemm(p, Dtype::bf16, n, reps) * 1e-3);
     p.gemm_f16_tflops = std::max(p.gemm_f16_tflops, measure_gemm(p, Dtype::f16, n, reps) * 1e-3);
   }
@@ -316,6 +346,12 @@ DeviceProfile DeviceProfile::from_json(const json& j) {
   p.mem_bytes = positive(j, "mem_bytes");
   p.mem_bw_cpu_gbs = j.value("mem_bw_cpu_gbs", 0.0);
   p.gemm_f32_cpu_gflops = j.value("gemm_f32_cpu_gflops", 0.0);
+  p.cache_bw_gbs = j.value("cache_bw_gbs", 0.0);
+  p.cache_bytes = j.value("cache_bytes", 0.0);
+  if (j.contains("gemm_f32_curve") && j["gemm_f32_curve"].is_array())
+    for (const auto& pt : j["gemm_f32_curve"])
+      if (pt.is_array() && pt.size() == 2 && pt[0].is_number() && pt[1].is_number())
+        p.gemm_f32_curve.emplace_back(pt[0].get<int64_t>(), pt[1].get<double>());
   if (j.contains("measurements") && j["measurements"].is_array())
     for (const auto& r : j["measurements"])
       p.rows.push_back({r.value("what", std::string()), r.value("value", 0.0),

@@ -36,6 +36,31 @@ ModelSpec model_from_json(const json& m, const std::string& where) {
     spec = preset(m["preset"].get<std::string>());
     if (m.contains("seq") && spec.is_transformer())
       spec.tf.seq = static_cast<int64_t>(num(m, "seq", where + " model"));
+  } else if (m.contains("family")) {
+    std::string w = where + " model",
+                fam = m["family"].is_string() ? m["family"].get<std::string>() : "";
+    auto ints = [&](const char* key) {
+      auto it = m.find(key);
+      if (it == m.end() || !it->is_array() || it->empty())
+        fail("[plan] ", w, ": '", key, "' must be a non-empty array of sizes");
+      std::vector<int64_t> v;
+      for (const auto& e : *it) {
+        if (!e.is_number_integer() || e.get<int64_t>() <= 0)
+          fail("[plan] ", w, ": '", key, "' must hold positive integers");
+        v.push_back(e.get<int64_t>());
+      }
+      return v;
+    };
+    auto count = [&](const char* key) { return static_cast<int64_t>(num(m, key, w)); };
+    if (fam == "mlp") {
+      spec = mlp_model(count("inputs"), ints("hidden"), count("classes"));
+    } else if (fam == "resnet-small") {
+      spec = small_resnet(count("channels"), count("image"), ints("widths"), count("blocks"),
+                          count("classes"));
+    } else {
+      fail("[plan] ", w, ": unknown family '", m["family"].dump(),
+           "'; expected \"mlp\" or \"resnet-small\" (or a preset, or a GPT's layers/hidden/...)");
+    }
   } else {
     std::string w = where + " model";
     spec = gpt_model(
@@ -57,6 +82,85 @@ Plan predict(const MeasuredRun& r, const Catalog& cat, double scale) {
   Hardware hw = cat.get(r.hardware);
   hw.compute_scale *= scale;
   return evaluate(r.job, hw, r.gpus, r.strategy);
+}
+
+using Parts = std::array<double, 4>;
+
+// The modelled time of each part of a run's step: the step with that part's scale at 1 and
+// the others at 0. Exact for single-device runs (step = compute + optimizer step); for
+// multi-device runs the overlap terms make it an approximation.
+Parts part_times(const MeasuredRun& r, const Catalog& cat) {
+  Parts t{};
+  for (size_t k = 0; k < t.size(); ++k) {
+    Hardware hw = cat.get(r.hardware);
+    hw.part_scale = {0, 0, 0, 0};
+    hw.part_scale[k] = 1;
+    t[k] = evaluate(r.job, hw, r.gpus, r.strategy).time.step;
+  }
+  return t;
+}
+
+double dot(const Parts& s, const Parts& t) {
+  return s[0] * t[0] + s[1] * t[1] + s[2] * t[2] + s[3] * t[3];
+}
+
+// Scales s minimising sum over runs of (s . t_r / measured_r - 1)^2, plus a small pull
+// towards `prior` so that parts the runs cannot tell apart stay at the prior. A part whose
+// scale comes out below 5% of the prior is pinned to the prior and the rest refitted.
+Parts fit_parts(const std::vector<std::pair<Parts, double>>& rows, double prior) {
+  Parts s;
+  s.fill(prior);
+  std::array<bool, 4> free{};
+  for (size_t k = 0; k < 4; ++k)
+    for (const auto& [t, m] : rows)
+      if (t[k] > 0.01 * m) free[k] = true;
+  constexpr double lambda = 1e-3;
+  for (int round = 0; round < 4; ++round) {
+    double A[4][5] = {};
+    for (size_t i = 0; i < 4; ++i) {
+      A[i][i] = lambda;
+      A[i][4] = lambda * prior;
+    }
+    for (const auto& [t, m] : rows) {
+      double target = 1;
+      Parts a{};
+      for (size_t k = 0; k < 4; ++k) {
+        a[k] = t[k] / m;
+        if (!free[k]) target -= prior * a[k];
+      }
+      for (size_t i = 0; i < 4; ++i) {
+        if (!free[i]) continue;
+        for (size_t j = 0; j < 4; ++j)
+          if (free[j]) A[i][j] += a[i] * a[j];
+        A[i][4] += a[i] * target;
+      }
+    }
+    for (size_t i = 0; i < 4; ++i)
+      if (!free[i]) {
+        for (size_t j = 0; j < 5; ++j) A[i][j] = 0;
+        A[i][i] = 1, A[i][4] = prior;
+      }
+    // Gaussian elimination with partial pivoting (the matrix is symmetric positive definite).
+    for (size_t c = 0; c < 4; ++c) {
+      size_t piv = c;
+      for (size_t r = c + 1; r < 4; ++r)
+        if (std::abs(A[r][c]) > std::abs(A[piv][c])) piv = r;
+      for (size_t j = 0; j < 5; ++j) std::swap(A[c][j], A[piv][j]);
+      for (size_t r = 0; r < 4; ++r) {
+        if (r == c) continue;
+        double f = A[r][c] / A[c][c];
+        for (size_t j = c; j < 5; ++j) A[r][j] -= f * A[c][j];
+      }
+    }
+    bool pinned = false;
+    for (size_t k = 0; k < 4; ++k) {
+      s[k] = A[k][4] / A[k][k];
+      if (free[k] && s[k] < 0.05 * prior) free[k] = false, pinned = true;
+    }
+    if (!pinned) break;
+    s.fill(prior);
+  }
+  return s;
 }
 
 }  // namespace
@@ -128,17 +232,23 @@ CalibrationReport compare_measured(const std::vector<MeasuredRun>& runs, const C
   if (!rep.runs.empty()) rep.mean_abs_step_error = sum / rep.runs.size();
   for (const auto& [hw, idx] : by_hw) {
     std::vector<double> ratios;
-    for (size_t i : idx)
-      ratios.push_back(rep.runs[i].run.step_time_s / rep.runs[i].predicted.time.step);
+    std::vector<std::pair<Parts, double>> rows;
+    for (size_t i : idx) {
+      const auto& c = rep.runs[i];
+      ratios.push_back(c.run.step_time_s / c.predicted.time.step);
+      rows.emplace_back(part_times(c.run, cat), c.run.step_time_s);
+    }
     rep.step_scale[hw] = median(ratios);
     if (idx.size() < 2) continue;
+    rep.part_scale[hw] = fit_parts(rows, rep.step_scale[hw]);
     for (size_t k = 0; k < idx.size(); ++k) {
       std::vector<double> others;
+      std::vector<std::pair<Parts, double>> other_rows;
       for (size_t q = 0; q < idx.size(); ++q)
-        if (q != k) others.push_back(ratios[q]);
+        if (q != k) others.push_back(ratios[q]), other_rows.push_back(rows[q]);
       auto& c = rep.runs[idx[k]];
-      Plan p = predict(c.run, cat, median(others));
-      c.loo_step_error = (p.time.step - c.run.step_time_s) / c.run.step_time_s;
+      const double predicted = dot(fit_parts(other_rows, median(others)), rows[k].first);
+      c.loo_step_error = (predicted - c.run.step_time_s) / c.run.step_time_s;
       loo_sum += std::abs(*c.loo_step_error);
       ++loo_n;
     }
@@ -151,8 +261,12 @@ Catalog calibrated(const Catalog& catalog, const CalibrationReport& report) {
   Catalog out;
   out.path = catalog.path;
   for (Hardware h : catalog.all()) {
-    if (auto it = report.step_scale.find(h.id); it != report.step_scale.end() && it->second > 0)
-      h.compute_scale *= it->second;
+    if (auto it = report.part_scale.find(h.id); it != report.part_scale.end()) {
+      for (size_t k = 0; k < 4; ++k) h.part_scale[k] *= it->second[k];
+    } else if (auto st = report.step_scale.find(h.id);
+               st != report.step_scale.end() && st->second > 0) {
+      h.compute_scale *= st->second;
+    }
     out.add(std::move(h));
   }
   return out;

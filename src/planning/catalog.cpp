@@ -209,6 +209,21 @@ bool Catalog::load_device_profile(const std::string& path, std::string* warning)
     h.gpus_per_node = 1;
     h.price_per_hour = j.value("price_usd_per_hour", 0.0);
     h.gemm_efficiency = 1.0;  // measured rates are already achieved rates
+    if (j.contains("gemm_f32_curve")) {
+      const json& c = j["gemm_f32_curve"];
+      if (!c.is_array()) fail("'gemm_f32_curve' must be an array of [n, GFLOP/s] pairs");
+      for (const auto& e : c) {
+        if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_number() ||
+            e[0].get<double>() <= 0 || e[1].get<double>() <= 0)
+          fail("'gemm_f32_curve' entries must be [n, GFLOP/s] with both positive");
+        h.gemm_curve.emplace_back(e[0].get<double>(), e[1].get<double>() * 1e-3);
+      }
+      std::sort(h.gemm_curve.begin(), h.gemm_curve.end());
+    }
+    h.cache_bw_gbs = j.value("cache_bw_gbs", 0.0);
+    h.cache_bytes = j.value("cache_bytes", 0.0);
+    if (h.cache_bw_gbs < 0 || h.cache_bytes < 0)
+      fail("cache_bw_gbs and cache_bytes must not be negative");
     h.reserved_gb = 0;
     h.measured = true;
     std::string date = j.value("date", std::string("unknown"));

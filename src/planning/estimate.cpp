@@ -9,6 +9,20 @@
 
 namespace hetrain::planning {
 
+const char* to_string(TimePart p) {
+  switch (p) {
+    case TimePart::gemm:
+      return "gemm";
+    case TimePart::conv:
+      return "conv";
+    case TimePart::attention:
+      return "attention";
+    case TimePart::memory:
+      return "memory";
+  }
+  return "?";
+}
+
 const char* to_string(Offload o) {
   switch (o) {
     case Offload::none:
@@ -70,6 +84,61 @@ double gemm_time(double m, double n, double k, double peak, double eff, double b
   double bytes = elem * (m * k + k * n + m * n);
   return std::max(flops / (peak * eff), bytes / (bw * 0.8));
 }
+
+namespace {
+
+// What one device offers a job's precision. GEMMs: the catalog's constant efficiency with
+// tile quantisation, or, for a measured device, the rate its profile measured at that GEMM
+// size (interpolated in log-log, scaled from f32 to the job's dtype by the peak ratio).
+// Memory-bound work: the device bandwidth, or the cache bandwidth for operands that fit in
+// the last-level cache, where the profile measured it.
+struct Rates {
+  const Hardware& hw;
+  double peak, eff, bw, elem, dtype_scale;
+
+  Rates(const Hardware& h, Precision prec)
+      : hw(h),
+        peak(h.peak_tflops(prec) * 1e12),
+        eff(h.gemm_efficiency),
+        bw(h.mem_bw_gbs * 1e9),
+        elem(prec == Precision::fp32 ? 4 : 2),
+        dtype_scale(h.tflops_f32 > 0 ? h.peak_tflops(prec) / h.tflops_f32 : 1) {}
+
+  double scale(TimePart p) const { return hw.part_scale[static_cast<size_t>(p)]; }
+
+  double gemm(double m, double n, double k, TimePart part = TimePart::gemm) const {
+    return scale(part) * gemm_unscaled(m, n, k);
+  }
+  double gemm_unscaled(double m, double n, double k) const {
+    if (hw.gemm_curve.empty()) return gemm_time(m, n, k, peak, eff, bw, elem);
+    if (m <= 0 || n <= 0 || k <= 0) return 0;
+    const auto& c = hw.gemm_curve;
+    double size = std::cbrt(m * n * k), tflops;
+    if (size <= c.front().first) {
+      tflops = c.front().second * size / c.front().first;  // fixed costs dominate below
+    } else if (size >= c.back().first) {
+      tflops = c.back().second;
+    } else {
+      size_t i = 1;
+      while (c[i].first < size) ++i;
+      double t = std::log(size / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
+      tflops = std::exp(std::log(c[i - 1].second) * (1 - t) + std::log(c[i].second) * t);
+    }
+    double bytes = elem * (m * k + k * n + m * n);
+    return std::max(2 * m * n * k / (tflops * 1e12 * dtype_scale), stream_unscaled(bytes, bytes));
+  }
+  /// Time to move `bytes` whose working set is `working_set` bytes.
+  double stream(double bytes, double working_set) const {
+    return scale(TimePart::memory) * stream_unscaled(bytes, working_set);
+  }
+  double stream_unscaled(double bytes, double working_set) const {
+    if (hw.cache_bw_gbs > 0 && working_set <= hw.cache_bytes)
+      return bytes / (hw.cache_bw_gbs * 1e9);
+    return bytes / (bw * 0.8);
+  }
+};
+
+}  // namespace
 
 // ---- model states: the ZeRO paper's accounting --------------------------------------------
 
@@ -180,22 +249,26 @@ using detail::StageCompute;
 StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s) {
   const ModelSpec& m = job.model;
   StageCompute c;
-  double peak = hw.peak_tflops(job.precision) * 1e12, eff = hw.gemm_efficiency;
-  double bw = hw.mem_bw_gbs * 1e9, elem = job.precision == Precision::fp32 ? 4 : 2;
+  const Rates r(hw, job.precision);
+  const double elem = r.elem;
   double act_scale = job.precision == Precision::fp32 ? 2 : 1;
   double b = static_cast<double>(s.micro_batch);
   if (!m.is_transformer()) {
     for (const auto& l : m.conv.layers) {
-      double px = b * l.out_h * l.out_w;
+      double px = b * l.out_h * l.out_w, tensor = elem * px * l.out;
       if (l.kind == ConvLayer::Kind::conv) {
-        double t = gemm_time(px, l.out, l.in * l.kernel * l.kernel, peak, eff, bw, elem);
+        double t = r.gemm(px, l.out, l.in * l.kernel * l.kernel, TimePart::conv);
         c.fwd += t, c.bwd += 2 * t;
       } else if (l.kind == ConvLayer::Kind::linear) {
-        double t = gemm_time(b, l.out, l.in, peak, eff, bw, elem);
+        double t = r.gemm(b, l.out, l.in);
         c.fwd += t, c.bwd += 2 * t;
-      } else {  // batch norm + ReLU: read and write the tensor, twice as much backward
-        double t = 3 * elem * px * l.out / (bw * 0.8);
+      } else if (l.kind == ConvLayer::Kind::batchnorm) {
+        // batch norm + ReLU: read and write the tensor, twice as much backward
+        double t = r.stream(3 * tensor, 2 * tensor);
         c.fwd += t, c.bwd += 2 * t;
+      } else {  // activation: read and write; backward reads the gradient and the mask
+        double t = r.stream(2 * tensor, 2 * tensor);
+        c.fwd += t, c.bwd += 1.5 * t;
       }
     }
     if (s.recompute == Recompute::full) c.recompute = c.fwd;
@@ -206,27 +279,25 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
   double t = s.tp, sq = static_cast<double>(tf.seq), h = static_cast<double>(tf.hidden);
   double tok = b * sq, d = h / tf.heads, kv = static_cast<double>(tf.kv_heads) * d;
   double f = static_cast<double>(tf.ffn_hidden);
-  double mm = gemm_time(tok, (h + 2 * kv) / t, h, peak, eff, bw, elem) +
-              gemm_time(tok, h, h / t, peak, eff, bw, elem);
+  double mm = r.gemm(tok, (h + 2 * kv) / t, h) + r.gemm(tok, h, h / t);
   if (tf.mlp == MlpKind::swiglu) {
-    mm += gemm_time(tok, 2 * f / t, h, peak, eff, bw, elem) +
-          gemm_time(tok, h, f / t, peak, eff, bw, elem);
+    mm += r.gemm(tok, 2 * f / t, h) + r.gemm(tok, h, f / t);
   } else {
-    mm += gemm_time(tok, f / t, h, peak, eff, bw, elem) +
-          gemm_time(tok, h, f / t, peak, eff, bw, elem);
+    mm += r.gemm(tok, f / t, h) + r.gemm(tok, h, f / t);
   }
   // Attention core: per head, scores (s x s, k = d) and scores @ V (s x d, k = s).
   double heads = b * tf.heads / t;
-  double core = heads * (gemm_time(sq, sq, d, peak, eff, bw, elem) +
-                         gemm_time(sq, d, sq, peak, eff, bw, elem));
+  double core =
+      heads * (r.gemm(sq, sq, d, TimePart::attention) + r.gemm(sq, d, sq, TimePart::attention));
   // Elementwise (norms, activation functions, softmax, dropout, residuals): memory bound,
-  // about twice the bytes the layer keeps for backward.
+  // about twice the bytes the layer keeps for backward; each op's operands are about one
+  // (tokens x hidden) tensor.
   double kept = act_scale * transformer_layer_activation_bytes(
                                 tf, s.micro_batch, s.tp, s.sequence_parallel, Recompute::none);
-  double elementwise = 2 * kept / (bw * 0.8);
+  double elementwise = r.stream(2 * kept, 3 * elem * tok * h / t);
   double layer_fwd = mm + core + elementwise;
   double lps = std::ceil(static_cast<double>(tf.layers) / s.pp);
-  double logits = tf.lm_head ? gemm_time(tok, tf.vocab / t, h, peak, eff, bw, elem) : 0;
+  double logits = tf.lm_head ? r.gemm(tok, tf.vocab / t, h) : 0;
   c.fwd = lps * layer_fwd + logits;
   c.bwd = 2 * c.fwd;
   if (s.recompute == Recompute::full) c.recompute = lps * layer_fwd;
@@ -427,7 +498,7 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
   double shard = st.zero >= 1 ? P / p.dp : P;
   double adam_bytes = shard * (2 * K + 2 * wb);
   if (st.offload == Offload::none) {
-    T.optimizer = adam_bytes / (hw.mem_bw_gbs * 1e9 * 0.8);
+    T.optimizer = Rates(hw, job.precision).stream(adam_bytes, adam_bytes);
   } else {
     T.optimizer = adam_bytes / (hw.host_mem_bw_gbs * 1e9);
     double pcie = hw.pcie_bw();

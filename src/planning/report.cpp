@@ -85,6 +85,9 @@ json to_json(const CalibrationReport& r) {
   j["max_abs_step_error"] = r.max_abs_step_error;
   if (r.mean_abs_loo_error) j["mean_abs_leave_one_out_error"] = *r.mean_abs_loo_error;
   j["step_scale"] = r.step_scale;
+  for (const auto& [hw, sc] : r.part_scale)
+    for (size_t k = 0; k < sc.size(); ++k)
+      j["part_scale"][hw][to_string(static_cast<TimePart>(k))] = sc[k];
   return j;
 }
 

@@ -218,3 +218,68 @@ TEST(PlanReport, JsonHasTheFieldsScriptsDependOn) {
   EXPECT_EQ(r["rejected"][0]["hardware"], "mi250x");
   EXPECT_NE(r["rejected"][0]["reason"].get<std::string>().find("no price"), std::string::npos);
 }
+
+// The planner's descriptions of Hetrain's own mlp and cnn have the engine's parameter counts
+// (`hetrain train` prints 535818 and 77754 for the fashion-mlp and fashion-cnn presets).
+TEST(PlanModels, SmallModelsMatchTheEngine) {
+  EXPECT_EQ(mlp_model(784, {512, 256}, 10).params(), 535818);
+  EXPECT_EQ(small_resnet(1, 28, {16, 32, 64}, 1, 10).params(), 77754);
+  // 2 x (784*512 + 512*256 + 256*10) multiply-adds
+  EXPECT_DOUBLE_EQ(mlp_model(784, {512, 256}, 10).forward_flops_per_sample(),
+                   2.0 * (784 * 512 + 512 * 256 + 256 * 10));
+}
+
+// Per-part calibration: runs "measured" with known part scales are fitted back, and a run
+// left out is predicted from the others.
+TEST(PlanCalibration, FitsPartScales) {
+  Catalog c = Catalog::load(catalog_path());
+  Hardware slow = c.get("a100-80gb-sxm");
+  slow.part_scale = {2.0, 1.5, 1.0, 3.0};  // gemm, conv, attention, memory
+  struct R {
+    std::string model;
+    ModelSpec spec;
+    int64_t batch;
+  };
+  std::vector<R> runs = {
+      {R"({"family": "mlp", "inputs": 784, "hidden": [512, 256], "classes": 10})",
+       mlp_model(784, {512, 256}, 10), 128},
+      {R"({"family": "mlp", "inputs": 784, "hidden": [2048, 2048], "classes": 10})",
+       mlp_model(784, {2048, 2048}, 10), 512},
+      {R"({"family": "resnet-small", "channels": 1, "image": 28, "widths": [16, 32, 64], "blocks": 1, "classes": 10})",
+       small_resnet(1, 28, {16, 32, 64}, 1, 10), 128},
+      {R"({"family": "resnet-small", "channels": 1, "image": 28, "widths": [64, 128, 256], "blocks": 2, "classes": 10})",
+       small_resnet(1, 28, {64, 128, 256}, 2, 10), 256},
+      {R"({"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "vocab": 256})",
+       gpt_model(4, 128, 4, 64, 256), 32},
+      {R"({"layers": 12, "hidden": 768, "heads": 12, "seq": 1024, "vocab": 50257})",
+       gpt_model(12, 768, 12, 1024, 50257), 8}};
+  std::string text = R"({"version": 1, "runs": [)";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    Job j;
+    j.model = runs[i].spec;
+    j.global_batch = runs[i].batch;
+    j.tokens = static_cast<double>(runs[i].batch * j.model.tokens_per_sample());
+    Strategy s;
+    s.micro_batch = runs[i].batch;
+    double t = evaluate(j, slow, 1, s).time.step;
+    text += (i ? "," : "") + std::string(R"({"model": )") + runs[i].model +
+            R"(, "hardware": "a100-80gb-sxm", "gpus": 1, "global_batch": )" +
+            std::to_string(runs[i].batch) + R"(, "micro_batch": )" + std::to_string(runs[i].batch) +
+            R"(, "step_time_s": )" + nlohmann::json(t).dump() + "}";
+  }
+  text += "]}";
+  std::string path = write_temp("part_runs.json", text);
+  CalibrationReport rep = compare_measured(load_measured_runs(path), c);
+  fs::remove(path);
+  ASSERT_EQ(rep.part_scale.count("a100-80gb-sxm"), 1u);
+  const auto& sc = rep.part_scale.at("a100-80gb-sxm");
+  EXPECT_NEAR(sc[0], 2.0, 0.2);
+  EXPECT_NEAR(sc[1], 1.5, 0.15);
+  EXPECT_NEAR(sc[3], 3.0, 0.3);
+  ASSERT_TRUE(rep.mean_abs_loo_error.has_value());
+  EXPECT_LT(*rep.mean_abs_loo_error, 0.10);
+  EXPECT_GT(rep.mean_abs_step_error, 0.3);  // uncalibrated, the model is well off
+  // calibrated() carries the fitted scales into the catalog.
+  Catalog cal = calibrated(c, rep);
+  EXPECT_NEAR(cal.get("a100-80gb-sxm").part_scale[3], sc[3], 1e-12);
+}

@@ -16,6 +16,7 @@
 // in `hetrain plan`) is required.
 #pragma once
 
+#include <array>
 #include <map>
 #include <optional>
 #include <string>
@@ -55,6 +56,10 @@ struct CalibrationReport {
   /// multiplies that hardware's modelled compute time by it (communication is not
   /// calibrated: single-device runs cannot measure it).
   std::map<std::string, double> step_scale;
+  /// Per hardware with at least two runs: a scale per part of the time model (TimePart
+  /// order), fitted by least squares on the relative error of its runs; parts that no run
+  /// exercises keep the median scale. Replaces step_scale when present.
+  std::map<std::string, std::array<double, 4>> part_scale;
 };
 
 CalibrationReport compare_measured(const std::vector<MeasuredRun>& runs, const Catalog& catalog);

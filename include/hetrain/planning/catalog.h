@@ -5,6 +5,7 @@
 //   const Hardware& h = cat.get("a100-80gb-sxm");
 #pragma once
 
+#include <array>
 #include <map>
 #include <optional>
 #include <string>
@@ -20,6 +21,11 @@ Precision precision_from_string(const std::string& s);
 struct Source {
   std::string doc, date;
 };
+
+/// The parts of the time model that calibration corrects separately: matmul-shaped GEMMs,
+/// convolutions, the attention core, and memory-bound work (elementwise, norms, optimizer).
+enum class TimePart { gemm = 0, conv = 1, attention = 2, memory = 3 };
+const char* to_string(TimePart p);
 
 struct Hardware {
   std::string id, name, vendor;
@@ -41,7 +47,14 @@ struct Hardware {
   double alpha_intra_us = 5, alpha_inter_us = 15;
   double reserved_gb = 1.0;    // runtime context and allocator slack per device
   double compute_scale = 1.0;  // calibration: measured/predicted compute time
-  bool measured = false;       // from this machine's device profile
+  /// Calibration per part of the time model (indexed by TimePart): measured/modelled.
+  std::array<double, 4> part_scale{1, 1, 1, 1};
+  // Measured devices only (the `local` profile): GEMM rate against GEMM size, as
+  // (cube root of m·n·k, f32 TFLOP/s) pairs in increasing size, replacing the constant
+  // efficiency; and the bandwidth of operands that fit in the last-level cache.
+  std::vector<std::pair<double, double>> gemm_curve;
+  double cache_bw_gbs = 0, cache_bytes = 0;
+  bool measured = false;  // from this machine's device profile
   std::map<std::string, Source> sources;
 
   /// Peak dense matmul rate for a training precision (fp32 uses the plain f32 rate, as

@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "graph/prims/linalg.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
+#include "hetrain/base/thread_pool.h"
 
 namespace hetrain {
 
@@ -67,10 +69,15 @@ std::string openblas_core_name() { return openblas_get_corename(); }
 
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (sgemm_path() == SgemmPath::openblas)
+  if (sgemm_path() == SgemmPath::openblas) {
+    // OpenBLAS keeps its own threads: give it the engine's thread count (--threads).
+    static std::atomic<int> blas_threads{0};
+    const int want = num_threads();
+    if (blas_threads.exchange(want) != want) openblas_set_num_threads(want);
     sgemm_openblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else
+  } else {
     sgemm_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
 }
 
 void dgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
