@@ -161,7 +161,8 @@ double measure_gemm(DeviceProfile& p, Dtype dt, int64_t n, int reps) {
   const double gflops = flops / t * 1e-9;
   p.rows.push_back({"gemm " + std::string(dtype_name(dt)) + " n=" + std::to_string(n), gflops,
                     "GFLOP/s", t, gemm_path(dt)});
-  if (dt == Dtype::f32)
+  // Per CPU second x threads assumes every thread worked: true only for the large sizes.
+  if (dt == Dtype::f32 && n >= 1024)
     p.gemm_f32_cpu_gflops =
         std::max(p.gemm_f32_cpu_gflops, std::max(gflops, cpu_rate * p.threads * 1e-9));
   return gflops;
@@ -182,16 +183,14 @@ double last_level_cache_bytes() {
   return best;
 }
 
-// ---- STREAM triad a = b + s*c over three buffers of `bytes` each: best wall time of `reps`
-// passes, and the best rate per CPU second of the process (bytes/s).
-struct Triad {
-  double seconds = 1e300, cpu_rate = 0;
-};
-Triad triad(int64_t bytes, int reps) {
+// ---- memory bandwidth: STREAM triad a = b + s*c over three buffers of `bytes` each: far
+// beyond the LLC for memory bandwidth, within it for cache bandwidth. Returns GB/s per wall
+// second; *cpu_gbs gets the rate per CPU second of the process times `threads`.
+double triad_gbs(int64_t bytes, int reps, int threads, double* seconds, double* cpu_gbs) {
   const int64_t n = bytes / 4;
   std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n), 1.0f),
       c(static_cast<size_t>(n), 2.0f);
-  auto pass = [&] {
+  auto triad = [&] {
     parallel_for(n, 1 << 16, [&](int64_t lo, int64_t hi) {
       float* ap = a.data();
       const float* bp = b.data();
@@ -199,21 +198,23 @@ Triad triad(int64_t bytes, int reps) {
       for (int64_t i = lo; i < hi; ++i) ap[i] = bp[i] + 3.0f * cp[i];
     });
   };
-  pass();  // first touch of `a`
-  Triad r;
+  triad();  // first touch of `a`
+  double t = 1e300, cpu_rate = 0;
   for (int rep = 0; rep < reps; ++rep) {
     const double c0 = process_cpu_s(), t0 = now_s();
-    pass();
+    triad();
     const double wall = now_s() - t0, cpu = process_cpu_s() - c0;
-    r.seconds = std::min(r.seconds, wall);
-    if (cpu > 0) r.cpu_rate = std::max(r.cpu_rate, 3.0 * static_cast<double>(bytes) / cpu);
+    t = std::min(t, wall);
+    if (cpu > 0) cpu_rate = std::max(cpu_rate, 3.0 * static_cast<double>(bytes) / cpu);
   }
   volatile float keep = a[static_cast<size_t>(n / 2)];
   (void)keep;
-  return r;
+  *seconds = t;
+  const double gbs = 3.0 * static_cast<double>(bytes) / t * 1e-9;
+  *cpu_gbs = std::max(gbs, cpu_rate * threads * 1e-9);
+  return gbs;
 }
 
-// ---- memory bandwidth far beyond the LLC, and within the threads' L2 caches.
 void measure_triad(DeviceProfile& p, bool quick) {
   // Each buffer 4x the last-level cache (at least 64 MiB, at most 1 GiB), so no pass is
   // served from cache.
@@ -221,26 +222,24 @@ void measure_triad(DeviceProfile& p, bool quick) {
   const int64_t bytes = std::clamp<int64_t>(
       (static_cast<int64_t>(4 * p.llc_bytes) + (int64_t{1} << 20) - 1) & ~((int64_t{1} << 20) - 1),
       int64_t{64} << 20, int64_t{1} << 30);
-  const Triad big = triad(bytes, quick ? 3 : 8);
-  p.mem_bw_gbs = 3.0 * static_cast<double>(bytes) / big.seconds * 1e-9;
-  p.rows.push_back({"triad 3 x " + std::to_string(bytes >> 20) + " MiB", p.mem_bw_gbs, "GB/s",
-                    big.seconds,
+  double t = 0, cpu_gbs = 0;
+  p.mem_bw_gbs = triad_gbs(bytes, quick ? 3 : 8, p.threads, &t, &cpu_gbs);
+  p.rows.push_back({"triad 3 x " + std::to_string(bytes >> 20) + " MiB", p.mem_bw_gbs, "GB/s", t,
                     "LLC " + std::to_string(static_cast<int64_t>(p.llc_bytes) >> 20) + " MiB"});
   // Per CPU second of the process, times the threads that ran it.
-  p.mem_bw_cpu_gbs = std::max(p.mem_bw_gbs, big.cpu_rate * p.threads * 1e-9);
-  p.rows.push_back({"triad per CPU second x threads", p.mem_bw_cpu_gbs, "GB/s", big.seconds,
+  p.mem_bw_cpu_gbs = cpu_gbs;
+  p.rows.push_back({"triad per CPU second x threads", p.mem_bw_cpu_gbs, "GB/s", t,
                     "the bandwidth were the cores ours"});
-  // The private caches of the threads in use: where the elementwise operands of a small
-  // model stay between kernels (the planner's in-cache bandwidth).
+  // The private caches of the threads in use: what elementwise operands of a small model
+  // stay in between kernels (a VM's shared L3 figure is often the whole socket's).
   const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
   if (l2 <= 0) return;
   p.cache_bytes = static_cast<double>(l2) * p.threads;
   const int64_t per_buffer = std::max<int64_t>(static_cast<int64_t>(p.cache_bytes) / 6, 16 << 10);
-  // Many repetitions of a short pass: the best one saw the buffers resident in cache.
-  const Triad small = triad(per_buffer, quick ? 50 : 200);
-  p.cache_bw_gbs = 3.0 * static_cast<double>(per_buffer) / small.seconds * 1e-9;
-  p.rows.push_back({"triad 3 x " + std::to_string(per_buffer >> 10) + " KiB", p.cache_bw_gbs,
-                    "GB/s", small.seconds, "in the threads' L2"});
+  // Many repetitions of a short loop: the best one saw the buffers resident in cache.
+  p.cache_bw_gbs = triad_gbs(per_buffer, quick ? 50 : 200, p.threads, &t, &cpu_gbs);
+  p.rows.push_back({"triad 3 x " + std::to_string(per_buffer >> 10) + " KiB (in cache)",
+                    p.cache_bw_gbs, "GB/s", t, "L2 x threads"});
 }
 
 std::string today_utc() {
@@ -348,6 +347,12 @@ DeviceProfile DeviceProfile::from_json(const json& j) {
   p.mem_bytes = positive(j, "mem_bytes");
   p.mem_bw_cpu_gbs = j.value("mem_bw_cpu_gbs", 0.0);
   p.gemm_f32_cpu_gflops = j.value("gemm_f32_cpu_gflops", 0.0);
+  p.cache_bw_gbs = j.value("cache_bw_gbs", 0.0);
+  p.cache_bytes = j.value("cache_bytes", 0.0);
+  if (j.contains("gemm_f32_curve") && j["gemm_f32_curve"].is_array())
+    for (const auto& pt : j["gemm_f32_curve"])
+      if (pt.is_array() && pt.size() == 2 && pt[0].is_number() && pt[1].is_number())
+        p.gemm_f32_curve.emplace_back(pt[0].get<int64_t>(), pt[1].get<double>());
   if (j.contains("measurements") && j["measurements"].is_array())
     for (const auto& r : j["measurements"])
       p.rows.push_back({r.value("what", std::string()), r.value("value", 0.0),

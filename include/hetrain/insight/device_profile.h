@@ -41,8 +41,8 @@ struct DeviceProfile {
   double mem_bytes = 0;            // physical memory
   /// f32 GEMM rate (GFLOP/s) at square sizes n, small to large: the planner's GEMM model.
   std::vector<std::pair<int64_t, double>> gemm_f32_curve;
-  double cache_bw_gbs = 0;  // triad over buffers filling the threads' L2 caches
-  double cache_bytes = 0;   // those L2 caches together
+  double cache_bw_gbs = 0;  // triad over buffers filling a sixth of the threads' L2 caches
+  double cache_bytes = 0;   // L2 size times threads
   std::vector<BenchRow> rows;
 
   /// The planner's device-profile format (version 1) plus the detail rows.
