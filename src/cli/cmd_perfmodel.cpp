@@ -14,10 +14,10 @@ int cmd_perfmodel(const Args& args) {
   ArgParser p("perfmodel",
               "Show or clear the performance models: kernel times per (primitive, device class,\n"
               "dtype) measured by 'hetrain train' and used by the scheduler and 'hetrain\n"
-              "simulate'. History answers sizes seen (trusted with >= 3 samples and a\n"
-              "coefficient of variation <= 0.3), the regression a*size^b + c sizes not seen\n"
-              "(trusted with >= 3 trusted sizes and <= 25% RMS error, within 4x of them).\n"
-              "usage: hetrain perfmodel show|clear [flags]");
+              "simulate'. History answers sizes seen (trusted with >= 3 samples whose mean is\n"
+              "known to 10%: standard error / mean <= 0.1); the regression a*size^b + c answers\n"
+              "sizes not seen (trusted with >= 3 trusted sizes and <= 25% RMS error, within 4x\n"
+              "of them).\nusage: hetrain perfmodel show|clear [flags]");
   p.option("file", "PATH", "model file (default $XDG_CACHE_HOME/hetrain/perfmodel.json)")
       .flag("json", "print the models as JSON")
       .epilog(

@@ -44,6 +44,23 @@ void apply_hardware(std::vector<runtime::DeviceModel>& devs, const std::string& 
   }
 }
 
+/// The CPU's roofline from this machine's device profile ('hetrain bench'), when there is one:
+/// its measured f32 GEMM rate and triad bandwidth; sim devices keep their share of it.
+void apply_local_profile(std::vector<runtime::DeviceModel>& devs) {
+  std::string warning;
+  planning::Catalog cat = planning::Catalog::load_default(&warning);
+  if (!warning.empty()) std::fprintf(stderr, "warning: %s\n", warning.c_str());
+  if (!cat.contains("local")) return;
+  const planning::Hardware& h = cat.get("local");
+  if (h.tflops_f32 <= 0 || h.mem_bw_gbs <= 0) return;
+  const double f = h.tflops_f32 * 1e3 / devs[0].gflops, b = h.mem_bw_gbs / devs[0].gbps;
+  for (auto& d : devs)
+    if (d.hardware.empty()) {
+      d.gflops *= f;
+      d.gbps *= b;
+    }
+}
+
 void write_trace(const std::string& path, const runtime::SimulationLog& log,
                  const std::vector<runtime::DeviceModel>& devs) {
   nlohmann::json ev = nlohmann::json::array();
@@ -83,7 +100,8 @@ int cmd_simulate(const Args& args) {
               "Predict a training step on a set of devices without running a kernel: the real\n"
               "scheduler (placement, copies, queues) with durations from the performance\n"
               "models this machine has measured ('hetrain perfmodel show') where they are\n"
-              "trusted, else from each device's roofline (rate, bandwidth, link).");
+              "trusted, else from each device's roofline (rate, bandwidth, link: the CPU's from\n"
+              "'hetrain bench' when it has run, sim devices a core's share of it).");
   p.option("preset", "NAME", "fashion-mlp, fashion-cnn or gpt-mini", "gpt-mini")
       .option("config", "FILE", "TOML file of settings, as for 'hetrain train'")
       .option("devices", "LIST",
@@ -141,6 +159,7 @@ int cmd_simulate(const Args& args) {
   }
   set_num_threads(cfg.threads);
   std::vector<runtime::DeviceModel> devs = runtime::parse_devices(p.get("devices"));
+  apply_local_profile(devs);
   if (p.given("hardware")) apply_hardware(devs, p.get("hardware"));
   const runtime::PlacementPolicy policy = runtime::parse_placement(p.get("placement"));
 

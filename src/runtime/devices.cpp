@@ -44,6 +44,7 @@ DeviceModel cpu_model() {
   m.gflops = 50 * cores;
   m.gbps = 10 * cores;
   m.link_gbps = 10;
+  m.workers = static_cast<int>(cores);
   return m;
 }
 }  // namespace
@@ -90,6 +91,7 @@ std::vector<DeviceModel> parse_devices(const std::string& list) {
       DeviceModel m = cpu;
       m.device = d;
       m.slowdown = slowdown;
+      m.workers = 1;
       m.gflops = cpu.gflops / std::max(1, num_threads());
       m.gbps = cpu.gbps / std::max(1, num_threads());
       out.push_back(m);

@@ -33,11 +33,12 @@ std::string device_class(const DeviceModel& d) {
 }
 
 namespace {
-// Confidence thresholds: a history entry needs 3 samples with a coefficient of variation of at
-// most 0.3; a regression 3 trusted sizes and a relative RMS error of at most 0.25, and answers
-// only within 4x of the sizes it was fitted on.
+// Confidence thresholds: a history entry needs 3 samples and a mean known to 10% (standard
+// error / mean <= 0.1: few samples must agree closely, many may scatter); a regression needs 3
+// trusted sizes and a relative RMS error of at most 0.25, and answers only within 4x of the
+// sizes it was fitted on.
 constexpr int64_t kMinSamples = 3;
-constexpr double kMaxCv = 0.3;
+constexpr double kMaxRelError = 0.1;
 constexpr double kMaxFitError = 0.25;
 constexpr double kExtrapolation = 4.0;
 
@@ -49,7 +50,7 @@ std::string key_of(const std::string& prim, const std::string& cls, Dtype dt) {
 bool PerfModels::stat_trusted(const Stat& s) {
   if (s.n < kMinSamples || s.mean <= 0) return false;
   const double sd = std::sqrt(std::max(0.0, s.m2 / static_cast<double>(s.n - 1)));
-  return sd / s.mean <= kMaxCv;
+  return sd / s.mean / std::sqrt(static_cast<double>(s.n)) <= kMaxRelError;
 }
 
 void PerfModels::record(const std::string& prim, const std::string& cls, Dtype dtype,

@@ -42,12 +42,20 @@ class ListScheduler {
         m_(m),
         nd_(devices),
         s_(s),
-        worker_free_(static_cast<size_t>(devices), 0.0),
+        worker_free_(static_cast<size_t>(devices)),
         link_free_(static_cast<size_t>(devices), 0.0) {
     s_.device.assign(g.size(), -1);
     s_.start.assign(g.size(), 0);
     s_.finish.assign(g.size(), 0);
     s_.busy.assign(static_cast<size_t>(devices), 0);
+    for (int d = 0; d < devices; ++d)
+      worker_free_[static_cast<size_t>(d)].assign(static_cast<size_t>(std::max(1, m.workers(d))), 0.0);
+  }
+
+  /// The worker of device d that is free first.
+  size_t first_free(int d) const {
+    const auto& w = worker_free_[static_cast<size_t>(d)];
+    return static_cast<size_t>(std::min_element(w.begin(), w.end()) - w.begin());
   }
 
   /// Where input `in` is (a device index), or -1 when it is external data.
@@ -77,7 +85,7 @@ class ListScheduler {
       link = std::max(link, avail) + m_.copy_seconds(in.bytes, d);
       ready = std::max(ready, link);
     }
-    const double st = std::max(ready, worker_free_[static_cast<size_t>(d)]);
+    const double st = std::max(ready, worker_free_[static_cast<size_t>(d)][first_free(d)]);
     if (start_out) *start_out = st;
     return st + m_.node_seconds(n, d);
   }
@@ -113,11 +121,12 @@ class ListScheduler {
       ready = std::max(ready, s_.copies[it->second].finish);
     }
     const double dur = m_.node_seconds(n, d);
-    const double st = std::max(ready, worker_free_[static_cast<size_t>(d)]);
+    const size_t w = first_free(d);
+    const double st = std::max(ready, worker_free_[static_cast<size_t>(d)][w]);
     s_.device[static_cast<size_t>(v)] = d;
     s_.start[static_cast<size_t>(v)] = st;
     s_.finish[static_cast<size_t>(v)] = st + dur;
-    worker_free_[static_cast<size_t>(d)] = st + dur;
+    worker_free_[static_cast<size_t>(d)][w] = st + dur;
     s_.busy[static_cast<size_t>(d)] += dur;
     s_.makespan = std::max(s_.makespan, st + dur);
   }
@@ -136,7 +145,8 @@ class ListScheduler {
   const DurationModel& m_;
   int nd_;
   Schedule& s_;
-  std::vector<double> worker_free_, link_free_;
+  std::vector<std::vector<double>> worker_free_;  // per device, per worker
+  std::vector<double> link_free_;
   std::unordered_map<uint64_t, size_t> copies_;
 };
 
@@ -250,6 +260,8 @@ Schedule place(const std::vector<TaskNode>& g, PlacementPolicy policy, const Dur
 double makespan_lower_bound(const std::vector<TaskNode>& g, const DurationModel& m, int nd) {
   std::vector<double> path(g.size(), 0.0);
   double work = 0, cp = 0;
+  int slots = 0;
+  for (int d = 0; d < nd; ++d) slots += std::max(1, m.workers(d));
   for (size_t v = 0; v < g.size(); ++v) {
     double best = kInf;
     for (int d = 0; d < nd; ++d)
@@ -261,7 +273,7 @@ double makespan_lower_bound(const std::vector<TaskNode>& g, const DurationModel&
     cp = std::max(cp, path[v]);
     work += best;
   }
-  return std::max(cp, work / nd);
+  return std::max(cp, work / slots);
 }
 
 }  // namespace hetrain::runtime

@@ -28,6 +28,7 @@ struct DeviceModel {
   double link_gbps = 10;          // copies into this device's memory node, GB/s
   double link_latency_s = 5e-6;   // per copy
   double node_overhead_s = 2e-6;  // scheduling and dispatch per node
+  int workers = 1;  // nodes that run at once (the CPU: its threads, as the executor does)
   double slowdown = 1;            // sim devices: kernels take this many times their CPU time
   std::string hardware;           // simulate: the catalog entry this device models ("" = itself)
   double ridge() const { return gflops / gbps; }  // FLOP/byte where compute-bound begins
@@ -85,6 +86,8 @@ class DurationModel {
   virtual double node_seconds(const TaskNode& node, int d) const = 0;
   /// Seconds to copy bytes into device d's memory node.
   virtual double copy_seconds(double bytes, int d) const = 0;
+  /// Nodes device d runs at once.
+  virtual int workers(int d) const { return 1; }
 };
 
 /// Roofline durations from the device models: max(flops / rate, bytes / bandwidth) plus the
@@ -94,6 +97,7 @@ class RooflineModel : public DurationModel {
   explicit RooflineModel(std::vector<DeviceModel> devices) : devices_(std::move(devices)) {}
   double node_seconds(const TaskNode& node, int d) const override;
   double copy_seconds(double bytes, int d) const override;
+  int workers(int d) const override { return devices_[static_cast<size_t>(d)].workers; }
   const std::vector<DeviceModel>& devices() const { return devices_; }
 
  private:
@@ -119,8 +123,8 @@ struct Schedule {
   std::vector<std::vector<double>> finish_on;
 };
 
-/// Places the nodes (pins respected) and predicts the schedule: workers run one node at a
-/// time per device, each device's incoming link one copy at a time, and a copy starts as
+/// Places the nodes (pins respected) and predicts the schedule: each device runs up to its
+/// `workers` nodes at a time, each device's incoming link one copy at a time, and a copy starts as
 /// soon as its producer finishes (prefetch). `pinned` puts free nodes on device 0; `density`
 /// picks per node the device with the least roofline time plus input transfer time; `heft`
 /// the earliest finish time over the devices' queues, nodes by upward rank.
@@ -128,7 +132,7 @@ Schedule place(const std::vector<TaskNode>& graph, PlacementPolicy policy,
                const DurationModel& model, int num_devices, bool explain = false);
 
 /// Lower bound on the makespan: max(critical path at each node's fastest device, total work at
-/// the fastest device / number of devices). Copies are not counted.
+/// the fastest device / number of workers over all devices). Copies are not counted.
 double makespan_lower_bound(const std::vector<TaskNode>& graph, const DurationModel& model,
                             int num_devices);
 
