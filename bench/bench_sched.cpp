@@ -202,7 +202,7 @@ void presets() {
 double chains_seconds(int branches, int depth) {
   std::vector<Tensor> outs;
   for (int b = 0; b < branches; ++b) {
-    Tensor x = full({48, 48}, 0.01 * (b + 1)).eval();
+    Tensor x = full({96, 96}, 0.01 * (b + 1)).eval();
     Tensor y = x;
     for (int d = 0; d < depth; ++d) y = tanh(matmul(y, x));
     outs.push_back(y);
@@ -213,7 +213,7 @@ double chains_seconds(int branches, int depth) {
 }
 
 void interop() {
-  std::printf("## inter-op parallelism: 8 independent chains of 40 (48x48 matmul, tanh) nodes\n\n");
+  std::printf("## inter-op parallelism: 8 independent chains of 40 (96x96 matmul, tanh) nodes\n\n");
   std::printf("| threads | median ms (15 runs) | speedup |\n|---|---|---|\n");
   double base = 0;
   for (int threads : {1, 2}) {

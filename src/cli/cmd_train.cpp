@@ -9,6 +9,7 @@
 #include "hetrain/base/error.h"
 #include "hetrain/insight/device_profile.h"
 #include "hetrain/base/thread_pool.h"
+#include "hetrain/memory/array.h"
 #include "hetrain/planning/calibration.h"
 #include "hetrain/runtime/perf_model.h"
 #include "hetrain/runtime/scheduler.h"
@@ -165,8 +166,20 @@ int cmd_train(const Args& args) {
     runtime::set_perf_recording(true);
   }
 
+  const TransferStats moved0 = transfer_stats();
   training::TrainResult r = training::train(cfg);
   runtime::set_perf_recording(false);
+  if (runtime::heterogeneous()) {
+    const runtime::SchedulerStats ss = runtime::scheduler_stats();
+    const TransferStats moved = transfer_stats();
+    std::fprintf(stderr,
+                 "scheduler (%s over %s): %lld placements computed, %lld reused, %lld copies "
+                 "(%.1f MB)\n",
+                 runtime::placement_name(policy), p.get("devices").c_str(),
+                 static_cast<long long>(ss.plans), static_cast<long long>(ss.plan_hits),
+                 static_cast<long long>(moved.copies - moved0.copies),
+                 1e-6 * static_cast<double>(moved.bytes - moved0.bytes));
+  }
   if (!perf_path.empty()) {
     try {
       runtime::perf_models().save(perf_path);

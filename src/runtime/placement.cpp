@@ -259,9 +259,14 @@ Schedule place(const std::vector<TaskNode>& g, PlacementPolicy policy, const Dur
 
 double makespan_lower_bound(const std::vector<TaskNode>& g, const DurationModel& m, int nd) {
   std::vector<double> path(g.size(), 0.0);
-  double work = 0, cp = 0;
+  double work = 0, cp = 0, work0 = 0;
   int slots = 0;
   for (int d = 0; d < nd; ++d) slots += std::max(1, m.workers(d));
+  // ratio[d]: the least t(v, d) / t(v, 0) over nodes. Device d's workers, busy at most T each,
+  // can do at most workers_d * T / ratio[d] of device-0 time, so
+  // T >= (total device-0 time) / sum_d (workers_d / ratio[d]): the area bound for devices of
+  // different speeds (exact when durations scale by a constant per device).
+  std::vector<double> ratio(static_cast<size_t>(nd), kInf);
   for (size_t v = 0; v < g.size(); ++v) {
     double best = kInf;
     for (int d = 0; d < nd; ++d)
@@ -272,8 +277,18 @@ double makespan_lower_bound(const std::vector<TaskNode>& g, const DurationModel&
     path[v] = before + best;
     cp = std::max(cp, path[v]);
     work += best;
+    const double t0 = m.node_seconds(g[v], 0);
+    work0 += t0;
+    if (t0 > 0)
+      for (int d = 0; d < nd; ++d)
+        ratio[static_cast<size_t>(d)] =
+            std::min(ratio[static_cast<size_t>(d)], m.node_seconds(g[v], d) / t0);
   }
-  return std::max(cp, work / slots);
+  double capacity = 0;
+  for (int d = 0; d < nd; ++d)
+    if (ratio[static_cast<size_t>(d)] > 0) capacity += std::max(1, m.workers(d)) / ratio[static_cast<size_t>(d)];
+  const double area = capacity > 0 ? work0 / capacity : 0;
+  return std::max({cp, work / slots, area});
 }
 
 }  // namespace hetrain::runtime
