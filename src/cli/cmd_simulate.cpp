@@ -1,5 +1,6 @@
 // hetrain simulate: the scheduler of a real run, with durations from performance models or a
 // hardware description and no kernel run; predicts step time, utilisation and bytes moved.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -196,16 +197,18 @@ int cmd_simulate(const Args& args) {
     const double busy = end.busy.size() > d
                             ? end.busy[d] - (before_last.busy.size() > d ? before_last.busy[d] : 0)
                             : 0;
-    jdev.push_back({{"device", devs[d].device.str()},
-                    {"model",
-                     {{"gflops", devs[d].gflops},
-                      {"gbps", devs[d].gbps},
-                      {"link_gbps", devs[d].link_gbps},
-                      {"slowdown", devs[d].slowdown},
-                      {"hardware", devs[d].hardware},
-                      {"perf_class", runtime::device_class(devs[d])}}},
-                    {"busy_s", busy},
-                    {"utilisation", step_s > 0 ? busy / step_s : 0}});
+    jdev.push_back(
+        {{"device", devs[d].device.str()},
+         {"model",
+          {{"gflops", devs[d].gflops},
+           {"gbps", devs[d].gbps},
+           {"link_gbps", devs[d].link_gbps},
+           {"slowdown", devs[d].slowdown},
+           {"hardware", devs[d].hardware},
+           {"perf_class", runtime::device_class(devs[d])}}},
+         {"workers", devs[d].workers},
+         {"busy_s", busy},
+         {"utilisation", step_s > 0 ? busy / (step_s * std::max(1, devs[d].workers)) : 0}});
   }
   nlohmann::json explain = nlohmann::json::array();
   if (log.explain)

@@ -677,21 +677,26 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
   ThreadPool& pool = thread_pool();
   std::mutex mu;
   size_t remaining = total;
-  int in_flight = 0;
+  int in_flight = 0;      // tasks on pool workers
+  int sim_in_flight = 0;  // tasks on sim devices' workers
   std::exception_ptr error;
+  std::condition_variable done_cv;  // placed: a task finished (the main thread may sleep)
+  enum Runner { kMain, kPool, kSim };
   // A task run by a pool or sim worker counts as in flight until finish() (under the lock)
   // says it is done, so eval() never returns while a task still touches this frame.
-  auto finish = [&](int i, bool task) {
+  auto finish = [&](int i, Runner who) {
     std::lock_guard<std::mutex> lk(mu);
-    if (task) --in_flight;
+    if (who == kPool) --in_flight;
+    if (who == kSim) --sim_in_flight;
     for (int k = cbegin[static_cast<size_t>(i)]; k < cbegin[static_cast<size_t>(i) + 1]; ++k) {
       const int c = clist[static_cast<size_t>(k)];
       if (--pending[static_cast<size_t>(c)] == 0) ready.push_back(c);
     }
     --remaining;
+    if (placed) done_cv.notify_one();
   };
   const auto& devs = runtime::config().devices;
-  auto run = [&](int i, bool task) {
+  auto run = [&](int i, Runner who) {
     try {
       if (!placed) {
         run_node(order[static_cast<size_t>(i)], release_graph, Device::cpu(), 1, false,
@@ -708,7 +713,7 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
       std::lock_guard<std::mutex> lk(mu);
       if (!error) error = std::current_exception();
     }
-    finish(i, task);
+    finish(i, who);
   };
   // Sim device of task i, or -1 for the CPU's workers (nodes on the CPU and all copies).
   auto sim_of = [&](int i) -> int {
@@ -716,6 +721,8 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
     const Device d = devs[static_cast<size_t>(dev[static_cast<size_t>(i)])].device;
     return d.kind == DeviceKind::sim ? d.index : -1;
   };
+  // Under the lock: nothing left in flight and nothing more to run.
+  auto all_done = [&] { return in_flight == 0 && sim_in_flight == 0 && (error || remaining == 0); };
   const int max_parallel = pool.size() - 1;
   std::vector<int> extra, to_sim;
   for (;;) {
@@ -724,7 +731,7 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
     to_sim.clear();
     {
       std::lock_guard<std::mutex> lk(mu);
-      if (in_flight == 0 && (error || remaining == 0)) break;
+      if (all_done()) break;
       if (!error && placed) {
         // Sim devices' tasks go to their own workers.
         size_t keep_n = 0;
@@ -735,7 +742,7 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
             ready[keep_n++] = r;
         }
         ready.resize(keep_n);
-        in_flight += static_cast<int>(to_sim.size());
+        sim_in_flight += static_cast<int>(to_sim.size());
       }
       if (!error && !ready.empty()) {
         mine = ready.back();
@@ -748,17 +755,34 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
         in_flight += static_cast<int>(extra.size());
       }
     }
-    for (int e : to_sim) sim_worker(sim_of(e)).submit([&, e] { run(e, true); });
+    for (int e : to_sim) sim_worker(sim_of(e)).submit([&, e] { run(e, kSim); });
     for (int e : extra) {
-      pool.submit([&, e] { run(e, true); });
+      pool.submit([&, e] { run(e, kPool); });
     }
     if (mine >= 0) {
-      run(mine, false);
-    } else if (to_sim.empty()) {
+      run(mine, kMain);
+    } else if (!to_sim.empty()) {
+      continue;
+    } else if (!placed) {
       pool.help_until([&] {
         std::lock_guard<std::mutex> lk(mu);
-        return (!error && !ready.empty()) || (in_flight == 0 && (error || remaining == 0));
+        return (!error && !ready.empty()) || all_done();
       });
+    } else {
+      // Help the pool while it has work; otherwise sleep until a task finishes (the sim
+      // devices' workers need the cores more than a spinning main thread does).
+      int spins = 0;
+      bool go = false;
+      pool.help_until([&] {
+        std::lock_guard<std::mutex> lk(mu);
+        go = (!error && !ready.empty()) || all_done();
+        return go || ++spins > 64;
+      });
+      if (!go) {
+        std::unique_lock<std::mutex> lk(mu);
+        done_cv.wait_for(lk, std::chrono::microseconds(200),
+                         [&] { return (!error && !ready.empty()) || all_done(); });
+      }
     }
   }
   if (error) std::rethrow_exception(error);

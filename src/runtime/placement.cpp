@@ -49,7 +49,8 @@ class ListScheduler {
     s_.finish.assign(g.size(), 0);
     s_.busy.assign(static_cast<size_t>(devices), 0);
     for (int d = 0; d < devices; ++d)
-      worker_free_[static_cast<size_t>(d)].assign(static_cast<size_t>(std::max(1, m.workers(d))), 0.0);
+      worker_free_[static_cast<size_t>(d)].assign(static_cast<size_t>(std::max(1, m.workers(d))),
+                                                  0.0);
   }
 
   /// The worker of device d that is free first.
@@ -286,7 +287,8 @@ double makespan_lower_bound(const std::vector<TaskNode>& g, const DurationModel&
   }
   double capacity = 0;
   for (int d = 0; d < nd; ++d)
-    if (ratio[static_cast<size_t>(d)] > 0) capacity += std::max(1, m.workers(d)) / ratio[static_cast<size_t>(d)];
+    if (ratio[static_cast<size_t>(d)] > 0)
+      capacity += std::max(1, m.workers(d)) / ratio[static_cast<size_t>(d)];
   const double area = capacity > 0 ? work0 / capacity : 0;
   return std::max({cp, work / slots, area});
 }

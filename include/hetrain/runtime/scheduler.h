@@ -28,9 +28,9 @@ struct DeviceModel {
   double link_gbps = 10;          // copies into this device's memory node, GB/s
   double link_latency_s = 5e-6;   // per copy
   double node_overhead_s = 2e-6;  // scheduling and dispatch per node
-  int workers = 1;  // nodes that run at once (the CPU: its threads, as the executor does)
-  double slowdown = 1;            // sim devices: kernels take this many times their CPU time
-  std::string hardware;           // simulate: the catalog entry this device models ("" = itself)
+  int workers = 1;       // nodes that run at once (the CPU: its threads, as the executor does)
+  double slowdown = 1;   // sim devices: kernels take this many times their CPU time
+  std::string hardware;  // simulate: the catalog entry this device models ("" = itself)
   double ridge() const { return gflops / gbps; }  // FLOP/byte where compute-bound begins
 };
 
