@@ -11,6 +11,7 @@
 #include "hetrain/graph/ops.h"
 #include "hetrain/graph/primitive.h"
 #include "hetrain/runtime/eval.h"
+#include "hetrain/runtime/perf_model.h"
 #include "hetrain/runtime/scheduler.h"
 
 using namespace hetrain;
@@ -392,4 +393,34 @@ TEST(ListScheduler, PinsOverrideEveryPolicy) {
     EXPECT_EQ(s.device[0], 1);
     EXPECT_EQ(s.device[2], 1);
   }
+}
+
+TEST(ListScheduler, NoisyCalibrationIsNotTrusted) {
+  // StarPU issue 50: a few noisy samples claiming device 1 is 1000x faster sent every GEMM
+  // there. Two samples are not trusted: HEFT keeps using the roofline and spreads the work.
+  auto devs = equal_devices(2);
+  std::vector<rt::TaskNode> g;
+  for (int i = 0; i < 8; ++i) {
+    rt::TaskNode n = work(0.01);
+    n.name = "matmul";
+    n.size = 1e6;
+    n.footprint = 42;
+    g.push_back(n);
+  }
+  rt::PerfModels models;
+  const std::string fast = rt::device_class(devs[1]);
+  models.record("matmul", fast, Dtype::f32, 42, 1e6, 1e-5);
+  models.record("matmul", fast, Dtype::f32, 42, 1e6, 3e-5);
+  const rt::CalibratedModel noisy(devs, models);
+  const rt::Schedule s = rt::place(g, rt::PlacementPolicy::heft, noisy, 2);
+  int on1 = 0;
+  for (int d : s.device) on1 += d == 1;
+  EXPECT_EQ(on1, 4) << "untrusted samples must not attract the work";
+  // Once the samples agree (3+, mean known to 10%), the model is trusted and used.
+  for (int k = 0; k < 10; ++k) models.record("matmul", fast, Dtype::f32, 42, 1e6, 2e-5);
+  const rt::CalibratedModel trusted(devs, models);
+  const rt::Schedule t = rt::place(g, rt::PlacementPolicy::heft, trusted, 2);
+  on1 = 0;
+  for (int d : t.device) on1 += d == 1;
+  EXPECT_GE(on1, 7);
 }
