@@ -50,7 +50,8 @@ struct RuntimeConfig {
   std::vector<DeviceModel> devices;  // empty: the CPU alone
   PlacementPolicy placement = PlacementPolicy::heft;
 };
-/// Sets the devices and policy eval() uses from now on (drops cached plans).
+/// Sets the devices and policy eval() uses from now on (drops cached plans). Not to be called
+/// while another thread is inside eval().
 void configure(RuntimeConfig cfg);
 const RuntimeConfig& config();
 /// True when eval() schedules over more than the CPU.
