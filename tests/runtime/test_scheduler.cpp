@@ -424,3 +424,30 @@ TEST(ListScheduler, NoisyCalibrationIsNotTrusted) {
   for (int d : t.device) on1 += d == 1;
   EXPECT_GE(on1, 7);
 }
+
+TEST_F(Scheduler, ConvAttentionNormOnSimDevicesBitIdentical) {
+  // The oneDNN convolution, flash attention and layer norm kernels (forward and backward) run
+  // on sim devices' serial workers and give the CPU's bits.
+  auto run = [](bool hetero) {
+    if (hetero) {
+      rt::configure({.devices = rt::parse_devices("cpu,sim:0,sim:1"),
+                     .placement = rt::PlacementPolicy::heft});
+    } else {
+      rt::configure({});
+    }
+    Generator gen(11);
+    Tensor x = randn({4, 8, 12, 12}, Dtype::f32, gen), w = randn({16, 8, 3, 3}, Dtype::f32, gen);
+    Tensor q = randn({2, 2, 16, 8}, Dtype::f32, gen), k = randn({2, 2, 16, 8}, Dtype::f32, gen);
+    w.requires_grad_();
+    q.requires_grad_();
+    std::optional<DeviceScope> on;
+    if (hetero) on.emplace(kSim0);
+    Tensor c = conv2d(x, w);
+    Tensor a = scaled_dot_product_attention(q, k, k, true);
+    Tensor loss = mean(square(layer_norm(c, {16, 10, 10}))) + sum(a * a);
+    on.reset();
+    std::vector<Tensor> g = grad({loss}, {w, q});
+    return values({loss, g[0], g[1]});
+  };
+  expect_bit_identical(run(false), run(true), "conv, attention, layer norm");
+}
