@@ -100,6 +100,7 @@ class CalibratedModel : public DurationModel {
   double copy_seconds(double bytes, int d) const override {
     return roofline_.copy_seconds(bytes, d);
   }
+  int workers(int d) const override { return roofline_.workers(d); }
   /// The estimate behind node_seconds (for explain).
   PerfEstimate estimate(const TaskNode& node, int d) const;
 
