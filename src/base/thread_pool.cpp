@@ -6,6 +6,13 @@
 
 namespace hetrain {
 
+namespace {
+thread_local bool g_serial = false;
+}
+SerialScope::SerialScope() : prev_(g_serial) { g_serial = true; }
+SerialScope::~SerialScope() { g_serial = prev_; }
+bool SerialScope::active() { return g_serial; }
+
 ThreadPool::ThreadPool(int threads) {
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
@@ -68,6 +75,13 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     fn(0, n);
     return;
   }
+  const int64_t per = (n + chunks - 1) / chunks;
+  if (g_serial) {
+    // The same chunks as a parallel run, one after another: results that depend on the
+    // split (partial sums) come out bit for bit the same.
+    for (int64_t b = 0; b < n; b += per) fn(b, std::min(n, b + per));
+    return;
+  }
   // Shared state outlives this frame only through helper tasks that find no chunk left.
   struct State {
     std::atomic<int64_t> next{0};
@@ -76,7 +90,6 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     std::exception_ptr error;  // the first exception a chunk threw, rethrown by the caller
   };
   auto st = std::make_shared<State>();
-  const int64_t per = (n + chunks - 1) / chunks;
   auto work = [st, per, n, chunks, &fn] {
     for (;;) {
       int64_t c = st->next.fetch_add(1);

@@ -8,7 +8,11 @@
 #include "cli/commands.h"
 #include "hetrain/base/error.h"
 #include "hetrain/insight/device_profile.h"
+#include "hetrain/base/thread_pool.h"
+#include "hetrain/memory/array.h"
 #include "hetrain/planning/calibration.h"
+#include "hetrain/runtime/perf_model.h"
+#include "hetrain/runtime/scheduler.h"
 #include "hetrain/training/trainer.h"
 
 namespace hetrain::cli {
@@ -127,11 +131,21 @@ int cmd_train(const Args& args) {
       .option("width", "N", "gpt model width")
       .option("context", "N", "gpt context length (bytes)")
       .option("dropout", "X", "gpt dropout probability")
+      .option("devices", "LIST",
+              "devices to schedule on, CPU first: cpu,sim:0,sim:1@4 (sim:N@S: a test device with "
+              "its own memory, S times slower than one CPU core)",
+              "cpu")
+      .option("placement", "POLICY",
+              "where unpinned nodes run: pinned (first device), density (roofline + transfer "
+              "cost) or heft (earliest finish time)",
+              "heft")
       .flag("no-progress", "no live progress bar, even on a terminal")
       .flag("json", "print the final result as JSON on stdout")
       .flag("no-record",
             "do not append the run's step time to $XDG_CACHE_HOME/hetrain/measured_runs.json "
-            "(read by 'hetrain plan --measured')")
+            "(read by 'hetrain plan --measured') nor its kernel times to "
+            "$XDG_CACHE_HOME/hetrain/perfmodel.json (read by the scheduler and 'hetrain "
+            "simulate')")
       .epilog(
           "examples:\n"
           "  hetrain train --preset fashion-mlp\n"
@@ -157,7 +171,38 @@ int cmd_train(const Args& args) {
     }
   }
 
+  const auto policy = runtime::parse_placement(p.get("placement"));
+  set_num_threads(cfg.threads);
+  runtime::configure({.devices = runtime::parse_devices(p.get("devices")), .placement = policy});
+  // Kernel times of the first steps calibrate the performance models (saved after the run).
+  const std::string perf_path = p.get_flag("no-record") ? "" : runtime::perf_model_path();
+  if (!perf_path.empty()) {
+    const std::string warn = runtime::perf_models().load(perf_path);
+    if (!warn.empty()) std::fprintf(stderr, "warning: %s\n", warn.c_str());
+    runtime::set_perf_recording(true);
+  }
+
+  const TransferStats moved0 = transfer_stats();
   training::TrainResult r = training::train(cfg);
+  runtime::set_perf_recording(false);
+  if (runtime::heterogeneous()) {
+    const runtime::SchedulerStats ss = runtime::scheduler_stats();
+    const TransferStats moved = transfer_stats();
+    std::fprintf(stderr,
+                 "scheduler (%s over %s): %lld placements computed, %lld reused, %lld copies "
+                 "(%.1f MB)\n",
+                 runtime::placement_name(policy), p.get("devices").c_str(),
+                 static_cast<long long>(ss.plans), static_cast<long long>(ss.plan_hits),
+                 static_cast<long long>(moved.copies - moved0.copies),
+                 1e-6 * static_cast<double>(moved.bytes - moved0.bytes));
+  }
+  if (!perf_path.empty()) {
+    try {
+      runtime::perf_models().save(perf_path);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "warning: performance models not saved: %s\n", e.what());
+    }
+  }
 
   if (!record_path.empty()) append_measured_run(record_path, measured_run_record(cfg, r, args));
 

@@ -19,6 +19,8 @@ int cmd_train(const Args& args);
 int cmd_plan(const Args& args);
 int cmd_bench(const Args& args);
 int cmd_profile(const Args& args);
+int cmd_simulate(const Args& args);
+int cmd_perfmodel(const Args& args);
 
 /// Every subcommand, in the order `hetrain --help` lists them.
 const std::vector<Command>& commands();

@@ -14,6 +14,9 @@ const std::vector<Command>& commands() {
       {"profile", "per-primitive time, FLOPs, bytes and roofline of a few training steps; trace",
        cmd_profile},
       {"bench", "measure this machine's FMA peak, GEMM rates and memory bandwidth", cmd_bench},
+      {"simulate", "predict a training step on a set of devices (the scheduler, no kernels)",
+       cmd_simulate},
+      {"perfmodel", "show or clear the kernel-time models the scheduler learned", cmd_perfmodel},
       {"version", "print the version, backends and CPU features", cmd_version},
   };
   return cmds;

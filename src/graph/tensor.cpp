@@ -12,6 +12,8 @@ namespace hetrain {
 
 namespace {
 thread_local bool g_grad_enabled = true;
+thread_local bool g_pin_active = false;
+thread_local Device g_pin = Device::cpu();
 
 void require_defined(const Tensor& t, const char* what) {
   if (!t.defined()) fail("[tensor] ", what, " on an undefined tensor");
@@ -21,6 +23,15 @@ void require_defined(const Tensor& t, const char* what) {
 bool grad_enabled() { return g_grad_enabled; }
 NoGradScope::NoGradScope() : prev_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradScope::~NoGradScope() { g_grad_enabled = prev_; }
+
+DeviceScope::DeviceScope(Device d) : prev_(g_pin), prev_active_(g_pin_active) {
+  g_pin = d;
+  g_pin_active = true;
+}
+DeviceScope::~DeviceScope() {
+  g_pin = prev_;
+  g_pin_active = prev_active_;
+}
 
 const Shape& Tensor::shape() const {
   require_defined(*this, "shape()");
@@ -171,6 +182,10 @@ std::shared_ptr<Node> build_node(std::shared_ptr<Primitive> prim, std::vector<Te
     any_float = any_float || is_floating(node->outs[i].dtype);
   }
   node->requires_grad = rg && any_float && g_grad_enabled;
+  if (g_pin_active) {
+    node->device = g_pin;
+    node->pinned = true;
+  }
   return node;
 }
 }  // namespace

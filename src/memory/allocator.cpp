@@ -1,12 +1,17 @@
 #include "hetrain/memory/allocator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <new>
 
 #include "hetrain/base/error.h"
 
 namespace hetrain {
+
+namespace {
+std::atomic<int64_t> g_device_bytes{0};  // bytes held in non-host memory nodes
+}
 
 std::string_view memory_tag_name(MemoryTag t) {
   switch (t) {
@@ -71,6 +76,7 @@ size_t round_capacity(size_t bytes) {
 HostAllocator::~HostAllocator() { empty_cache(); }
 
 void HostAllocator::count(MemoryTag tag, int64_t delta) {
+  if (device_.kind != DeviceKind::cpu) g_device_bytes.fetch_add(delta, std::memory_order_relaxed);
   auto i = static_cast<size_t>(tag);
   stats_.current[i] += delta;
   stats_.current_total += delta;
@@ -151,9 +157,39 @@ HostAllocator& host_allocator() {
   return *a;
 }
 
+Allocator& allocator_for(Device d) {
+  switch (d.kind) {
+    case DeviceKind::cpu: return host_allocator();
+    case DeviceKind::sim: {
+      if (d.index < 0 || d.index >= kMaxSimDevices)
+        fail("[device] sim:", d.index, " is out of range; sim devices are sim:0 to sim:",
+             kMaxSimDevices - 1);
+      // Never destroyed, like the host allocator.
+      static std::array<HostAllocator*, kMaxSimDevices> sims = [] {
+        std::array<HostAllocator*, kMaxSimDevices> a{};
+        for (int i = 0; i < kMaxSimDevices; ++i) a[static_cast<size_t>(i)] = new HostAllocator({DeviceKind::sim, i});
+        return a;
+      }();
+      return *sims[static_cast<size_t>(d.index)];
+    }
+    case DeviceKind::cuda: break;
+  }
+  fail("[device] ", d.str(), " has no memory node in this build (no CUDA backend)");
+}
+
+int64_t device_memory_in_use() { return g_device_bytes.load(std::memory_order_relaxed); }
+
 namespace {
 thread_local MemoryTag g_tag = MemoryTag::activations;
+thread_local Allocator* g_alloc = nullptr;  // nullptr: the host allocator
+}  // namespace
+
+AllocationDeviceScope::AllocationDeviceScope(Device d) : prev_(g_alloc) {
+  g_alloc = d.kind == DeviceKind::cpu ? nullptr : &allocator_for(d);
 }
+AllocationDeviceScope::~AllocationDeviceScope() { g_alloc = prev_; }
+Allocator& AllocationDeviceScope::current() { return g_alloc ? *g_alloc : host_allocator(); }
+
 MemoryTagScope::MemoryTagScope(MemoryTag t) : prev_(g_tag) { g_tag = t; }
 MemoryTagScope::~MemoryTagScope() { g_tag = prev_; }
 MemoryTag MemoryTagScope::current() { return g_tag; }

@@ -21,6 +21,7 @@
 #include "hetrain/interop/safetensors.h"
 #include "hetrain/memory/allocator.h"
 #include "hetrain/runtime/eval.h"
+#include "hetrain/runtime/perf_model.h"
 #include "hetrain/training/data.h"
 #include "hetrain/training/nn.h"
 #include "hetrain/training/optim.h"
@@ -110,6 +111,32 @@ std::pair<double, double> evaluate(nn::Module& model, const data::Dataset& ds, i
   model.train();
   return {count ? loss_sum / static_cast<double>(count) : 0.0,
           count ? static_cast<double>(correct) / static_cast<double>(count) : 0.0};
+}
+
+/// The optimizer train() uses for cfg.
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Module& model) {
+  optim::NamedParams params = model.named_parameters();
+  // Weight decay applies to matrices and convolutions, not to biases and norm scales.
+  if (cfg.optimizer == "adamw")
+    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = cfg.lr, .weight_decay = cfg.weight_decay});
+  return std::make_unique<optim::SGD>(params, optim::SgdOptions{.lr = cfg.lr, .momentum = cfg.momentum,
+                                                               .weight_decay = cfg.weight_decay});
+}
+
+/// One step: forward, backward, running statistics, clipping, update. Returns the loss.
+double train_step(nn::Module& model, optim::Optimizer& opt, const data::Batch& batch,
+                  const TrainConfig& cfg, bool language) {
+  Tensor logits = model.forward(batch.inputs);
+  Tensor loss = loss_of(logits, batch.targets, language);
+  loss.backward();
+  std::vector<Tensor> buffers;
+  for (auto& [n, b] : model.named_buffers()) buffers.push_back(*b);
+  eval(buffers);
+  for (auto& [n, b] : model.named_buffers()) *b = b->detach();
+  if (cfg.clip > 0) optim::clip_grad_norm(model.parameters(), cfg.clip);
+  opt.step();
+  opt.zero_grad();
+  return loss.item<double>();
 }
 
 std::string fmt_duration(double s) {
@@ -256,14 +283,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   std::shared_ptr<nn::Module> model = build_model(cfg, init_gen, dropout_gen);
   default_generator().set_state(cfg.seed + 1, 0);  // dropout draws from the default generator
 
-  optim::NamedParams params = model->named_parameters();
-  // Weight decay applies to matrices and convolutions, not to biases and norm scales.
-  std::unique_ptr<optim::Optimizer> opt;
-  if (cfg.optimizer == "adamw")
-    opt = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = cfg.lr, .weight_decay = cfg.weight_decay});
-  else
-    opt = std::make_unique<optim::SGD>(params, optim::SgdOptions{.lr = cfg.lr, .momentum = cfg.momentum,
-                                                                .weight_decay = cfg.weight_decay});
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, *model);
 
   data::DataLoader loader(data.train, cfg.batch_size, true, cfg.seed);
   const int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * loader.batches_per_epoch();
@@ -294,24 +314,18 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   double interval_loss = 0, last_loss = NAN;
   std::vector<double> step_seconds;
   model->train();
+  // Kernel times are recorded (when on) for steps 3 to 22 only: enough to calibrate the
+  // performance models, without the first steps' warm-up or the cost in every step.
+  const bool recording = runtime::perf_recording();
   while (step < total) {
     if (hooks.begin) hooks.begin(step);
+    if (recording) runtime::set_perf_recording(step - first_step >= 2 && step - first_step < 22);
     const auto step_start = Clock::now();
     const double lr = sched.at(step);
     opt->set_lr(lr);
     const int64_t epoch = loader.epoch();
     data::Batch batch = loader.next();
-    Tensor logits = model->forward(batch.inputs);
-    Tensor loss = loss_of(logits, batch.targets, data.language);
-    loss.backward();
-    std::vector<Tensor> buffers;
-    for (auto& [n, b] : model->named_buffers()) buffers.push_back(*b);
-    eval(buffers);
-    for (auto& [n, b] : model->named_buffers()) *b = b->detach();
-    if (cfg.clip > 0) optim::clip_grad_norm(model->parameters(), cfg.clip);
-    opt->step();
-    opt->zero_grad();
-    last_loss = loss.item<double>();
+    last_loss = train_step(*model, *opt, batch, cfg, data.language);
     if (!std::isfinite(last_loss))
       fail("[train] loss became ", last_loss, " at step ", step + 1,
            "; lower --lr or enable --clip");
@@ -346,6 +360,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
                        default_generator().offset()});
   }
   progress.finish();
+  runtime::set_perf_recording(false);
   const double train_wall = std::chrono::duration<double>(Clock::now() - t0).count();
 
   TrainResult r;
@@ -391,6 +406,30 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
     jlog << fin.dump() << "\n" << std::flush;
   }
   return r;
+}
+
+void run_synthetic_steps(const TrainConfig& cfg, int64_t steps,
+                         const std::function<void(int64_t)>& after_step) {
+  validate(cfg);
+  if (steps < 1) fail("[train] synthetic steps must be >= 1, got ", steps);
+  Generator init_gen(cfg.seed), dropout_gen(cfg.seed + 1);
+  std::shared_ptr<nn::Module> model = build_model(cfg, init_gen, dropout_gen);
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, *model);
+  const bool language = cfg.model == "gpt";
+  // The shapes a real batch has; the values do not change the work.
+  data::Batch batch;
+  if (language) {
+    batch.inputs = zeros({cfg.batch_size, cfg.context}, Dtype::i64).eval();
+    batch.targets = zeros({cfg.batch_size, cfg.context}, Dtype::i64).eval();
+  } else {
+    batch.inputs = zeros({cfg.batch_size, 1, 28, 28}).eval();
+    batch.targets = zeros({cfg.batch_size}, Dtype::i64).eval();
+  }
+  model->train();
+  for (int64_t s = 0; s < steps; ++s) {
+    train_step(*model, *opt, batch, cfg, language);
+    if (after_step) after_step(s);
+  }
 }
 
 }  // namespace hetrain::training

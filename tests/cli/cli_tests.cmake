@@ -35,3 +35,23 @@ hetrain_cli_test(cli.profile_unwritable "cannot write --report file '/proc/forbi
 add_test(NAME cli.report_chromium
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/report_chromium.sh ${HT})
 set_tests_properties(cli.report_chromium PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
+# Scheduler: simulate mode and performance models (a private cache: the user's models untouched).
+set(HT_SIM_ENV "XDG_CACHE_HOME=${CMAKE_CURRENT_BINARY_DIR}/sim_cache")
+hetrain_cli_test(cli.simulate_help "--devices LIST.*--placement POLICY.*--explain-placement"
+                 ${HT} simulate --help)
+hetrain_cli_test(cli.simulate_json
+                 "\"bytes_moved_per_step\": [0-9].*\"device\": \"sim:2\".*\"step_time_s\": [0-9]"
+                 ${HT} simulate --preset gpt-mini --layers 1 --width 32 --heads 2 --context 16
+                 --batch-size 4 --devices cpu,sim:2 --steps 2 --json)
+hetrain_cli_test(cli.simulate_explain "placement of nodes.*matmul.*alternatives: cpu [0-9.]+ sim:0"
+                 ${HT} simulate --preset fashion-mlp --batch-size 64 --devices cpu,sim:0@2
+                 --placement density --explain-placement --steps 1)
+hetrain_cli_test(cli.simulate_unknown_device
+                 "unknown device 'gpu:0'; devices found: cpu, sim:0 .. sim:7"
+                 ${HT} simulate --devices cpu,gpu:0)
+hetrain_cli_test(cli.simulate_bad_placement "unknown policy 'fast'; expected pinned, density or heft"
+                 ${HT} simulate --placement fast)
+hetrain_cli_test(cli.perfmodel_help "usage: hetrain perfmodel show.clear" ${HT} perfmodel --help)
+set_tests_properties(cli.simulate_json cli.simulate_explain PROPERTIES ENVIRONMENT "${HT_SIM_ENV}")
+add_test(NAME cli.perfmodel_corrupt
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/perfmodel_corrupt.sh ${HT})

@@ -40,6 +40,20 @@ class ThreadPool {
   bool stop_ = false;
 };
 
+/// Makes parallel_for run its whole range inline on this thread while in scope (a sim
+/// device's dedicated worker runs its kernels on one thread).
+class SerialScope {
+ public:
+  SerialScope();
+  ~SerialScope();
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+  static bool active();
+
+ private:
+  bool prev_;
+};
+
 /// The process-wide pool, sized to the cores (or set_num_threads).
 ThreadPool& thread_pool();
 /// Resizes the process-wide pool; n <= 0 means the number of cores.

@@ -79,6 +79,16 @@ class Tensor {
   int index_ = 0;
 };
 
+/// A copy of one of a node's outputs on another memory node, made by the scheduler. It is
+/// valid while the output still holds the data it was copied from (source); a new value
+/// written to the output invalidates it.
+struct Replica {
+  int index = 0;
+  Array array;
+  std::weak_ptr<Buffer> source;  // the output's buffer when copied
+  int64_t source_offset = 0;
+};
+
 /// A graph node: one primitive applied to inputs, with one or more outputs. A leaf has no
 /// primitive. After evaluation a node that no gradient needs drops its primitive and
 /// inputs ("detached"), which frees intermediate buffers at their last use.
@@ -86,12 +96,30 @@ struct Node {
   std::shared_ptr<Primitive> prim;
   std::vector<Tensor> inputs;
   std::vector<Array> outs;
-  Device device = Device::cpu();
+  Device device = Device::cpu();  // the pin, or where the scheduler ran the node
+  bool pinned = false;            // device fixed by the user (DeviceScope)
   bool requires_grad = false;
   bool leaf_requires_grad = false;  // set by requires_grad_() on a leaf
   Tensor grad;                      // leaves only
   uint64_t mark = 0;                // traversal scratch
+  std::vector<Replica> replicas;    // copies of outputs on other memory nodes (runtime)
   bool evaluated() const { return !outs.empty() && outs[0].has_data(); }
+};
+
+/// Pins the nodes built on this thread inside the scope to a device: the scheduler runs them
+/// there whatever the placement policy (MLX's StreamOrDevice).
+///
+///   { DeviceScope on(Device::parse("sim:0")); y = matmul(a, b); }  // y's node runs on sim:0
+class DeviceScope {
+ public:
+  explicit DeviceScope(Device d);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  Device prev_;
+  bool prev_active_;
 };
 
 /// Builds a node of prim over inputs; infers output shapes (which checks the arguments).

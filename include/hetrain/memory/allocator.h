@@ -90,12 +90,15 @@ class Allocator {
 };
 
 /// Host memory: 64-byte aligned blocks, cached by rounded size so a training loop that
-/// allocates the same shapes each step stops calling the system allocator.
+/// allocates the same shapes each step stops calling the system allocator. A sim device's
+/// memory node is a HostAllocator of its own (separate blocks and statistics), so data on
+/// it is reached only through a copy between memory nodes.
 class HostAllocator final : public Allocator {
  public:
+  explicit HostAllocator(Device device = Device::cpu()) : device_(device) {}
   ~HostAllocator() override;
   std::shared_ptr<Buffer> allocate(size_t bytes, MemoryTag tag) override;
-  Device device() const override { return Device::cpu(); }
+  Device device() const override { return device_; }
   MemoryStats stats() const override;
   void reset_peak() override;
   void empty_cache() override;
@@ -106,6 +109,7 @@ class HostAllocator final : public Allocator {
   void retag(size_t bytes, MemoryTag from, MemoryTag to) override;
   void count(MemoryTag tag, int64_t delta);
 
+  Device device_;
   mutable std::mutex mu_;
   std::multimap<size_t, void*> cache_;
   MemoryStats stats_;
@@ -113,6 +117,28 @@ class HostAllocator final : public Allocator {
 };
 
 HostAllocator& host_allocator();
+
+/// Highest sim device index + 1.
+inline constexpr int kMaxSimDevices = 8;
+/// The allocator of a device's memory node: the host allocator for the CPU, one allocator
+/// per sim device. Throws (naming the device) for a device this build has no memory for.
+Allocator& allocator_for(Device d);
+/// Bytes currently held in memory nodes other than the host's (sim devices).
+int64_t device_memory_in_use();
+
+/// Sets the device whose memory node Array::allocate uses on this thread (the executor's
+/// workers set it to the device running the node); restored on scope exit.
+class AllocationDeviceScope {
+ public:
+  explicit AllocationDeviceScope(Device d);
+  ~AllocationDeviceScope();
+  AllocationDeviceScope(const AllocationDeviceScope&) = delete;
+  AllocationDeviceScope& operator=(const AllocationDeviceScope&) = delete;
+  static Allocator& current();
+
+ private:
+  Allocator* prev_;
+};
 
 /// Sets the tag new allocations on this thread receive; restored on scope exit.
 class MemoryTagScope {

@@ -30,6 +30,8 @@ struct Array {
   }
   /// Gives this array a fresh contiguous buffer from the host allocator, with its tag.
   void allocate();
+  /// The device whose memory node holds the data (the CPU for an array without data).
+  Device device() const { return buffer ? buffer->device() : Device::cpu(); }
   /// Makes this array a view of src's buffer.
   void view_of(const Array& src, Strides st, int64_t off) {
     buffer = src.buffer;
@@ -37,5 +39,18 @@ struct Array {
     offset = off;
   }
 };
+
+/// Copies src's data into dst's memory node: a real copy, counted in transfer_stats(). A
+/// contiguous array moves nbytes() and lands contiguous; a strided view moves its whole
+/// buffer and keeps its strides and offset (no gather kernel here).
+Array copy_to_device(const Array& src, Device dst);
+
+struct TransferStats {
+  int64_t copies = 0;
+  int64_t bytes = 0;
+};
+/// Copies between memory nodes since the process started (or the last reset).
+TransferStats transfer_stats();
+void reset_transfer_stats();
 
 }  // namespace hetrain

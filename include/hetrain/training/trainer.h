@@ -78,6 +78,12 @@ struct StepHooks {
 /// to cfg.json_log.
 TrainResult train(const TrainConfig& cfg, const StepHooks& hooks = {});
 
+/// Builds cfg's model and optimizer as train() does and runs `steps` training steps on synthetic
+/// batches of the preset's shapes (no dataset read), calling after_step(i) after each. Under
+/// runtime::SimulateScope no kernel runs: this is how `hetrain simulate` sees a step.
+void run_synthetic_steps(const TrainConfig& cfg, int64_t steps,
+                         const std::function<void(int64_t)>& after_step = {});
+
 /// Formats a loss the way the logs do (9 significant digits).
 std::string format_loss(double v);
 

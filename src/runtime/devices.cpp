@@ -1,0 +1,145 @@
+// The runtime's device set and policy, and the parsing of device lists.
+#include <algorithm>
+#include <sstream>
+
+#include "hetrain/base/error.h"
+#include "hetrain/base/thread_pool.h"
+#include "hetrain/memory/allocator.h"
+#include "hetrain/runtime/scheduler.h"
+#include "runtime/internal.h"
+
+namespace hetrain::runtime {
+
+PlacementPolicy parse_placement(const std::string& s) {
+  if (s == "pinned") return PlacementPolicy::pinned;
+  if (s == "density") return PlacementPolicy::density;
+  if (s == "heft") return PlacementPolicy::heft;
+  fail("[placement] unknown policy '", s, "'; expected pinned, density or heft");
+}
+
+const char* placement_name(PlacementPolicy p) {
+  switch (p) {
+    case PlacementPolicy::pinned:
+      return "pinned";
+    case PlacementPolicy::density:
+      return "density";
+    case PlacementPolicy::heft:
+      return "heft";
+  }
+  return "?";
+}
+
+std::string available_devices() {
+  return "cpu, sim:0 .. sim:" + std::to_string(kMaxSimDevices - 1) +
+         " (no CUDA backend in this build)";
+}
+
+namespace {
+DeviceModel cpu_model() {
+  DeviceModel m;
+  m.device = Device::cpu();
+  // Defaults near this class of machine (per core: ~50 GFLOP/s f32 GEMM, ~10 GB/s); the
+  // performance models replace them with measured times.
+  const double cores = num_threads();
+  m.gflops = 50 * cores;
+  m.gbps = 10 * cores;
+  m.link_gbps = 10;
+  m.workers = static_cast<int>(cores);
+  return m;
+}
+}  // namespace
+
+std::vector<DeviceModel> parse_devices(const std::string& list) {
+  std::vector<DeviceModel> out;
+  const DeviceModel cpu = cpu_model();
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) fail("[devices] empty device name in '", list, "'");
+    std::string name = item;
+    double slowdown = 1;
+    if (auto at = item.find('@'); at != std::string::npos) {
+      name = item.substr(0, at);
+      const std::string sv = item.substr(at + 1);
+      try {
+        size_t used = 0;
+        slowdown = std::stod(sv, &used);
+        if (used != sv.size()) throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        fail("[devices] bad slowdown '", sv, "' in '", item, "': expected a number >= 1");
+      }
+      if (!(slowdown >= 1 && slowdown <= 1e6))
+        fail("[devices] bad slowdown '", sv, "' in '", item, "': expected a number >= 1");
+    }
+    Device d;
+    try {
+      d = Device::parse(name);
+    } catch (const Error&) {
+      fail("[devices] unknown device '", name, "'; devices found: ", available_devices());
+    }
+    if (d.kind == DeviceKind::cuda || (d.kind == DeviceKind::sim && d.index >= kMaxSimDevices) ||
+        (d.kind == DeviceKind::cpu && d.index != 0))
+      fail("[devices] device '", name, "' is not present; devices found: ", available_devices());
+    if (item.find('@') != std::string::npos && d.kind != DeviceKind::sim)
+      fail("[devices] '", item, "': only sim devices take a slowdown (sim:N@S)");
+    for (const DeviceModel& m : out)
+      if (m.device == d) fail("[devices] device '", name, "' is listed twice in '", list, "'");
+    if (d.kind == DeviceKind::cpu) {
+      out.push_back(cpu);
+    } else {
+      // One dedicated worker thread: a core's share of the CPU, slowed down.
+      DeviceModel m = cpu;
+      m.device = d;
+      m.slowdown = slowdown;
+      m.workers = 1;
+      m.gflops = cpu.gflops / std::max(1, num_threads());
+      m.gbps = cpu.gbps / std::max(1, num_threads());
+      out.push_back(m);
+    }
+  }
+  if (out.empty())
+    fail("[devices] no device in '", list, "'; devices found: ", available_devices());
+  if (out[0].device != Device::cpu())
+    fail("[devices] the device list '", list, "' must start with cpu (where data is created)");
+  return out;
+}
+
+namespace {
+RuntimeConfig& config_slot() {
+  static RuntimeConfig c = [] {
+    RuntimeConfig r;
+    r.devices = {cpu_model()};
+    return r;
+  }();
+  return c;
+}
+bool g_heterogeneous = false;
+}  // namespace
+
+void configure(RuntimeConfig cfg) {
+  if (cfg.devices.empty()) cfg.devices = {cpu_model()};
+  if (cfg.devices.size() > 16) fail("[devices] at most 16 devices, got ", cfg.devices.size());
+  if (cfg.devices[0].device != Device::cpu()) fail("[devices] the first device must be cpu");
+  for (const DeviceModel& m : cfg.devices) (void)allocator_for(m.device);
+  config_slot() = std::move(cfg);
+  g_heterogeneous = config_slot().devices.size() > 1;
+  clear_plan_cache();
+}
+
+const RuntimeConfig& config() { return config_slot(); }
+bool heterogeneous() { return g_heterogeneous; }
+
+int device_index(Device d) {
+  const auto& devs = config_slot().devices;
+  for (size_t i = 0; i < devs.size(); ++i)
+    if (devs[i].device == d) return static_cast<int>(i);
+  return -1;
+}
+
+std::string configured_devices() {
+  std::string s;
+  for (const DeviceModel& m : config_slot().devices) s += (s.empty() ? "" : ", ") + m.device.str();
+  return s;
+}
+
+}  // namespace hetrain::runtime
