@@ -13,6 +13,7 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "hetrain/base/error.h"
@@ -20,6 +21,7 @@
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/interop/safetensors.h"
 #include "hetrain/memory/allocator.h"
+#include "hetrain/memory/process_memory.h"
 #include "hetrain/runtime/eval.h"
 #include "hetrain/training/data.h"
 #include "hetrain/training/nn.h"
@@ -287,6 +289,7 @@ TrainResult train(const TrainConfig& cfg) {
                static_cast<long long>(cfg.batch_size), num_threads());
 
   host_allocator().reset_peak();
+  RssGrowth rss_growth;
   Progress progress(total, cfg.progress);
   const auto t0 = Clock::now();
   auto interval_start = t0;
@@ -345,6 +348,7 @@ TrainResult train(const TrainConfig& cfg) {
   }
   progress.finish();
   const double train_wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::optional<int64_t> rss_grown = rss_growth.bytes();
 
   TrainResult r;
   r.steps = step;
@@ -357,6 +361,7 @@ TrainResult train(const TrainConfig& cfg) {
   for (int t = 0; t < kNumMemoryTags; ++t)
     r.peak_memory_bytes[std::string(memory_tag_name(static_cast<MemoryTag>(t)))] = stats.peak[static_cast<size_t>(t)];
   r.peak_memory_bytes["total"] = stats.peak_total;
+  r.peak_rss_growth_bytes = rss_grown.value_or(-1);
 
   auto [tl, acc] = evaluate(*model, *data.test, cfg.batch_size, data.language,
                             data.language ? cfg.eval_batches : 0);
@@ -378,6 +383,7 @@ TrainResult train(const TrainConfig& cfg) {
                           {"wall_s", r.wall_s},
                           {"samples_per_s", r.samples_per_s},
                           {"peak_memory_bytes", r.peak_memory_bytes}};
+    if (r.peak_rss_growth_bytes >= 0) fin["peak_rss_growth_bytes"] = r.peak_rss_growth_bytes;
     if (data.language) {
       fin["val_loss"] = r.val_loss;
       fin["unigram_entropy"] = r.unigram_entropy;
