@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Training throughput of the three presets: Hetrain against PyTorch CPU (same model, batch,
 # thread count, AdamW), one after the other in the same run; both time STEPS steps after 5
-# warm-up steps. Usage: tools/bench_train.sh [STEPS]
+# warm-up steps. Usage: [THREADS=N] tools/bench_train.sh [STEPS]  (threads default: nproc)
 # Memory, measured the same way in both processes: growth of the resident set over the training
 # loop (high-water mark, reset before the first step, minus the RSS then; "RSS+"). Hetrain's
 # allocator peak (live tensors, all tags) is shown beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-30}
-threads=$(nproc)
+threads=${THREADS:-$(nproc)}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "threads $threads, load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%-12s %12s %12s %6s %14s %14s %14s %6s\n" preset "hetrain s/s" "pytorch s/s" ratio \
   "hetrain alloc" "hetrain RSS+" "pytorch RSS+" ratio
 for preset in fashion-mlp fashion-cnn gpt-mini; do
