@@ -2,7 +2,8 @@
 """PyTorch CPU reference for the training-throughput benchmark (tools/bench_train.sh).
 
 Trains the same models as Hetrain's presets (same architecture, batch size and thread
-count, AdamW) on random batches of the right shape and prints samples/s and the process's
+count, AdamW) on random batches of the right shape and prints samples/s, CPU seconds per step
+(all threads, as Hetrain's JSON log counts them) and the process's
 peak RSS growth over the training loop, measured as Hetrain measures its own
 (src/memory/process_memory.cpp): the high-water mark (VmHWM, reset through
 /proc/self/clear_refs before the first step) minus the RSS before the first step.
@@ -66,18 +67,19 @@ def main():
     t0 = None
     for step in range(a.warmup + a.steps):
         if step == a.warmup:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
         x, y = xs(), ys()
         logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = process_memory()[1]
     print(json.dumps({"preset": a.preset, "framework": f"pytorch {torch.__version__}",
                       "threads": a.threads, "steps": a.steps,
                       "samples_per_s": a.steps * batch / dt,
+                      "cpu_s_per_step": cpu / a.steps,
                       "peak_rss_growth_bytes": peak - rss0}))
 
 

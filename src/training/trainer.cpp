@@ -1,6 +1,7 @@
 // The training loop behind `hetrain train`.
 #include "hetrain/training/trainer.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -112,6 +113,16 @@ std::pair<double, double> evaluate(nn::Module& model, const data::Dataset& ds, i
   model.train();
   return {count ? loss_sum / static_cast<double>(count) : 0.0,
           count ? static_cast<double>(correct) / static_cast<double>(count) : 0.0};
+}
+
+/// CPU seconds used by the whole process (all threads, user + system).
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return sec(u.ru_utime) + sec(u.ru_stime);
 }
 
 std::string fmt_duration(double s) {
@@ -293,6 +304,7 @@ TrainResult train(const TrainConfig& cfg) {
   Progress progress(total, cfg.progress);
   const auto t0 = Clock::now();
   auto interval_start = t0;
+  double interval_cpu = process_cpu_seconds();
   int64_t interval_steps = 0, samples_done = 0, first_step = step;
   double interval_loss = 0, last_loss = NAN;
   std::vector<double> step_seconds;
@@ -334,10 +346,12 @@ TrainResult train(const TrainConfig& cfg) {
                               {"epoch", epoch},
                               {"loss", interval_loss / static_cast<double>(interval_steps)},
                               {"lr", lr},
-                              {"samples_per_s", static_cast<double>(interval_steps * cfg.batch_size) / std::max(dt, 1e-9)}};
+                              {"samples_per_s", static_cast<double>(interval_steps * cfg.batch_size) / std::max(dt, 1e-9)},
+                              {"cpu_s", process_cpu_seconds() - interval_cpu}};
         jlog << rec.dump() << "\n" << std::flush;
       }
       interval_start = Clock::now();
+      interval_cpu = process_cpu_seconds();
       interval_steps = 0;
       interval_loss = 0;
     }
