@@ -342,12 +342,14 @@ TrainResult train(const TrainConfig& cfg) {
     if (log_now) {
       const double dt = std::chrono::duration<double>(Clock::now() - interval_start).count();
       if (jlog) {
-        nlohmann::json rec = {{"step", step},
-                              {"epoch", epoch},
-                              {"loss", interval_loss / static_cast<double>(interval_steps)},
-                              {"lr", lr},
-                              {"samples_per_s", static_cast<double>(interval_steps * cfg.batch_size) / std::max(dt, 1e-9)},
-                              {"cpu_s", process_cpu_seconds() - interval_cpu}};
+        nlohmann::json rec = {
+            {"step", step},
+            {"epoch", epoch},
+            {"loss", interval_loss / static_cast<double>(interval_steps)},
+            {"lr", lr},
+            {"samples_per_s",
+             static_cast<double>(interval_steps * cfg.batch_size) / std::max(dt, 1e-9)},
+            {"cpu_s", process_cpu_seconds() - interval_cpu}};
         jlog << rec.dump() << "\n" << std::flush;
       }
       interval_start = Clock::now();

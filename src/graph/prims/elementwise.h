@@ -230,7 +230,10 @@ struct MinimumOp {
 struct ReluGradOp {
   static constexpr const char* name = "relu_backward";
   static constexpr bool float_only = false, is_compare = false;
-  template <class C> static C f(C a, C b) { return a > C(0) ? b : C(0); }
+  template <class C>
+  static C f(C a, C b) {
+    return a > C(0) ? b : C(0);
+  }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g);
 };
 #define HETRAIN_COMPARE_OP(Name, str, expr)                                              \
