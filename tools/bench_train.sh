@@ -1,23 +1,47 @@
 #!/usr/bin/env bash
 # Training throughput of the three presets: Hetrain against PyTorch CPU (same model, batch,
-# thread count, AdamW), one after the other in the same run. Usage: tools/bench_train.sh [STEPS]
+# thread count, AdamW), one after the other in the same run; both time STEPS steps after 5
+# warm-up steps. Usage: [THREADS=N] tools/bench_train.sh [STEPS]  (threads default: nproc)
+# Memory, measured the same way in both processes: growth of the resident set over the training
+# loop (high-water mark, reset before the first step, minus the RSS then; "RSS+"). Hetrain's
+# allocator peak (live tensors, all tags) is shown beside it. "cpu ms": CPU time per timed step
+# of the whole process (all threads); its ratio (PyTorch / Hetrain) is the steadier comparison
+# on a loaded machine, where wall-clock rates depend on the share of the cores each process got.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-30}
-threads=$(nproc)
+threads=${THREADS:-$(nproc)}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-printf "%-12s %14s %14s %8s %16s %16s\n" preset "hetrain s/s" "pytorch s/s" ratio "hetrain peak MiB" "torch RSS+ MiB"
+echo "threads $threads, load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf "%-12s %11s %11s %6s %9s %9s %6s %13s %13s %13s %6s\n" preset "hetrain s/s" \
+  "pytorch s/s" ratio "h cpu ms" "pt cpu ms" ratio "hetrain alloc" "hetrain RSS+" "pytorch RSS+" ratio
 for preset in fashion-mlp fashion-cnn gpt-mini; do
-  ./build/hetrain train --preset "$preset" --steps "$steps" --threads "$threads" --no-progress \
-    --log-every 1000000 --eval-batches 1 --no-record --json-log "$tmp/$preset.jsonl" > /dev/null 2>&1
-  h=$(grep '"final"' "$tmp/$preset.jsonl")
+  # As the PyTorch script: 5 warm-up steps, then STEPS timed ones (per-step records of the log).
+  ./build/hetrain train --preset "$preset" --steps $((steps + 5)) --threads "$threads" --no-progress \
+    --log-every 1 --eval-batches 1 --no-record --json-log "$tmp/$preset.jsonl" > /dev/null 2>&1
+  h=$(python3 - "$tmp/$preset.jsonl" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+final = next(r for r in recs if r.get("final"))
+steps = [r for r in recs if not r.get("final") and r["step"] > 5]
+batch = final["samples_per_s"] * final["wall_s"] / final["steps"]
+final["samples_per_s"] = len(steps) * batch / sum(batch / r["samples_per_s"] for r in steps)
+final["cpu_s_per_step"] = sum(r["cpu_s"] for r in steps) / len(steps)
+print(json.dumps(final))
+PY
+)
   t=$(/usr/bin/python3 tools/bench_train_torch.py "$preset" --steps "$steps" --threads "$threads")
   python3 - "$preset" "$h" "$t" <<'PY'
 import json, sys
 p, h, t = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 hs, ts = h["samples_per_s"], t["samples_per_s"]
-print(f"{p:<12} {hs:14.1f} {ts:14.1f} {hs/ts:8.2f} {h['peak_memory_bytes']['total']/2**20:16.1f} "
-      f"{t['peak_rss_growth_bytes']/2**20:16.1f}")
+mib = lambda b: f"{b / 2**20:.1f} MiB"
+hr, tr = h.get("peak_rss_growth_bytes", -1), t["peak_rss_growth_bytes"]
+hc, tc = 1e3 * h["cpu_s_per_step"], 1e3 * t["cpu_s_per_step"]
+print(f"{p:<12} {hs:11.1f} {ts:11.1f} {hs/ts:6.2f} {hc:9.1f} {tc:9.1f} {tc/hc:6.2f} "
+      f"{mib(h['peak_memory_bytes']['total']):>13} {mib(hr) if hr >= 0 else 'n/a':>13} "
+      f"{mib(tr):>13} {hr / tr if hr >= 0 and tr > 0 else 0:6.2f}")
 PY
 done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -2,13 +2,17 @@
 """PyTorch CPU reference for the training-throughput benchmark (tools/bench_train.sh).
 
 Trains the same models as Hetrain's presets (same architecture, batch size and thread
-count, AdamW) on random batches of the right shape and prints samples/s and the process's
-peak RSS growth. Run with Debian's PyTorch: /usr/bin/python3 tools/bench_train_torch.py PRESET
+count, AdamW) on random batches of the right shape and prints samples/s, CPU seconds per step
+(all threads, as Hetrain's JSON log counts them) and the process's
+peak RSS growth over the training loop, measured as Hetrain measures its own
+(src/memory/process_memory.cpp): the high-water mark (VmHWM, reset through
+/proc/self/clear_refs before the first step) minus the RSS before the first step.
+Run with Debian's PyTorch: /usr/bin/python3 tools/bench_train_torch.py PRESET
 """
 import argparse
 import json
 import os
-import resource
+import re
 import sys
 import time
 
@@ -39,6 +43,13 @@ def make(preset):
     raise SystemExit(f"unknown preset {preset}")
 
 
+def process_memory():
+    """(VmRSS, VmHWM) in bytes from /proc/self/status."""
+    with open("/proc/self/status") as f:
+        s = f.read()
+    return tuple(int(re.search(k + r":\s+(\d+) kB", s).group(1)) * 1024 for k in ("VmRSS", "VmHWM"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("preset")
@@ -50,23 +61,26 @@ def main():
     torch.set_num_threads(a.threads)
     model, xs, ys, batch, language = make(a.preset)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the high-water mark to the current RSS
+    rss0 = process_memory()[0]
     t0 = None
     for step in range(a.warmup + a.steps):
         if step == a.warmup:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
         x, y = xs(), ys()
         logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    dt = time.perf_counter() - t0
-    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    peak = process_memory()[1]
     print(json.dumps({"preset": a.preset, "framework": f"pytorch {torch.__version__}",
                       "threads": a.threads, "steps": a.steps,
                       "samples_per_s": a.steps * batch / dt,
-                      "peak_rss_growth_bytes": (rss1 - rss0) * 1024}))
+                      "cpu_s_per_step": cpu / a.steps,
+                      "peak_rss_growth_bytes": peak - rss0}))
 
 
 if __name__ == "__main__":

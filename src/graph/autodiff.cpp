@@ -171,6 +171,11 @@ void backward(const Tensor& output, const Tensor& cotangent) {
       n->inputs.clear();
     }
   }
+  // Nothing here may hold a node during the evaluation: the sweep's order would keep every
+  // forward output, and the cotangent map every intermediate gradient, until it returns.
+  cot.clear();
+  std::vector<std::weak_ptr<Node>> graph(order.begin(), order.end());
+  order.clear();
   eval(targets, /*release_graph=*/true);
   // Gradients are accounted as such; a gradient that aliases another buffer gets its own.
   for (Node* n : leaf_nodes) {
@@ -187,8 +192,9 @@ void backward(const Tensor& output, const Tensor& cotangent) {
     }
   }
   // Free the graph: evaluated nodes forget their producers.
-  for (const auto& n : order) {
-    if (n->prim && n->evaluated()) {
+  for (const auto& w : graph) {
+    std::shared_ptr<Node> n = w.lock();
+    if (n && n->prim && n->evaluated()) {
       n->prim.reset();
       n->inputs.clear();
     }

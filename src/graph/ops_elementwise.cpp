@@ -118,7 +118,11 @@ Tensor AbsOp::vjp(const Tensor& x, const Tensor&, const Tensor& g) {
   return g * sign;
 }
 Tensor ReluOp::vjp(const Tensor& x, const Tensor&, const Tensor& g) {
-  return g * cast(greater(x, scalar(0.0, x.dtype())), g.dtype());
+  return binary<ReluGradOp>(x, g);
+}
+Tensor ReluGradOp::vjp(int i, const Tensor& a, const Tensor&, const Tensor&, const Tensor& g) {
+  // Linear in the gradient b; piecewise constant in a.
+  return i == 0 ? zeros_like(a) : binary<ReluGradOp>(a, g);
 }
 Tensor GeluErfOp::vjp(const Tensor& x, const Tensor&, const Tensor& g) {
   // d/dx x*Phi(x) = Phi(x) + x*phi(x)

@@ -1,6 +1,7 @@
 // The training loop behind `hetrain train`.
 #include "hetrain/training/trainer.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "hetrain/base/error.h"
@@ -20,6 +22,7 @@
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/interop/safetensors.h"
 #include "hetrain/memory/allocator.h"
+#include "hetrain/memory/process_memory.h"
 #include "hetrain/runtime/eval.h"
 #include "hetrain/runtime/perf_model.h"
 #include "hetrain/training/data.h"
@@ -137,6 +140,16 @@ double train_step(nn::Module& model, optim::Optimizer& opt, const data::Batch& b
   opt.step();
   opt.zero_grad();
   return loss.item<double>();
+}
+
+/// CPU seconds used by the whole process (all threads, user + system).
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return sec(u.ru_utime) + sec(u.ru_stime);
 }
 
 std::string fmt_duration(double s) {
@@ -307,9 +320,11 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
                static_cast<long long>(cfg.batch_size), num_threads());
 
   host_allocator().reset_peak();
+  RssGrowth rss_growth;
   Progress progress(total, cfg.progress);
   const auto t0 = Clock::now();
   auto interval_start = t0;
+  double interval_cpu = process_cpu_seconds();
   int64_t interval_steps = 0, samples_done = 0, first_step = step;
   double interval_loss = 0, last_loss = NAN;
   std::vector<double> step_seconds;
@@ -343,14 +358,18 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
     if (log_now) {
       const double dt = std::chrono::duration<double>(Clock::now() - interval_start).count();
       if (jlog) {
-        nlohmann::json rec = {{"step", step},
-                              {"epoch", epoch},
-                              {"loss", interval_loss / static_cast<double>(interval_steps)},
-                              {"lr", lr},
-                              {"samples_per_s", static_cast<double>(interval_steps * cfg.batch_size) / std::max(dt, 1e-9)}};
+        nlohmann::json rec = {
+            {"step", step},
+            {"epoch", epoch},
+            {"loss", interval_loss / static_cast<double>(interval_steps)},
+            {"lr", lr},
+            {"samples_per_s",
+             static_cast<double>(interval_steps * cfg.batch_size) / std::max(dt, 1e-9)},
+            {"cpu_s", process_cpu_seconds() - interval_cpu}};
         jlog << rec.dump() << "\n" << std::flush;
       }
       interval_start = Clock::now();
+      interval_cpu = process_cpu_seconds();
       interval_steps = 0;
       interval_loss = 0;
     }
@@ -362,6 +381,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   progress.finish();
   runtime::set_perf_recording(false);
   const double train_wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::optional<int64_t> rss_grown = rss_growth.bytes();
 
   TrainResult r;
   r.steps = step;
@@ -374,6 +394,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   for (int t = 0; t < kNumMemoryTags; ++t)
     r.peak_memory_bytes[std::string(memory_tag_name(static_cast<MemoryTag>(t)))] = stats.peak[static_cast<size_t>(t)];
   r.peak_memory_bytes["total"] = stats.peak_total;
+  r.peak_rss_growth_bytes = rss_grown.value_or(-1);
 
   auto [tl, acc] = cfg.final_eval ? evaluate(*model, *data.test, cfg.batch_size, data.language,
                                              data.language ? cfg.eval_batches : 0)
@@ -396,6 +417,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
                           {"wall_s", r.wall_s},
                           {"samples_per_s", r.samples_per_s},
                           {"peak_memory_bytes", r.peak_memory_bytes}};
+    if (r.peak_rss_growth_bytes >= 0) fin["peak_rss_growth_bytes"] = r.peak_rss_growth_bytes;
     if (data.language) {
       fin["val_loss"] = r.val_loss;
       fin["unigram_entropy"] = r.unigram_entropy;

@@ -59,6 +59,10 @@ struct TrainResult {
   double unigram_entropy = -1;               // language models: of the validation bytes
   double wall_s = 0, samples_per_s = 0;
   std::map<std::string, int64_t> peak_memory_bytes;
+  /// Growth of the process's resident memory over the training loop (its high-water mark
+  /// minus the RSS before the first step; process_memory.h), -1 where it cannot be measured.
+  /// For comparison with other frameworks, which have no allocator counters in common with ours.
+  int64_t peak_rss_growth_bytes = -1;
   std::vector<double> step_seconds;  // wall time of each step of this run (data to optimizer)
   int threads = 1;                   // worker threads used
 };

@@ -70,6 +70,22 @@ Operand operand(int arg, bool output, const memory::desc& plain, const memory::d
   return op;
 }
 
+/// oneDNN's OpenMP team at one thread for the current scope (the setting is per thread).
+class SingleOmpThread {
+ public:
+  SingleOmpThread() : saved_(omp_get_max_threads()) {
+    if (saved_ != 1) omp_set_num_threads(1);
+  }
+  ~SingleOmpThread() {
+    if (saved_ != 1) omp_set_num_threads(saved_);
+  }
+  SingleOmpThread(const SingleOmpThread&) = delete;
+  SingleOmpThread& operator=(const SingleOmpThread&) = delete;
+
+ private:
+  int saved_;
+};
+
 bool dnnl_pays(const ConvShape& s) { return s.kh * s.kw > 1 && s.C >= 8 && s.O >= 8; }
 
 /// The plan for one pass over a batch of s.N images, or null when oneDNN offers only its reference
@@ -162,6 +178,9 @@ std::shared_ptr<const Plan> find_plan(Pass pass, const ConvShape& s, bool bias) 
   if (it != cache.end()) return it->second;
   std::shared_ptr<const Plan> plan;
   try {
+    // Kernels fix their thread count when built: build them for the one thread they run on,
+    // or each run starts an OpenMP team of its own beside hetrain's threads.
+    SingleOmpThread one;
     plan = make_plan(pass, s, bias);
   } catch (const dnnl::error&) {
     plan = nullptr;  // unimplemented for this shape: the caller falls back
@@ -204,22 +223,6 @@ void run(const Plan& plan, const std::vector<const void*>& ptrs) {
   for (auto& [op, user] : outputs) op->convert->execute(stream, args.at(op->arg), user);
   stream.wait();
 }
-
-/// oneDNN's OpenMP team at one thread for the current scope (the setting is per thread).
-class SingleOmpThread {
- public:
-  SingleOmpThread() : saved_(omp_get_max_threads()) {
-    if (saved_ != 1) omp_set_num_threads(1);
-  }
-  ~SingleOmpThread() {
-    if (saved_ != 1) omp_set_num_threads(saved_);
-  }
-  SingleOmpThread(const SingleOmpThread&) = delete;
-  SingleOmpThread& operator=(const SingleOmpThread&) = delete;
-
- private:
-  int saved_;
-};
 
 /// Batch chunks, one per thread, and their plans; empty when a plan is missing.
 struct ChunkedPlans {

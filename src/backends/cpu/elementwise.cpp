@@ -158,6 +158,7 @@ template class Binary<DivOp>;
 template class Binary<PowOp>;
 template class Binary<MaximumOp>;
 template class Binary<MinimumOp>;
+template class Binary<ReluGradOp>;
 template class Binary<EqualOp>;
 template class Binary<NotEqualOp>;
 template class Binary<LessOp>;

@@ -29,6 +29,16 @@ std::optional<MatrixLayout> matrix_layout(int64_t rows, int64_t cols, int64_t s0
   return std::nullopt;
 }
 
+namespace {
+/// OpenBLAS keeps its own thread count (nproc by default); it follows hetrain's, so that
+/// --threads N means N busy cores in GEMMs too. Set only when it changes (between runs).
+void follow_thread_count() {
+  static std::atomic<int> blas_threads{0};
+  const int want = num_threads();
+  if (blas_threads.exchange(want) != want) openblas_set_num_threads(want);
+}
+}  // namespace
+
 void sgemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
@@ -42,6 +52,7 @@ void sgemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 void sgemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                     int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
+  follow_thread_count();
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
               static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
@@ -70,10 +81,6 @@ std::string openblas_core_name() { return openblas_get_corename(); }
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (sgemm_path() == SgemmPath::openblas) {
-    // OpenBLAS keeps its own threads: give it the engine's thread count (--threads).
-    static std::atomic<int> blas_threads{0};
-    const int want = num_threads();
-    if (blas_threads.exchange(want) != want) openblas_set_num_threads(want);
     sgemm_openblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   } else {
     sgemm_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -83,6 +90,7 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
 void dgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
            int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
+  follow_thread_count();
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
               static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,

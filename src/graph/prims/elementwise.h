@@ -225,6 +225,17 @@ struct MinimumOp {
   template <class C> static C f(C a, C b) { return a <= b ? a : b; }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g);
 };
+/// relu's gradient in one pass: b where a > 0, else 0 (a: relu's input, b: the incoming
+/// gradient; torch's threshold_backward). Built only by ReluOp::vjp.
+struct ReluGradOp {
+  static constexpr const char* name = "relu_backward";
+  static constexpr bool float_only = false, is_compare = false;
+  template <class C>
+  static C f(C a, C b) {
+    return a > C(0) ? b : C(0);
+  }
+  static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g);
+};
 #define HETRAIN_COMPARE_OP(Name, str, expr)                                              \
   struct Name {                                                                          \
     static constexpr const char* name = str;                                             \
