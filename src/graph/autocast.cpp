@@ -36,17 +36,18 @@ constexpr std::array kTable{
 
 thread_local Precision g_precision = Precision::fp32;
 
-bool autocastable(Dtype dt) {
-  return dt == Dtype::f32 || dt == Dtype::bf16 || dt == Dtype::f16;
-}
+bool autocastable(Dtype dt) { return dt == Dtype::f32 || dt == Dtype::bf16 || dt == Dtype::f16; }
 
 }  // namespace
 
 std::string_view precision_name(Precision p) {
   switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::bf16: return "bf16";
-    case Precision::fp16: return "fp16";
+    case Precision::fp32:
+      return "fp32";
+    case Precision::bf16:
+      return "bf16";
+    case Precision::fp16:
+      return "fp16";
   }
   return "?";
 }
@@ -59,18 +60,24 @@ Precision precision_from_name(std::string_view name) {
 
 Dtype compute_dtype(Precision p) {
   switch (p) {
-    case Precision::bf16: return Dtype::bf16;
-    case Precision::fp16: return Dtype::f16;
-    case Precision::fp32: break;
+    case Precision::bf16:
+      return Dtype::bf16;
+    case Precision::fp16:
+      return Dtype::f16;
+    case Precision::fp32:
+      break;
   }
   return Dtype::f32;
 }
 
 std::string_view cast_policy_name(CastPolicy p) {
   switch (p) {
-    case CastPolicy::low_precision: return "low_precision";
-    case CastPolicy::f32: return "f32";
-    case CastPolicy::follow: return "follow";
+    case CastPolicy::low_precision:
+      return "low_precision";
+    case CastPolicy::f32:
+      return "f32";
+    case CastPolicy::follow:
+      return "follow";
   }
   return "?";
 }

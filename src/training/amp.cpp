@@ -34,11 +34,11 @@ Tensor GradScaler::scale(const Tensor& loss) const {
 }
 
 void GradScaler::unscale(optim::Optimizer& opt) {
-  if (unscaled_)
-    fail("[GradScaler] unscale() was already called since the last update()");
+  if (unscaled_) fail("[GradScaler] unscale() was already called since the last update()");
   NoGradScope ng;
   // PyTorch: inv_scale = scale.double().reciprocal().float(); grads *= inv_scale in f32.
-  const double inv = static_cast<double>(static_cast<float>(1.0 / static_cast<double>(state_.scale)));
+  const double inv =
+      static_cast<double>(static_cast<float>(1.0 / static_cast<double>(state_.scale)));
   struct Item {
     Tensor* param;
     const std::string* name;
@@ -100,9 +100,10 @@ void GradScaler::update() {
   unscaled_ = false;
   if (static_cast<double>(state_.scale) < opt_.min_scale)
     fail("[GradScaler] the loss scale fell to ", state_.scale, ", below its floor of ",
-         opt_.min_scale, ": gradients stay non-finite however far the loss is scaled down "
-         "(first non-finite gradient: parameter '", first_nonfinite_,
-         "'); lower the learning rate, or train in bf16 or fp32");
+         opt_.min_scale,
+         ": gradients stay non-finite however far the loss is scaled down "
+         "(first non-finite gradient: parameter '",
+         first_nonfinite_, "'); lower the learning rate, or train in bf16 or fp32");
 }
 
 void GradScaler::load_state(const GradScalerState& s) {

@@ -24,9 +24,7 @@ using amp::Precision;
 
 namespace {
 
-std::string prim_name(const Tensor& t) {
-  return t.node()->prim ? t.node()->prim->name() : "leaf";
-}
+std::string prim_name(const Tensor& t) { return t.node()->prim ? t.node()->prim->name() : "leaf"; }
 
 /// Dtypes of the inputs of the node that produced t.
 std::vector<Dtype> input_dtypes(const Tensor& t) {
@@ -61,8 +59,7 @@ TEST(Autocast, PolicyTable) {
   // One entry per primitive.
   auto table = amp::autocast_table();
   for (size_t i = 0; i < table.size(); ++i)
-    for (size_t j = i + 1; j < table.size(); ++j)
-      EXPECT_NE(table[i].primitive, table[j].primitive);
+    for (size_t j = i + 1; j < table.size(); ++j) EXPECT_NE(table[i].primitive, table[j].primitive);
   EXPECT_EQ(amp::precision_from_name("bf16"), Precision::bf16);
   EXPECT_EQ(amp::compute_dtype(Precision::fp16), Dtype::f16);
   try {
@@ -121,8 +118,8 @@ TEST(Autocast, NodeDtypesFollowThePolicy) {
     }
     EXPECT_TRUE(seen);
 
-    EXPECT_EQ(sum(y).dtype(), Dtype::f32);          // accumulating reduction
-    EXPECT_EQ(relu(y).dtype(), low);                // follows
+    EXPECT_EQ(sum(y).dtype(), Dtype::f32);               // accumulating reduction
+    EXPECT_EQ(relu(y).dtype(), low);                     // follows
     EXPECT_EQ((y + randn({4, 6})).dtype(), Dtype::f32);  // promotion, as PyTorch
     EXPECT_EQ(max(y).dtype(), low);
     EXPECT_EQ(linear(x, transpose(w, 0, 1), beta).dtype(), low);  // bias joins the product
@@ -190,8 +187,8 @@ StepResult gpt_step(Precision p) {
 // f32 to 1% and every gradient to 5% in relative L2 norm. fp16 (11 bits) to 0.5% / 2%.
 TEST(Autocast, LowPrecisionStepCloseToF32) {
   StepResult f32 = gpt_step(Precision::fp32);
-  for (auto [p, loss_tol, grad_tol] : {std::tuple{Precision::bf16, 1e-2, 5e-2},
-                                       std::tuple{Precision::fp16, 5e-3, 2e-2}}) {
+  for (auto [p, loss_tol, grad_tol] :
+       {std::tuple{Precision::bf16, 1e-2, 5e-2}, std::tuple{Precision::fp16, 5e-3, 2e-2}}) {
     StepResult low = gpt_step(p);
     const std::string what(amp::precision_name(p));
     EXPECT_NEAR(low.loss, f32.loss, loss_tol * f32.loss) << what;
@@ -203,8 +200,8 @@ TEST(Autocast, LowPrecisionStepCloseToF32) {
       if (e > worst) worst = e, worst_name = name;
       EXPECT_LT(e, grad_tol) << what << " gradient of " << name;
     }
-    std::printf("%s: loss %.6f vs f32 %.6f, worst gradient rel. L2 error %.4f (%s)\n",
-                what.c_str(), low.loss, f32.loss, worst, worst_name.c_str());
+    std::printf("%s: loss %.6f vs f32 %.6f, worst gradient rel. L2 error %.4f (%s)\n", what.c_str(),
+                low.loss, f32.loss, worst, worst_name.c_str());
   }
 }
 
@@ -239,12 +236,12 @@ TagBytes mlp_step(Precision p) {
   for (Tensor* t : model->parameters()) EXPECT_EQ(t->dtype(), Dtype::f32);
   TagBytes r;
   r.parameters = after.current[idx(MemoryTag::parameters)];
-  r.gradients = after_backward.current[idx(MemoryTag::gradients)] -
-                before.current[idx(MemoryTag::gradients)];
+  r.gradients =
+      after_backward.current[idx(MemoryTag::gradients)] - before.current[idx(MemoryTag::gradients)];
   r.optimizer_state = after.current[idx(MemoryTag::optimizer_state)] -
                       before.current[idx(MemoryTag::optimizer_state)];
-  r.activation_peak = after.peak[idx(MemoryTag::activations)] -
-                      before.current[idx(MemoryTag::activations)];
+  r.activation_peak =
+      after.peak[idx(MemoryTag::activations)] - before.current[idx(MemoryTag::activations)];
   opt.zero_grad();
   return r;
 }
@@ -262,11 +259,10 @@ TEST(Autocast, MasterWeightsStayF32InMemoryByTag) {
   EXPECT_EQ(bf16.optimizer_state, 2 * 4 * numel);
   EXPECT_EQ(f32.optimizer_state, 2 * 4 * numel);
   // The bf16 copies of weights and the bf16 activations are activations, and fewer bytes.
-  std::printf("activation peak: f32 %lld bytes, bf16 %lld bytes (%.0f%%)\n",
-              static_cast<long long>(f32.activation_peak),
-              static_cast<long long>(bf16.activation_peak),
-              100.0 * static_cast<double>(bf16.activation_peak) /
-                  static_cast<double>(f32.activation_peak));
+  std::printf(
+      "activation peak: f32 %lld bytes, bf16 %lld bytes (%.0f%%)\n",
+      static_cast<long long>(f32.activation_peak), static_cast<long long>(bf16.activation_peak),
+      100.0 * static_cast<double>(bf16.activation_peak) / static_cast<double>(f32.activation_peak));
   EXPECT_LT(bf16.activation_peak, f32.activation_peak * 3 / 4);
 }
 
@@ -333,7 +329,8 @@ TEST(GradScaler, ScaleTrajectoryMatchesPyTorch) {
         ++step;
         if (next < records.size() && records[next]["step"].get<int64_t>() == step) {
           const auto& r = records[next++];
-          const float want = static_cast<float>(std::strtod(r["scale"].get<std::string>().c_str(), nullptr));
+          const float want =
+              static_cast<float>(std::strtod(r["scale"].get<std::string>().c_str(), nullptr));
           ASSERT_EQ(scaler.get_scale(), want) << name << " step " << step;
           ASSERT_EQ(scaler.growth_tracker(), r["growth_tracker"].get<int64_t>())
               << name << " step " << step;
@@ -377,9 +374,9 @@ TEST(GradScaler, InfGradientSkipsStepAndHalvesScale) {
   EXPECT_EQ(m.lin.weight().to_vector<float>(), w_before);  // weights unchanged, bit for bit
   EXPECT_EQ(m.lin.named_parameters()[1].second->to_vector<float>(), b_before);
   EXPECT_EQ(opt.state_dict().at("exp_avg.weight").to_vector<float>(), state_before);
-  EXPECT_EQ(opt.steps(), 1);                  // the optimizer did not step
-  EXPECT_EQ(scaler.get_scale(), 32768.0f);    // halved
-  EXPECT_EQ(scaler.skipped_steps(), 1);       // counted
+  EXPECT_EQ(opt.steps(), 1);                // the optimizer did not step
+  EXPECT_EQ(scaler.get_scale(), 32768.0f);  // halved
+  EXPECT_EQ(scaler.skipped_steps(), 1);     // counted
   EXPECT_EQ(scaler.growth_tracker(), 0);
   EXPECT_EQ(scaler.first_nonfinite(), "bias");
 

@@ -1,6 +1,7 @@
 // Dynamic loss scaling for fp16 training, with PyTorch's GradScaler semantics and defaults.
 //
-//   amp::GradScaler scaler;                 // scale 65536, x2 every 2000 clean steps, x0.5 on inf/NaN
+//   amp::GradScaler scaler;                 // scale 65536, x2 every 2000 clean steps, x0.5 on
+//   inf/NaN
 //   {
 //     amp::Autocast scope(amp::Precision::fp16);
 //     loss = cross_entropy(model.forward(x), y);
@@ -23,9 +24,9 @@
 namespace hetrain::amp {
 
 struct GradScalerOptions {
-  double init_scale = 65536.0;   // 2^16, as torch.amp.GradScaler
-  double growth_factor = 2.0;    // after growth_interval consecutive clean steps
-  double backoff_factor = 0.5;   // after a step with an inf/NaN gradient
+  double init_scale = 65536.0;  // 2^16, as torch.amp.GradScaler
+  double growth_factor = 2.0;   // after growth_interval consecutive clean steps
+  double backoff_factor = 0.5;  // after a step with an inf/NaN gradient
   int64_t growth_interval = 2000;
   /// The floor: update() throws when the scale falls below it (PyTorch has none and would
   /// shrink the scale forever while gradients stay non-finite).
