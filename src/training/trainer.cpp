@@ -456,6 +456,7 @@ TrainResult train(const TrainConfig& cfg) {
                           {"wall_s", r.wall_s},
                           {"samples_per_s", r.samples_per_s},
                           {"peak_memory_bytes", r.peak_memory_bytes},
+                          {"step_time_s", steady_step_seconds(r)},
                           {"precision", r.precision},
                           {"skipped_steps", r.skipped_steps}};
     if (scaler) fin["loss_scale"] = r.loss_scale;
