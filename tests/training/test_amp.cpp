@@ -152,6 +152,21 @@ TEST(Autocast, GradientsReachF32MasterWeights) {
   EXPECT_EQ(w.dtype(), Dtype::f32);
 }
 
+// Reductions and GEMMs over bf16/f16 accumulate in f32: 4096 ones sum to 4096 (a bf16
+// accumulator stalls at 256, an f16 one at 2048), with and without autocast.
+TEST(Autocast, ReductionsAccumulateInF32) {
+  for (Dtype dt : {Dtype::bf16, Dtype::f16}) {
+    Tensor x = ones({4096}, dt);
+    EXPECT_EQ(sum(x).dtype(), dt);
+    EXPECT_EQ(sum(x).item<float>(), 4096.0f) << dtype_name(dt);
+    EXPECT_EQ(matmul(ones({1, 4096}, dt), ones({4096, 1}, dt)).item<float>(), 4096.0f)
+        << dtype_name(dt);
+    Autocast scope(dt == Dtype::bf16 ? Precision::bf16 : Precision::fp16);
+    EXPECT_EQ(sum(x).dtype(), Dtype::f32);
+    EXPECT_EQ(sum(x).item<float>(), 4096.0f);
+  }
+}
+
 // ---- a bf16 step against the f32 step -------------------------------------------------------
 
 namespace {

@@ -203,6 +203,19 @@ void copy_strided(const Array& x, Array& y) {
                             return;
                           }
                         }
+                        // f16 <-> f32 (the casts of fp16 autocast): F16C where available.
+                        if constexpr (std::is_same_v<S, Half> && std::is_same_v<D, float>) {
+                          if (step[0] == 1 && step[1] == 1) {
+                            cpu::f16_to_f32(&a->bits, o, len);
+                            return;
+                          }
+                        }
+                        if constexpr (std::is_same_v<S, float> && std::is_same_v<D, Half>) {
+                          if (step[0] == 1 && step[1] == 1) {
+                            cpu::f32_to_f16(a, &o->bits, len);
+                            return;
+                          }
+                        }
                         for (int64_t i = 0; i < len; ++i) {
                           if constexpr (std::is_same_v<D, bool>) {
                             o[i * step[0]] = to_compute(a[i * step[1]]) != 0;
