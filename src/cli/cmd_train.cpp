@@ -15,12 +15,14 @@ namespace hetrain::cli {
 
 namespace {
 // Flags that map one-to-one onto config settings.
+// clang-format off
 const char* const kSettingFlags[] = {
     "data",   "epochs",  "steps",    "batch-size", "lr",           "min-lr",    "optimizer",
     "seed",   "threads", "save",     "save-every", "resume",       "json-log",  "weight-decay",
     "momentum", "clip",  "schedule", "warmup",     "log-every",    "eval-batches", "hidden",
     "widths", "blocks",  "layers",   "heads",      "width",        "context",   "dropout",
     "precision", "grad-scaler", "loss-scale", "loss-scale-growth-interval", "loss-scale-floor"};
+// clang-format on
 // The run as a record of the planner's measured-runs file (docs/PLANNING.md), or null when
 // the planner cannot model this network (it models GPTs, not the mlp and cnn presets).
 nlohmann::json measured_run_record(const training::TrainConfig& cfg,
@@ -38,8 +40,11 @@ nlohmann::json measured_run_record(const training::TrainConfig& cfg,
                         std::to_string(cfg.width) + ", context " + std::to_string(cfg.context) +
                         ", batch " + std::to_string(cfg.batch_size) + ") on this CPU"},
           {"model",
-           {{"layers", cfg.layers}, {"hidden", cfg.width}, {"heads", cfg.heads},
-            {"seq", cfg.context}, {"vocab", 256}}},
+           {{"layers", cfg.layers},
+            {"hidden", cfg.width},
+            {"heads", cfg.heads},
+            {"seq", cfg.context},
+            {"vocab", 256}}},
           {"hardware", "local"},
           {"gpus", 1},
           {"global_batch", cfg.batch_size},
@@ -48,8 +53,8 @@ nlohmann::json measured_run_record(const training::TrainConfig& cfg,
           {"step_time_s", training::steady_step_seconds(r, skip)},
           {"peak_memory_bytes", r.peak_memory_bytes.at("total")},
           {"threads", r.threads},
-          {"steps_measured", r.step_seconds.size() > skip ? r.step_seconds.size() - skip
-                                                          : r.step_seconds.size()},
+          {"steps_measured",
+           r.step_seconds.size() > skip ? r.step_seconds.size() - skip : r.step_seconds.size()},
           {"load_average_1min", load},
           {"source", cmd + ", " + date}};
 }
@@ -99,8 +104,9 @@ int cmd_train(const Args& args) {
       .option("threads", "N", "worker threads (0: every core)")
       .option("save", "DIR", "write a checkpoint (safetensors weights + training state) to DIR")
       .option("save-every", "N", "also checkpoint every N steps, into DIR/step-N")
-      .option("resume", "DIR", "continue from a checkpoint; the result is bit-identical to an "
-                               "uninterrupted run")
+      .option("resume", "DIR",
+              "continue from a checkpoint; the result is bit-identical to an "
+              "uninterrupted run")
       .option("json-log", "FILE", "write one JSON record per log interval and a final record")
       .option("log-every", "N", "steps per log interval")
       .option("eval-batches", "N", "validation batches for language models (0: all)")
@@ -167,9 +173,13 @@ int cmd_train(const Args& args) {
 
   double peak_mib = static_cast<double>(r.peak_memory_bytes["total"]) / (1024.0 * 1024.0);
   if (p.get_flag("json")) {
-    nlohmann::json j = {{"steps", r.steps}, {"train_loss", r.train_loss}, {"wall_s", r.wall_s},
-                        {"samples_per_s", r.samples_per_s}, {"peak_memory_bytes", r.peak_memory_bytes},
-                        {"precision", r.precision}, {"skipped_steps", r.skipped_steps}};
+    nlohmann::json j = {{"steps", r.steps},
+                        {"train_loss", r.train_loss},
+                        {"wall_s", r.wall_s},
+                        {"samples_per_s", r.samples_per_s},
+                        {"peak_memory_bytes", r.peak_memory_bytes},
+                        {"precision", r.precision},
+                        {"skipped_steps", r.skipped_steps}};
     if (r.grad_scaler) j["loss_scale"] = r.loss_scale;
     if (r.test_accuracy >= 0) {
       j["test_accuracy"] = r.test_accuracy;

@@ -149,9 +149,12 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     if (v != "auto" && v != "on" && v != "off")
       fail("[train] ", origin, ": grad-scaler must be auto, on or off, got '", v, "'");
     c.grad_scaler = v;
-  } else if (key == "loss-scale") c.loss_scale = d();
-  else if (key == "loss-scale-growth-interval") c.loss_scale_growth_interval = i();
-  else if (key == "loss-scale-floor") c.loss_scale_floor = d();
+  } else if (key == "loss-scale")
+    c.loss_scale = d();
+  else if (key == "loss-scale-growth-interval")
+    c.loss_scale_growth_interval = i();
+  else if (key == "loss-scale-floor")
+    c.loss_scale_floor = d();
   else if (key == "save") c.save_dir = v;
   else if (key == "save-every") c.save_every = i();
   else if (key == "resume") c.resume_dir = v;
@@ -276,10 +279,10 @@ std::string config_to_toml(const TrainConfig& c) {
      << "\nwidth = " << c.width << "\ncontext = " << c.context << "\ndropout = " << c.dropout
      << "\nepochs = " << c.epochs << "\nsteps = " << c.steps << "\nbatch_size = " << c.batch_size
      << "\nlr = " << c.lr << "\nmin_lr = " << c.min_lr << "\nweight_decay = " << c.weight_decay
-     << "\nmomentum = " << c.momentum << "\nclip = " << c.clip << "\noptimizer = \""
-     << c.optimizer << "\"\nschedule = \"" << c.schedule << "\"\nwarmup = " << c.warmup
-     << "\nseed = " << c.seed << "\nprecision = \"" << c.precision << "\"\ngrad_scaler = \""
-     << c.grad_scaler << "\"\nloss_scale = " << c.loss_scale
+     << "\nmomentum = " << c.momentum << "\nclip = " << c.clip << "\noptimizer = \"" << c.optimizer
+     << "\"\nschedule = \"" << c.schedule << "\"\nwarmup = " << c.warmup << "\nseed = " << c.seed
+     << "\nprecision = \"" << c.precision << "\"\ngrad_scaler = \"" << c.grad_scaler
+     << "\"\nloss_scale = " << c.loss_scale
      << "\nloss_scale_growth_interval = " << c.loss_scale_growth_interval
      << "\nloss_scale_floor = " << c.loss_scale_floor << "\n";
   return os.str();

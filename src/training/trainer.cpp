@@ -329,10 +329,10 @@ TrainResult train(const TrainConfig& cfg) {
   std::fprintf(stderr,
                "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld, %d threads, "
                "precision %s%s\n",
-               cfg.preset.c_str(), cfg.model.c_str(), static_cast<long long>(model->num_parameters()),
-               data.train->describe().c_str(), static_cast<long long>(total),
-               static_cast<long long>(cfg.batch_size), num_threads(), cfg.precision.c_str(),
-               scaler ? " with dynamic loss scaling" : "");
+               cfg.preset.c_str(), cfg.model.c_str(),
+               static_cast<long long>(model->num_parameters()), data.train->describe().c_str(),
+               static_cast<long long>(total), static_cast<long long>(cfg.batch_size), num_threads(),
+               cfg.precision.c_str(), scaler ? " with dynamic loss scaling" : "");
 
   host_allocator().reset_peak();
   Progress progress(total, cfg.progress);
@@ -362,8 +362,10 @@ TrainResult train(const TrainConfig& cfg) {
     for (auto& [n, b] : model->named_buffers()) *b = b->detach();
     if (scaler) scaler->unscale(*opt);  // clipping sees the true gradients
     if (cfg.clip > 0) optim::clip_grad_norm(model->parameters(), cfg.clip);
-    if (scaler) scaler->step(*opt);  // skipped (and counted) when a gradient is inf/NaN
-    else opt->step();
+    if (scaler)
+      scaler->step(*opt);  // skipped (and counted) when a gradient is inf/NaN
+    else
+      opt->step();
     opt->zero_grad();
     if (scaler) {
       try {

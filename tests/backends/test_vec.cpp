@@ -61,13 +61,15 @@ TEST(Vec, HalfConversionsMatchScalar) {
   cpu::f16_to_f32(h.data(), f.data(), static_cast<int64_t>(h.size()));
   for (size_t i = 0; i < h.size(); ++i) {
     const float want = half_to_float(h[i]);
-    if (std::isnan(want)) EXPECT_TRUE(std::isnan(f[i])) << i;
-    else EXPECT_EQ(f[i], want) << i;
+    if (std::isnan(want))
+      EXPECT_TRUE(std::isnan(f[i])) << i;
+    else
+      EXPECT_EQ(f[i], want) << i;
   }
   std::vector<float> x;
   for (float v = -70000.0f; v <= 70000.0f; v += 3.37f) x.push_back(v);
   for (float v = -1e-4f; v <= 1e-4f; v += 1.3e-8f) x.push_back(v);  // subnormal halves
-  for (uint16_t b = 0; b < 0x7c00; b += 7) {                          // exact ties
+  for (uint16_t b = 0; b < 0x7c00; b += 7) {                        // exact ties
     x.push_back(0.5f * (half_to_float(b) + half_to_float(static_cast<uint16_t>(b + 1))));
   }
   x.push_back(std::numeric_limits<float>::infinity());

@@ -30,11 +30,11 @@ struct TrainConfig {
   uint64_t seed = 0;
   int threads = 0;  // 0: all cores
   // mixed precision (graph/autocast.h, training/amp.h)
-  std::string precision = "fp32";   // fp32 | bf16 | fp16
+  std::string precision = "fp32";    // fp32 | bf16 | fp16
   std::string grad_scaler = "auto";  // auto (on for fp16 only) | on | off
-  double loss_scale = 65536.0;      // the scaler's initial scale
+  double loss_scale = 65536.0;       // the scaler's initial scale
   int64_t loss_scale_growth_interval = 2000;
-  double loss_scale_floor = 1.0;    // training stops when the scale falls below it
+  double loss_scale_floor = 1.0;  // training stops when the scale falls below it
   // output
   std::string save_dir, resume_dir, json_log;
   int64_t save_every = 0, log_every = 50;

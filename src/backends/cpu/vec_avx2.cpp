@@ -48,16 +48,15 @@ __attribute__((target("avx2,fma"))) void exp_f32_avx2(const float* x, float* y, 
   for (; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
-__attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const uint16_t* x, float* y,
-                                                         int64_t n) {
+__attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const uint16_t* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+    _mm256_storeu_ps(y + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
   for (; i < n; ++i) y[i] = half_to_float(x[i]);
 }
 
-__attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* x, uint16_t* y,
-                                                         int64_t n) {
+__attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* x, uint16_t* y, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
