@@ -36,6 +36,9 @@ hetrain_cli_test(cli.bad_precision "precision must be fp32, bf16 or fp16, got 'f
 hetrain_cli_test(cli.fp16_skips_overflowing_steps
                  "\"loss_scale\": [0-9.e+]+,.*\"precision\": \"fp16\",.*\"skipped_steps\": [1-9]"
                  ${HT} train ${HT_TINY_GPT} --steps 12 --precision fp16 --loss-scale 1e12 --json)
+hetrain_cli_test(cli.precision_toml "\"loss_scale\": 1024.0,.*\"precision\": \"fp16\""
+                 ${HT} train ${HT_TINY_GPT} --config ${CMAKE_CURRENT_SOURCE_DIR}/cli/fp16.toml
+                 --steps 2 --json)
 hetrain_cli_test(cli.loss_scale_floor
                  "step 1: \\[GradScaler\\] the loss scale fell to 5e\\+11, below its floor of 6e\\+11.*parameter '[a-z0-9_.]+'"
                  ${HT} train ${HT_TINY_GPT} --steps 5 --precision fp16 --loss-scale 1e12
