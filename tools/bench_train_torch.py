@@ -8,6 +8,7 @@ peak RSS growth over the training loop, measured as Hetrain measures its own
 (src/memory/process_memory.cpp): the high-water mark (VmHWM, reset through
 /proc/self/clear_refs before the first step) minus the RSS before the first step.
 Run with Debian's PyTorch: /usr/bin/python3 tools/bench_train_torch.py PRESET
+With --precision bf16 the forward runs under CPU autocast (bf16), as in docs/PERFORMANCE.md.
 """
 import argparse
 import json
@@ -56,30 +57,55 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: forward under torch.autocast('cpu', dtype=torch.bfloat16)")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
     model, xs, ys, batch, language = make(a.preset)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    param_ptrs = {p.data_ptr() for p in model.parameters()}
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the high-water mark to the current RSS
     rss0 = process_memory()[0]
-    t0 = None
+    t_start, step_s, saved_bytes = None, [], 0
     for step in range(a.warmup + a.steps):
         if step == a.warmup:
-            t0, c0 = time.perf_counter(), time.process_time()
+            t_start, c0 = time.perf_counter(), time.process_time()
+        t0 = time.perf_counter()
         x, y = xs(), ys()
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        # Activation memory: bytes of the distinct tensors autograd saves for backward
+        # (parameters excluded; autocast's bf16 weight copies count, as in Hetrain).
+        saved = {}
+
+        def pack(t):
+            if t.data_ptr() not in param_ptrs:
+                saved[t.data_ptr()] = max(saved.get(t.data_ptr(), 0),
+                                          t.untyped_storage().nbytes()
+                                          if hasattr(t, "untyped_storage")
+                                          else t.storage().nbytes())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                logits = model(x)
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                       y.reshape(-1))
+        saved_bytes = sum(saved.values())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if step >= a.warmup:
+            step_s.append(time.perf_counter() - t0)
+    dt, cpu = time.perf_counter() - t_start, time.process_time() - c0
     peak = process_memory()[1]
+    step_s.sort()
     print(json.dumps({"preset": a.preset, "framework": f"pytorch {torch.__version__}",
-                      "threads": a.threads, "steps": a.steps,
+                      "precision": a.precision, "threads": a.threads, "steps": a.steps,
                       "samples_per_s": a.steps * batch / dt,
                       "cpu_s_per_step": cpu / a.steps,
+                      "step_time_s": step_s[len(step_s) // 2],
+                      "saved_activation_bytes": saved_bytes,
                       "peak_rss_growth_bytes": peak - rss0}))
 
 

@@ -19,11 +19,14 @@ namespace hetrain::cli {
 
 namespace {
 // Flags that map one-to-one onto config settings.
+// clang-format off
 const char* const kSettingFlags[] = {
     "data",     "epochs",  "steps",    "batch-size", "lr",        "min-lr",       "optimizer",
     "seed",     "threads", "save",     "save-every", "resume",    "json-log",     "weight-decay",
     "momentum", "clip",    "schedule", "warmup",     "log-every", "eval-batches", "hidden",
-    "widths",   "blocks",  "layers",   "heads",      "width",     "context",      "dropout"};
+    "widths",   "blocks",  "layers",   "heads",      "width",     "context",      "dropout",
+    "precision", "grad-scaler", "loss-scale", "loss-scale-growth-interval", "loss-scale-floor"};
+// clang-format on
 // The run as a record of the planner's measured-runs file (docs/PLANNING.md): the model as
 // the planner describes it (IDX image sets are 28x28 grey images in 10 classes).
 nlohmann::json measured_run_record(const training::TrainConfig& cfg, const training::TrainResult& r,
@@ -62,7 +65,7 @@ nlohmann::json measured_run_record(const training::TrainConfig& cfg, const train
           {"gpus", 1},
           {"global_batch", cfg.batch_size},
           {"micro_batch", cfg.batch_size},
-          {"precision", "fp32"},
+          {"precision", cfg.precision},
           {"step_time_s", training::steady_step_seconds(r, skip)},
           {"peak_memory_bytes", r.peak_memory_bytes.at("total")},
           {"threads", r.threads},
@@ -139,6 +142,22 @@ int cmd_train(const Args& args) {
               "where unpinned nodes run: pinned (first device), density (roofline + transfer "
               "cost) or heft (earliest finish time)",
               "heft")
+      .option("precision", "P",
+              "fp32, bf16 or fp16: autocast runs matmul, conv and attention in bf16/fp16 and "
+              "softmax, norms, losses and accumulating reductions in f32; parameters, gradients "
+              "and optimizer state stay f32",
+              "fp32")
+      .option("grad-scaler", "MODE",
+              "dynamic loss scaling: auto (on for fp16, off for bf16/fp32), on or off", "auto")
+      .option("loss-scale", "X", "the grad scaler's initial loss scale", "65536")
+      .option("loss-scale-growth-interval", "N",
+              "clean steps after which the scale doubles (it halves on an inf/NaN gradient, "
+              "and that step is skipped)",
+              "2000")
+      .option("loss-scale-floor", "X",
+              "stop with an error when the scale falls below X (gradients non-finite at any "
+              "scale)",
+              "1")
       .flag("no-progress", "no live progress bar, even on a terminal")
       .flag("json", "print the final result as JSON on stdout")
       .flag("no-record",
@@ -150,7 +169,10 @@ int cmd_train(const Args& args) {
           "examples:\n"
           "  hetrain train --preset fashion-mlp\n"
           "  hetrain train --preset gpt-mini --steps 300 --save ckpt --json-log log.jsonl\n"
-          "  hetrain train --preset gpt-mini --steps 600 --resume ckpt");
+          "  hetrain train --preset gpt-mini --steps 600 --resume ckpt\n"
+          "  hetrain train --preset fashion-cnn --precision bf16\n"
+          "  hetrain train --preset gpt-mini --precision fp16 --json-log log.jsonl  "
+          "# loss_scale, skipped_steps");
   if (!p.parse(args)) return 0;
   if (!p.positional().empty())
     fail("[train] unexpected argument '", p.positional()[0], "'; see 'hetrain train --help'");
@@ -212,7 +234,10 @@ int cmd_train(const Args& args) {
                         {"train_loss", r.train_loss},
                         {"wall_s", r.wall_s},
                         {"samples_per_s", r.samples_per_s},
-                        {"peak_memory_bytes", r.peak_memory_bytes}};
+                        {"peak_memory_bytes", r.peak_memory_bytes},
+                        {"precision", r.precision},
+                        {"skipped_steps", r.skipped_steps}};
+    if (r.grad_scaler) j["loss_scale"] = r.loss_scale;
     if (r.test_accuracy >= 0) {
       j["test_accuracy"] = r.test_accuracy;
       j["test_loss"] = r.test_loss;

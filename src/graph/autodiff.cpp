@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "hetrain/base/error.h"
+#include "hetrain/graph/autocast.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/graph/primitive.h"
 #include "hetrain/runtime/eval.h"
@@ -41,6 +42,8 @@ Tensor accumulate(const Tensor& acc, const Tensor& g) { return acc.defined() ? a
 std::unordered_map<Node*, std::vector<Tensor>> backprop(
     const std::vector<Tensor>& outputs, const std::vector<Tensor>& cotangents,
     const std::vector<std::shared_ptr<Node>>& order, const std::unordered_set<Node*>& relevant) {
+  // Each gradient runs in the dtype its forward ran in: no autocast while building them.
+  amp::Autocast no_autocast(amp::Precision::fp32);
   std::unordered_map<Node*, std::vector<Tensor>> cot;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Tensor& o = outputs[i];

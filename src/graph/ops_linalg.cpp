@@ -90,7 +90,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (b.defined()) {
     if (b.shape() != Shape{w.shape()[0]})
       fail("[linear] bias must have shape (", w.shape()[0], "), got ", shape_str(b.shape()));
-    y = y + b;
+    // The bias joins in the product's dtype (bf16 under bf16 autocast), as one addmm would.
+    y = y + (b.dtype() == y.dtype() ? b : cast(b, y.dtype()));
   }
   return y;
 }

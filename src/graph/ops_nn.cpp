@@ -212,7 +212,10 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t 
     Tensor keep = not_equal(targets, scalar(static_cast<double>(ignore_index), targets.dtype()));
     result = sum(loss) / sum(cast(keep, loss.dtype()));
   }
-  return result.dtype() == logits.dtype() ? result : cast(result, logits.dtype());
+  // The loss comes back in the dtype the primitive computed from: the logits' dtype, or f32
+  // where autocast gave it f32 logits.
+  const Dtype logits_dt = outs[0].node()->inputs[0].dtype();
+  return result.dtype() == logits_dt ? result : cast(result, logits_dt);
 }
 
 // ---- dropout ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "hetrain/base/error.h"
+#include "hetrain/graph/autocast.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/graph/primitive.h"
@@ -160,6 +161,8 @@ std::string Tensor::str() const {
 
 namespace {
 std::shared_ptr<Node> build_node(std::shared_ptr<Primitive> prim, std::vector<Tensor> inputs) {
+  // Mixed precision is a policy applied here, to every node: casts become graph nodes.
+  amp::apply_autocast(prim->name(), inputs);
   std::vector<TensorMeta> in_meta;
   in_meta.reserve(inputs.size());
   bool rg = false;

@@ -2,6 +2,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "hetrain/base/error.h"
@@ -140,6 +141,20 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     if (s < 0) fail("[train] ", origin, ": seed must be >= 0, got ", s);
     c.seed = static_cast<uint64_t>(s);
   } else if (key == "threads") c.threads = static_cast<int>(i());
+  else if (key == "precision") {
+    if (v != "fp32" && v != "bf16" && v != "fp16")
+      fail("[train] ", origin, ": precision must be fp32, bf16 or fp16, got '", v, "'");
+    c.precision = v;
+  } else if (key == "grad-scaler") {
+    if (v != "auto" && v != "on" && v != "off")
+      fail("[train] ", origin, ": grad-scaler must be auto, on or off, got '", v, "'");
+    c.grad_scaler = v;
+  } else if (key == "loss-scale")
+    c.loss_scale = d();
+  else if (key == "loss-scale-growth-interval")
+    c.loss_scale_growth_interval = i();
+  else if (key == "loss-scale-floor")
+    c.loss_scale_floor = d();
   else if (key == "save") c.save_dir = v;
   else if (key == "save-every") c.save_every = i();
   else if (key == "resume") c.resume_dir = v;
@@ -216,6 +231,16 @@ void validate(const TrainConfig& c) {
   if (c.clip < 0) fail("[train] clip must be >= 0 (0 disables clipping)");
   if (c.dropout < 0 || c.dropout >= 1) fail("[train] dropout must be in [0, 1)");
   if (c.threads < 0) fail("[train] threads must be >= 0 (0 uses every core)");
+  if (c.precision != "fp32" && c.precision != "bf16" && c.precision != "fp16")
+    fail("[train] precision must be fp32, bf16 or fp16, got '", c.precision, "'");
+  if (c.grad_scaler != "auto" && c.grad_scaler != "on" && c.grad_scaler != "off")
+    fail("[train] grad-scaler must be auto, on or off, got '", c.grad_scaler, "'");
+  if (!(c.loss_scale > 0) || !std::isfinite(static_cast<float>(c.loss_scale)))
+    fail("[train] loss-scale must be a positive number below 3.4e38 (f32), got ", c.loss_scale);
+  if (c.loss_scale_growth_interval < 1)
+    fail("[train] loss-scale-growth-interval must be >= 1, got ", c.loss_scale_growth_interval);
+  if (!(c.loss_scale_floor >= 0) || !std::isfinite(c.loss_scale_floor))
+    fail("[train] loss-scale-floor must be >= 0, got ", c.loss_scale_floor);
   if (c.save_every < 0 || c.warmup < 0 || c.eval_batches < 0)
     fail("[train] save-every, warmup and eval-batches must be >= 0");
   positive("log-every", static_cast<double>(c.log_every));
@@ -236,6 +261,10 @@ void validate(const TrainConfig& c) {
   }
 }
 
+bool uses_grad_scaler(const TrainConfig& c) {
+  return c.grad_scaler == "on" || (c.grad_scaler == "auto" && c.precision == "fp16");
+}
+
 std::string config_to_toml(const TrainConfig& c) {
   std::ostringstream os;
   os.precision(17);
@@ -250,9 +279,12 @@ std::string config_to_toml(const TrainConfig& c) {
      << "\nwidth = " << c.width << "\ncontext = " << c.context << "\ndropout = " << c.dropout
      << "\nepochs = " << c.epochs << "\nsteps = " << c.steps << "\nbatch_size = " << c.batch_size
      << "\nlr = " << c.lr << "\nmin_lr = " << c.min_lr << "\nweight_decay = " << c.weight_decay
-     << "\nmomentum = " << c.momentum << "\nclip = " << c.clip << "\noptimizer = \""
-     << c.optimizer << "\"\nschedule = \"" << c.schedule << "\"\nwarmup = " << c.warmup
-     << "\nseed = " << c.seed << "\n";
+     << "\nmomentum = " << c.momentum << "\nclip = " << c.clip << "\noptimizer = \"" << c.optimizer
+     << "\"\nschedule = \"" << c.schedule << "\"\nwarmup = " << c.warmup << "\nseed = " << c.seed
+     << "\nprecision = \"" << c.precision << "\"\ngrad_scaler = \"" << c.grad_scaler
+     << "\"\nloss_scale = " << c.loss_scale
+     << "\nloss_scale_growth_interval = " << c.loss_scale_growth_interval
+     << "\nloss_scale_floor = " << c.loss_scale_floor << "\n";
   return os.str();
 }
 

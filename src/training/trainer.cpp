@@ -25,6 +25,7 @@
 #include "hetrain/memory/process_memory.h"
 #include "hetrain/runtime/eval.h"
 #include "hetrain/runtime/perf_model.h"
+#include "hetrain/training/amp.h"
 #include "hetrain/training/data.h"
 #include "hetrain/training/nn.h"
 #include "hetrain/training/optim.h"
@@ -92,8 +93,9 @@ Tensor loss_of(const Tensor& logits, const Tensor& targets, bool language) {
 
 /// Mean loss (and accuracy) over the evaluation set, in eval mode, without gradients.
 std::pair<double, double> evaluate(nn::Module& model, const data::Dataset& ds, int64_t batch,
-                                   bool language, int64_t max_batches) {
+                                   bool language, int64_t max_batches, amp::Precision precision) {
   NoGradScope ng;
+  amp::Autocast autocast(precision);  // evaluate the model as it trains
   model.eval();
   double loss_sum = 0;
   int64_t count = 0, correct = 0, batches = 0;
@@ -126,19 +128,38 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Mod
                                                                .weight_decay = cfg.weight_decay});
 }
 
-/// One step: forward, backward, running statistics, clipping, update. Returns the loss.
+/// One step: forward (under the configured autocast), backward (of the scaled loss with a
+/// grad scaler), running statistics, unscale, clipping, update (skipped and counted by the
+/// scaler when a gradient is inf/NaN), scale update. Returns the loss; `step` names the step
+/// in errors.
 double train_step(nn::Module& model, optim::Optimizer& opt, const data::Batch& batch,
-                  const TrainConfig& cfg, bool language) {
-  Tensor logits = model.forward(batch.inputs);
-  Tensor loss = loss_of(logits, batch.targets, language);
-  loss.backward();
+                  const TrainConfig& cfg, bool language, amp::GradScaler* scaler, int64_t step) {
+  Tensor loss;
+  {
+    // Parameters stay f32; autocast casts them for the primitives its policy lowers.
+    amp::Autocast autocast(amp::precision_from_name(cfg.precision));
+    Tensor logits = model.forward(batch.inputs);
+    loss = loss_of(logits, batch.targets, language);
+  }
+  (scaler ? scaler->scale(loss) : loss).backward();
   std::vector<Tensor> buffers;
   for (auto& [n, b] : model.named_buffers()) buffers.push_back(*b);
   eval(buffers);
   for (auto& [n, b] : model.named_buffers()) *b = b->detach();
+  if (scaler) scaler->unscale(opt);  // clipping sees the true gradients
   if (cfg.clip > 0) optim::clip_grad_norm(model.parameters(), cfg.clip);
-  opt.step();
+  if (scaler)
+    scaler->step(opt);  // skipped (and counted) when a gradient is inf/NaN
+  else
+    opt.step();
   opt.zero_grad();
+  if (scaler) {
+    try {
+      scaler->update();
+    } catch (const Error& e) {
+      fail("[train] step ", step + 1, ": ", e.what());
+    }
+  }
   return loss.item<double>();
 }
 
@@ -166,22 +187,24 @@ std::string fmt_duration(double s) {
 class Progress {
  public:
   Progress(int64_t total, bool enabled) : total_(total), tty_(enabled && isatty(STDERR_FILENO)) {}
+  /// extra: appended to the line (the loss scale and skipped steps under fp16).
   void update(int64_t step, double loss, double sps, double eta, bool log_line, int64_t epoch,
-              double lr) {
+              double lr, const std::string& extra) {
     if (tty_) {
       const int width = 24;
       int filled = static_cast<int>(width * static_cast<double>(step) / static_cast<double>(total_));
       std::string bar(static_cast<size_t>(filled), '=');
       if (filled < width) bar += '>';
       bar.resize(width, ' ');
-      std::fprintf(stderr, "\r\033[K step %lld/%lld [%s] loss %.4f | %.0f samples/s | ETA %s",
+      std::fprintf(stderr, "\r\033[K step %lld/%lld [%s] loss %.4f%s | %.0f samples/s | ETA %s",
                    static_cast<long long>(step), static_cast<long long>(total_), bar.c_str(), loss,
-                   sps, fmt_duration(eta).c_str());
+                   extra.c_str(), sps, fmt_duration(eta).c_str());
       std::fflush(stderr);
     } else if (log_line) {
-      std::fprintf(stderr, "step %lld/%lld epoch %lld loss %.4f lr %.3g %.0f samples/s ETA %s\n",
+      std::fprintf(stderr, "step %lld/%lld epoch %lld loss %.4f lr %.3g%s %.0f samples/s ETA %s\n",
                    static_cast<long long>(step), static_cast<long long>(total_),
-                   static_cast<long long>(epoch), loss, lr, sps, fmt_duration(eta).c_str());
+                   static_cast<long long>(epoch), loss, lr, extra.c_str(), sps,
+                   fmt_duration(eta).c_str());
     }
   }
   void finish() {
@@ -201,6 +224,7 @@ constexpr const char* kStateFile = "train_state.safetensors";
 struct ResumeState {
   int64_t step = 0, data_epoch = 0, data_position = 0;
   uint64_t dropout_seed = 0, dropout_offset = 0;
+  const amp::GradScaler* scaler = nullptr;  // saved when training with one
 };
 
 void save_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
@@ -223,7 +247,14 @@ void save_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer
       {"dropout_seed", std::to_string(st.dropout_seed)},
       {"dropout_offset", std::to_string(st.dropout_offset)},
       {"config", config_to_toml(cfg)},
+      {"precision", cfg.precision},
   };
+  if (st.scaler) {
+    const amp::GradScalerState s = st.scaler->state();
+    meta["loss_scale"] = amp::float_to_exact_string(s.scale);
+    meta["loss_scale_growth_tracker"] = std::to_string(s.growth_tracker);
+    meta["skipped_steps"] = std::to_string(s.skipped_steps);
+  }
   // Weights first, state second: the state file names the step both belong to.
   safetensors::save(dir + "/" + kModelFile, weights, {{"format", "pt"}, {"step", std::to_string(st.step)}});
   safetensors::save(dir + "/" + kStateFile, opt_state, meta);
@@ -241,7 +272,8 @@ int64_t meta_int(const std::map<std::string, std::string>& m, const std::string&
   }
 }
 
-ResumeState load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt) {
+ResumeState load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
+                            const TrainConfig& cfg, amp::GradScaler* scaler) {
   if (!fs::is_directory(dir)) fail("[train] --resume: ", dir, " is not a directory");
   const std::string mfile = dir + "/" + kModelFile, sfile = dir + "/" + kStateFile;
   safetensors::File weights = safetensors::load(mfile);
@@ -258,6 +290,29 @@ ResumeState load_checkpoint(const std::string& dir, nn::Module& model, optim::Op
   st.data_position = meta_int(state.metadata, "data_position", sfile);
   st.dropout_seed = static_cast<uint64_t>(meta_int(state.metadata, "dropout_seed", sfile));
   st.dropout_offset = static_cast<uint64_t>(meta_int(state.metadata, "dropout_offset", sfile));
+  // Checkpoints from before mixed precision are fp32 runs.
+  const auto prec = state.metadata.find("precision");
+  const std::string saved_precision = prec == state.metadata.end() ? "fp32" : prec->second;
+  if (saved_precision != cfg.precision)
+    fail("[train] checkpoint ", sfile, " was trained with --precision ", saved_precision,
+         " but this run uses --precision ", cfg.precision, "; resume with the same precision");
+  const bool saved_scaler = state.metadata.count("loss_scale") > 0;
+  if (saved_scaler != (scaler != nullptr))
+    fail("[train] checkpoint ", sfile, saved_scaler ? " holds" : " holds no",
+         " loss-scaler state but this run trains ", scaler ? "with" : "without",
+         " a grad scaler; resume with the same --grad-scaler");
+  if (scaler) {
+    amp::GradScalerState s;
+    s.scale = amp::float_from_exact_string(state.metadata["loss_scale"],
+                                           "checkpoint " + sfile + " metadata 'loss_scale'");
+    s.growth_tracker = meta_int(state.metadata, "loss_scale_growth_tracker", sfile);
+    s.skipped_steps = meta_int(state.metadata, "skipped_steps", sfile);
+    try {
+      scaler->load_state(s);
+    } catch (const Error& e) {
+      fail("[train] checkpoint ", sfile, ": ", e.what());
+    }
+  }
   int64_t wstep = meta_int(weights.metadata, "step", mfile);
   if (wstep != st.step)
     fail("[train] checkpoint ", dir, " is inconsistent: weights are from step ", wstep,
@@ -298,6 +353,14 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
 
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, *model);
 
+  const amp::Precision precision = amp::precision_from_name(cfg.precision);
+  std::optional<amp::GradScaler> scaler;
+  if (uses_grad_scaler(cfg))
+    scaler.emplace(amp::GradScalerOptions{.init_scale = cfg.loss_scale,
+                                          .growth_interval = cfg.loss_scale_growth_interval,
+                                          .min_scale = cfg.loss_scale_floor});
+  amp::GradScaler* scaler_ptr = scaler ? &*scaler : nullptr;
+
   data::DataLoader loader(data.train, cfg.batch_size, true, cfg.seed);
   const int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * loader.batches_per_epoch();
   optim::LrSchedule sched{.kind = cfg.schedule, .base_lr = cfg.lr, .warmup_steps = cfg.warmup,
@@ -305,7 +368,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
 
   int64_t step = 0;
   if (!cfg.resume_dir.empty()) {
-    ResumeState st = load_checkpoint(cfg.resume_dir, *model, *opt);
+    ResumeState st = load_checkpoint(cfg.resume_dir, *model, *opt, cfg, scaler_ptr);
     step = st.step;
     loader.seek(st.data_epoch, st.data_position);
     default_generator().set_state(st.dropout_seed, st.dropout_offset);
@@ -314,10 +377,13 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
     std::fprintf(stderr, "resumed from %s at step %lld\n", cfg.resume_dir.c_str(),
                  static_cast<long long>(step));
   }
-  std::fprintf(stderr, "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld, %d threads\n",
-               cfg.preset.c_str(), cfg.model.c_str(), static_cast<long long>(model->num_parameters()),
-               data.train->describe().c_str(), static_cast<long long>(total),
-               static_cast<long long>(cfg.batch_size), num_threads());
+  std::fprintf(stderr,
+               "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld, %d threads, "
+               "precision %s%s\n",
+               cfg.preset.c_str(), cfg.model.c_str(),
+               static_cast<long long>(model->num_parameters()), data.train->describe().c_str(),
+               static_cast<long long>(total), static_cast<long long>(cfg.batch_size), num_threads(),
+               cfg.precision.c_str(), scaler ? " with dynamic loss scaling" : "");
 
   host_allocator().reset_peak();
   RssGrowth rss_growth;
@@ -340,8 +406,10 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
     opt->set_lr(lr);
     const int64_t epoch = loader.epoch();
     data::Batch batch = loader.next();
-    last_loss = train_step(*model, *opt, batch, cfg, data.language);
-    if (!std::isfinite(last_loss))
+    last_loss = train_step(*model, *opt, batch, cfg, data.language, scaler_ptr, step);
+    // With a scaler a non-finite loss is a skipped step; the scale's floor ends a run that
+    // keeps overflowing.
+    if (!std::isfinite(last_loss) && !scaler)
       fail("[train] loss became ", last_loss, " at step ", step + 1,
            "; lower --lr or enable --clip");
     step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
@@ -354,7 +422,13 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
     const double sps = static_cast<double>(samples_done) / std::max(elapsed, 1e-9);
     const double eta = elapsed / static_cast<double>(step - first_step) * static_cast<double>(total - step);
     const bool log_now = step % cfg.log_every == 0 || step == total;
-    progress.update(step, last_loss, sps, eta, log_now, epoch, lr);
+    std::string extra;
+    if (scaler) {
+      std::ostringstream os;
+      os << " scale " << scaler->get_scale() << " skipped " << scaler->skipped_steps();
+      extra = os.str();
+    }
+    progress.update(step, last_loss, sps, eta, log_now, epoch, lr, extra);
     if (log_now) {
       const double dt = std::chrono::duration<double>(Clock::now() - interval_start).count();
       if (jlog) {
@@ -366,6 +440,10 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
             {"samples_per_s",
              static_cast<double>(interval_steps * cfg.batch_size) / std::max(dt, 1e-9)},
             {"cpu_s", process_cpu_seconds() - interval_cpu}};
+        if (scaler) {
+          rec["loss_scale"] = scaler->get_scale();
+          rec["skipped_steps"] = scaler->skipped_steps();
+        }
         jlog << rec.dump() << "\n" << std::flush;
       }
       interval_start = Clock::now();
@@ -376,7 +454,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
     if (!cfg.save_dir.empty() && cfg.save_every > 0 && step % cfg.save_every == 0 && step < total)
       save_checkpoint(cfg.save_dir + "/step-" + std::to_string(step), *model, *opt, cfg,
                       {step, loader.epoch(), loader.position(), default_generator().seed(),
-                       default_generator().offset()});
+                       default_generator().offset(), scaler_ptr});
   }
   progress.finish();
   runtime::set_perf_recording(false);
@@ -390,6 +468,10 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   r.samples_per_s = static_cast<double>(samples_done) / std::max(train_wall, 1e-9);
   r.step_seconds = std::move(step_seconds);
   r.threads = num_threads();
+  r.precision = cfg.precision;
+  r.grad_scaler = scaler.has_value();
+  r.loss_scale = scaler ? scaler->get_scale() : 0.0;
+  r.skipped_steps = scaler ? scaler->skipped_steps() : 0;
   auto stats = host_allocator().stats();
   for (int t = 0; t < kNumMemoryTags; ++t)
     r.peak_memory_bytes[std::string(memory_tag_name(static_cast<MemoryTag>(t)))] = stats.peak[static_cast<size_t>(t)];
@@ -397,7 +479,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   r.peak_rss_growth_bytes = rss_grown.value_or(-1);
 
   auto [tl, acc] = cfg.final_eval ? evaluate(*model, *data.test, cfg.batch_size, data.language,
-                                             data.language ? cfg.eval_batches : 0)
+                                             data.language ? cfg.eval_batches : 0, precision)
                                   : std::pair<double, double>{NAN, NAN};
   if (data.language) {
     r.val_loss = tl;
@@ -409,15 +491,19 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   if (!cfg.save_dir.empty())
     save_checkpoint(cfg.save_dir, *model, *opt, cfg,
                     {step, loader.epoch(), loader.position(), default_generator().seed(),
-                     default_generator().offset()});
+                     default_generator().offset(), scaler_ptr});
   if (jlog) {
     nlohmann::json fin = {{"final", true},
                           {"steps", r.steps},
                           {"train_loss", nlohmann::json::parse(format_loss(r.train_loss))},
                           {"wall_s", r.wall_s},
                           {"samples_per_s", r.samples_per_s},
-                          {"peak_memory_bytes", r.peak_memory_bytes}};
+                          {"peak_memory_bytes", r.peak_memory_bytes},
+                          {"step_time_s", steady_step_seconds(r)},
+                          {"precision", r.precision},
+                          {"skipped_steps", r.skipped_steps}};
     if (r.peak_rss_growth_bytes >= 0) fin["peak_rss_growth_bytes"] = r.peak_rss_growth_bytes;
+    if (scaler) fin["loss_scale"] = r.loss_scale;
     if (data.language) {
       fin["val_loss"] = r.val_loss;
       fin["unigram_entropy"] = r.unigram_entropy;
@@ -449,7 +535,7 @@ void run_synthetic_steps(const TrainConfig& cfg, int64_t steps,
   }
   model->train();
   for (int64_t s = 0; s < steps; ++s) {
-    train_step(*model, *opt, batch, cfg, language);
+    train_step(*model, *opt, batch, cfg, language, nullptr, s);
     if (after_step) after_step(s);
   }
 }

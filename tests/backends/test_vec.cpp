@@ -51,3 +51,30 @@ TEST(Vec, ExpOpUsesTheKernelOnContiguousAndStridedInputs) {
       EXPECT_NEAR(b[static_cast<size_t>(c * 33 + r)], a[static_cast<size_t>(r * 65 + c)],
                   3e-7 * a[static_cast<size_t>(r * 65 + c)]);
 }
+
+// F16C conversions give the scalar conversions' bits: every half value to f32, and f32 values
+// across the half range (ties, subnormals, overflow to inf) back, with a vector tail.
+TEST(Vec, HalfConversionsMatchScalar) {
+  std::vector<uint16_t> h(65536 + 3);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(i);
+  std::vector<float> f(h.size());
+  cpu::f16_to_f32(h.data(), f.data(), static_cast<int64_t>(h.size()));
+  for (size_t i = 0; i < h.size(); ++i) {
+    const float want = half_to_float(h[i]);
+    if (std::isnan(want))
+      EXPECT_TRUE(std::isnan(f[i])) << i;
+    else
+      EXPECT_EQ(f[i], want) << i;
+  }
+  std::vector<float> x;
+  for (float v = -70000.0f; v <= 70000.0f; v += 3.37f) x.push_back(v);
+  for (float v = -1e-4f; v <= 1e-4f; v += 1.3e-8f) x.push_back(v);  // subnormal halves
+  for (uint16_t b = 0; b < 0x7c00; b += 7) {                        // exact ties
+    x.push_back(0.5f * (half_to_float(b) + half_to_float(static_cast<uint16_t>(b + 1))));
+  }
+  x.push_back(std::numeric_limits<float>::infinity());
+  x.push_back(65520.0f);  // rounds to inf
+  std::vector<uint16_t> y(x.size());
+  cpu::f32_to_f16(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i], float_to_half(x[i])) << x[i];
+}

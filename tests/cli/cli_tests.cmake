@@ -21,7 +21,28 @@ add_test(NAME cli.resume_identical_gpt
 add_test(NAME cli.resume_identical_mlp
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/resume_identical.sh ${HT} fashion-mlp
                  --hidden 32 --batch-size 32 --threads 2)
-set_tests_properties(cli.resume_identical_gpt cli.resume_identical_mlp PROPERTIES TIMEOUT 600)
+# fp16 with an initial scale that overflows: the first steps are skipped and the scale backs
+# off, then grows every 5 clean steps, so the resumed run depends on the restored scaler.
+add_test(NAME cli.resume_identical_gpt_fp16
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/resume_identical.sh ${HT} gpt-mini
+                 --layers 1 --width 32 --heads 2 --context 16 --batch-size 8 --eval-batches 2
+                 --threads 2 --precision fp16 --loss-scale 1e12 --loss-scale-growth-interval 5)
+set_tests_properties(cli.resume_identical_gpt cli.resume_identical_mlp
+                     cli.resume_identical_gpt_fp16 PROPERTIES TIMEOUT 600)
+set(HT_TINY_GPT --preset gpt-mini --layers 1 --width 32 --heads 2 --context 16 --batch-size 8
+    --eval-batches 2 --threads 2 --no-progress --no-record)
+hetrain_cli_test(cli.bad_precision "precision must be fp32, bf16 or fp16, got 'fp8'"
+                 ${HT} train --precision fp8)
+hetrain_cli_test(cli.fp16_skips_overflowing_steps
+                 "\"loss_scale\": [0-9.e+]+,.*\"precision\": \"fp16\",.*\"skipped_steps\": [1-9]"
+                 ${HT} train ${HT_TINY_GPT} --steps 12 --precision fp16 --loss-scale 1e12 --json)
+hetrain_cli_test(cli.precision_toml "\"loss_scale\": 1024.0,.*\"precision\": \"fp16\""
+                 ${HT} train ${HT_TINY_GPT} --config ${CMAKE_CURRENT_SOURCE_DIR}/cli/fp16.toml
+                 --steps 2 --json)
+hetrain_cli_test(cli.loss_scale_floor
+                 "step 1: \\[GradScaler\\] the loss scale fell to 5e\\+11, below its floor of 6e\\+11.*parameter '[a-z0-9_.]+'"
+                 ${HT} train ${HT_TINY_GPT} --steps 5 --precision fp16 --loss-scale 1e12
+                 --loss-scale-floor 6e11)
 add_test(NAME cli.wrong_checkpoint
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/wrong_checkpoint.sh ${HT})
 set_tests_properties(cli.wrong_checkpoint PROPERTIES TIMEOUT 300)

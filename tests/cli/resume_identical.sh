@@ -18,6 +18,10 @@ full=$(grep '"final"' "$tmp/full.jsonl" | sed -E 's/.*"train_loss":([^,}]*).*/\1
 resumed=$(grep '"final"' "$tmp/resumed.jsonl" | sed -E 's/.*"train_loss":([^,}]*).*/\1/')
 echo "straight: $full  resumed: $resumed"
 [ -n "$full" ] && [ "$full" = "$resumed" ]
+# Under fp16 the loss scaler's state is part of the checkpoint: scale and skipped steps agree.
+scaler() { grep '"final"' "$1" | grep -o '"\(loss_scale\|skipped_steps\)":[^,}]*' | tr '\n' ' '; }
+echo "straight: $(scaler "$tmp/full.jsonl")  resumed: $(scaler "$tmp/resumed.jsonl")"
+[ "$(scaler "$tmp/full.jsonl")" = "$(scaler "$tmp/resumed.jsonl")" ]
 # The same seed gives the same result, bit for bit.
 "$bin" train "${common[@]}" --steps 40 --json-log "$tmp/again.jsonl" > /dev/null
 again=$(grep '"final"' "$tmp/again.jsonl" | sed -E 's/.*"train_loss":([^,}]*).*/\1/')

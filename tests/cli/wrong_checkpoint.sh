@@ -17,6 +17,16 @@ echo "$out"
 grep -q "shape mismatch: 1.weight checkpoint (32, 784) vs model (16, 784)" <<<"$out" || exit 1
 grep -q "shape mismatch: 3.weight checkpoint (10, 32) vs model (10, 16)" <<<"$out" || exit 1
 [ "$before" = "$(sha256sum "$tmp/ckpt/model.safetensors")" ] || { echo "checkpoint changed"; exit 1; }
+# A checkpoint trained in another precision is refused, naming both.
+out=$("$bin" train --preset fashion-mlp --hidden 32 --steps 6 --batch-size 16 --no-progress \
+  --precision bf16 --resume "$tmp/ckpt" 2>&1)
+echo "$out"
+grep -q "was trained with --precision fp32 but this run uses --precision bf16" <<<"$out" || exit 1
+# So is one whose loss-scaler state does not match this run's scaler.
+out=$("$bin" train --preset fashion-mlp --hidden 32 --steps 6 --batch-size 16 --no-progress \
+  --grad-scaler on --resume "$tmp/ckpt" 2>&1)
+echo "$out"
+grep -q "holds no loss-scaler state but this run trains with a grad scaler" <<<"$out" || exit 1
 # A truncated weights file is refused with the file named.
 truncate -s 100 "$tmp/ckpt/model.safetensors"
 out=$("$bin" train --preset fashion-mlp --hidden 32 --steps 6 --batch-size 16 --no-progress \

@@ -25,6 +25,8 @@ class Optimizer {
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
   int64_t steps() const { return steps_; }
+  /// The parameters this optimizer updates, with their names.
+  const NamedParams& params() const { return params_; }
   /// Per-parameter state ("exp_avg.<param>", ...) and the step count, for checkpoints.
   std::map<std::string, Tensor> state_dict() const;
   void load_state_dict(const std::map<std::string, Tensor>& state, int64_t steps);

@@ -29,6 +29,12 @@ struct TrainConfig {
   int64_t warmup = 0;
   uint64_t seed = 0;
   int threads = 0;  // 0: all cores
+  // mixed precision (graph/autocast.h, training/amp.h)
+  std::string precision = "fp32";    // fp32 | bf16 | fp16
+  std::string grad_scaler = "auto";  // auto (on for fp16 only) | on | off
+  double loss_scale = 65536.0;       // the scaler's initial scale
+  int64_t loss_scale_growth_interval = 2000;
+  double loss_scale_floor = 1.0;  // training stops when the scale falls below it
   // output
   std::string save_dir, resume_dir, json_log;
   int64_t save_every = 0, log_every = 50;
@@ -65,6 +71,10 @@ struct TrainResult {
   int64_t peak_rss_growth_bytes = -1;
   std::vector<double> step_seconds;  // wall time of each step of this run (data to optimizer)
   int threads = 1;                   // worker threads used
+  std::string precision = "fp32";
+  bool grad_scaler = false;   // whether dynamic loss scaling ran
+  double loss_scale = 0;      // the scale at the end (0 without a scaler)
+  int64_t skipped_steps = 0;  // optimizer steps skipped for non-finite gradients
 };
 
 /// Median of step_seconds without the first `skip` steps (warm-up: primitive creation,
@@ -77,6 +87,8 @@ struct StepHooks {
   std::function<void(int64_t step)> begin;
   std::function<void(int64_t step, double loss)> end;
 };
+/// Whether cfg trains with a GradScaler (grad-scaler on, or auto with fp16).
+bool uses_grad_scaler(const TrainConfig& cfg);
 
 /// Runs training as configured. Output (progress, log lines) goes to stderr; the JSON log
 /// to cfg.json_log.

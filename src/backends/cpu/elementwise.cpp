@@ -78,9 +78,12 @@ void Unary<Op>::eval_cpu(const std::vector<const Array*>& in, const std::vector<
                           return;
                         }
                       }
-                      if constexpr (FastF32<Op>::has && std::is_same_v<T, float>) {
+                      // f16/bf16 compute in f32 too: the same loops, converting per element
+                      // (std::tanh there cost more than the GEMMs of a bf16 GPT step).
+                      if constexpr (FastF32<Op>::has && std::is_same_v<compute_t<T>, float>) {
                         if (step[0] == 1 && step[1] == 1) {
-                          for (int64_t i = 0; i < len; ++i) o[i] = FastF32<Op>::f(a[i]);
+                          for (int64_t i = 0; i < len; ++i)
+                            o[i] = from_compute<T>(FastF32<Op>::f(to_compute(a[i])));
                           return;
                         }
                       }
@@ -198,6 +201,19 @@ void copy_strided(const Array& x, Array& y) {
                         if constexpr (std::is_same_v<S, D>) {
                           if (step[0] == 1 && step[1] == 1) {
                             std::memcpy(o, a, static_cast<size_t>(len) * sizeof(S));
+                            return;
+                          }
+                        }
+                        // f16 <-> f32 (the casts of fp16 autocast): F16C where available.
+                        if constexpr (std::is_same_v<S, Half> && std::is_same_v<D, float>) {
+                          if (step[0] == 1 && step[1] == 1) {
+                            cpu::f16_to_f32(&a->bits, o, len);
+                            return;
+                          }
+                        }
+                        if constexpr (std::is_same_v<S, float> && std::is_same_v<D, Half>) {
+                          if (step[0] == 1 && step[1] == 1) {
+                            cpu::f32_to_f16(a, &o->bits, len);
                             return;
                           }
                         }
