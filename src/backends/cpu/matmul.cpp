@@ -30,12 +30,15 @@ std::optional<MatrixLayout> matrix_layout(int64_t rows, int64_t cols, int64_t s0
 }
 
 namespace {
-/// OpenBLAS keeps its own thread count (nproc by default); it follows hetrain's, so that
-/// --threads N means N busy cores in GEMMs too. Set only when it changes (between runs).
-void follow_thread_count() {
-  static std::atomic<int> blas_threads{0};
-  const int want = num_threads();
-  if (blas_threads.exchange(want) != want) openblas_set_num_threads(want);
+/// OpenBLAS runs single-threaded; Hetrain's pool splits large GEMMs into row or column
+/// blocks instead. OpenBLAS's own threads, beside a pool that is already running other nodes,
+/// spin against it: a GPT step with 256-wide layers took 3x longer on 2 threads than on one.
+void single_threaded_blas() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
 }
 }  // namespace
 
@@ -52,11 +55,28 @@ void sgemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 void sgemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                     int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  follow_thread_count();
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
-              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
-              static_cast<blasint>(ldc));
+  single_threaded_blas();
+  auto gemm = [&](int64_t m, int64_t n, const float* a, const float* b, float* c) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(K), alpha, a,
+                static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+                static_cast<blasint>(ldc));
+  };
+  // Blocks of at least ~4 MFLOP and 32 rows/columns; a small GEMM is one block, run inline.
+  const int64_t flops_per_line = 2 * std::max<int64_t>(K, 1) * std::min(M, N);
+  // One block per thread at most: each block packs the shared operand again.
+  const int64_t lines = std::max(M, N), threads = num_threads();
+  const int64_t grain = std::max({int64_t{32}, (lines + threads - 1) / threads,
+                                  (int64_t{4} << 20) / std::max<int64_t>(flops_per_line, 1)});
+  if (M >= N) {
+    parallel_for(M, grain, [&](int64_t lo, int64_t hi) {
+      gemm(hi - lo, N, ta ? A + lo : A + lo * lda, B, C + lo * ldc);
+    });
+  } else {
+    parallel_for(N, grain, [&](int64_t lo, int64_t hi) {
+      gemm(M, hi - lo, A, tb ? B + lo * ldb : B + lo, C + lo);
+    });
+  }
 }
 
 SgemmPath sgemm_path() {
@@ -90,7 +110,7 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
 void dgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
            int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  follow_thread_count();
+  single_threaded_blas();
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
               static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
