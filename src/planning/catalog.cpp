@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
 
 namespace hetrain::planning {
@@ -190,6 +191,14 @@ bool Catalog::load_device_profile(const std::string& path, std::string* warning)
     json j = json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
     if (!j.is_object() || j.value("version", 0) != 1)
       fail("expected an object with \"version\": 1");
+    // A profile `hetrain bench` wrote on another CPU or with another version describes
+    // other hardware or another engine; a hand-written one (no such fields) is taken as is.
+    if (j.contains("cpu_model") && j["cpu_model"] != cpu_features().model)
+      fail("it is foreign: measured on '", j["cpu_model"].dump(), "', this CPU is '",
+           cpu_features().model, "' (run 'hetrain bench' again)");
+    if (j.contains("hetrain_version") && j["hetrain_version"] != HETRAIN_VERSION)
+      fail("it is stale: measured by hetrain ", j["hetrain_version"].dump(), ", this is ",
+           HETRAIN_VERSION, " (run 'hetrain bench' again)");
     if (!j.contains("gemm_tflops") || !j["gemm_tflops"].is_object())
       fail("expected 'gemm_tflops' {\"f32\": .., \"bf16\": .., \"f16\": ..}");
     Hardware h;
@@ -234,7 +243,7 @@ bool Catalog::load_device_profile(const std::string& path, std::string* warning)
     items_.push_back(std::move(h));
     return true;
   } catch (const std::exception& e) {
-    if (warning) *warning = "ignoring malformed device profile '" + path + "': " + e.what();
+    if (warning) *warning = "ignoring device profile '" + path + "': " + e.what();
     return false;
   }
 }

@@ -88,6 +88,17 @@ TEST(PlanCatalog, DeviceProfileJoinsAsLocal) {
   EXPECT_DOUBLE_EQ(c.get("local").mem_gb, 16);
   fs::remove(bad);
   fs::remove(good);
+  // One that `hetrain bench` made on another CPU is set aside, with the reason.
+  std::string foreign =
+      write_temp("foreign_profile.json",
+                 R"({"version": 1, "cpu_model": "Some Other CPU 9000", "gemm_tflops": {"f32": 1.5},
+          "mem_bw_gbs": 40, "mem_bytes": 16e9})");
+  Catalog c2 = Catalog::load(catalog_path());
+  EXPECT_FALSE(c2.load_device_profile(foreign, &warning));
+  EXPECT_NE(warning.find("foreign: measured on '\"Some Other CPU 9000\"'"), std::string::npos)
+      << warning;
+  EXPECT_FALSE(c2.contains("local"));
+  fs::remove(foreign);
 }
 
 TEST(PlanSearch, Gpt3On8A100DoesNotFitAndSaysWhy) {
