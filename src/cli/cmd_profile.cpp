@@ -6,6 +6,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/config_flags.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/insight/device_profile.h"
@@ -73,10 +74,7 @@ int cmd_profile(const Args& args) {
   const long long steps = p.get_int("steps"), warmup = p.get_int("warmup-steps");
   if (steps < 1) fail("[profile] --steps must be >= 1, got ", steps);
   if (warmup < 0) fail("[profile] --warmup-steps must be >= 0, got ", warmup);
-  training::TrainConfig cfg = training::preset_config(p.get("preset"));
-  if (p.given("config")) training::apply_toml_file(cfg, p.get("config"), !p.given("preset"));
-  for (const char* f : kSettingFlags)
-    if (p.given(f)) training::apply_setting(cfg, f, p.get(f), "flag --" + std::string(f));
+  training::TrainConfig cfg = config_from_flags(p, kSettingFlags);
   cfg.steps = warmup + steps;
   cfg.log_every = cfg.steps;
   cfg.final_eval = false;

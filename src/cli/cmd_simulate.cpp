@@ -9,6 +9,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/config_flags.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/planning/catalog.h"
@@ -147,10 +148,7 @@ int cmd_simulate(const Args& args) {
   if (!p.positional().empty())
     fail("[simulate] unexpected argument '", p.positional()[0], "'; see 'hetrain simulate --help'");
 
-  training::TrainConfig cfg = training::preset_config(p.get("preset"));
-  if (p.given("config")) training::apply_toml_file(cfg, p.get("config"), !p.given("preset"));
-  for (const char* f : kModelFlags)
-    if (p.given(f)) training::apply_setting(cfg, f, p.get(f), "flag --" + std::string(f));
+  training::TrainConfig cfg = config_from_flags(p, kModelFlags);
   const long long steps = p.get_int("steps");
   if (steps < 1 || steps > 100) fail("[simulate] --steps must be in 1..100, got ", steps);
   const double threshold = p.get_double("explain-threshold");

@@ -6,9 +6,10 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/config_flags.h"
 #include "hetrain/base/error.h"
-#include "hetrain/insight/device_profile.h"
 #include "hetrain/base/thread_pool.h"
+#include "hetrain/insight/device_profile.h"
 #include "hetrain/memory/array.h"
 #include "hetrain/planning/calibration.h"
 #include "hetrain/runtime/perf_model.h"
@@ -177,10 +178,7 @@ int cmd_train(const Args& args) {
   if (!p.positional().empty())
     fail("[train] unexpected argument '", p.positional()[0], "'; see 'hetrain train --help'");
 
-  training::TrainConfig cfg = training::preset_config(p.get("preset"));
-  if (p.given("config")) training::apply_toml_file(cfg, p.get("config"), !p.given("preset"));
-  for (const char* f : kSettingFlags)
-    if (p.given(f)) training::apply_setting(cfg, f, p.get(f), "flag --" + std::string(f));
+  training::TrainConfig cfg = config_from_flags(p, kSettingFlags);
   cfg.progress = !p.get_flag("no-progress");
   std::string record_path;
   if (!p.get_flag("no-record")) {
