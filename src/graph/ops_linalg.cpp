@@ -1,7 +1,7 @@
 // matmul and linear.
-#include <string_view>
 
 #include "graph/prims/linalg.h"
+#include "graph/prims/views.h"
 #include "hetrain/graph/ops.h"
 
 namespace hetrain {
@@ -30,8 +30,8 @@ std::vector<Tensor> Matmul::vjp(const std::vector<Tensor>& x, const std::vector<
   for (int i : argnums) {
     if (i == 0)
       r.push_back(matmul(g[0], transpose(x[1], -1, -2)));
-    else if (x[1].ndim() == 2 && x[0].ndim() == 2 && x[1].node()->prim &&
-             std::string_view(x[1].node()->prim->name()) == "permute")
+    else if (x[1].ndim() == 2 && x[0].ndim() == 2 &&
+             dynamic_cast<const Permute*>(x[1].node()->prim.get()))
       // b is a transposed weight (linear): produce its gradient as (gᵀ a)ᵀ, so that the
       // transpose's own vjp yields the weight's gradient contiguous (no copy at the leaf).
       r.push_back(transpose(matmul(transpose(g[0], -1, -2), x[0]), -1, -2));

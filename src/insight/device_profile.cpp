@@ -14,6 +14,7 @@
 
 #include "backends/cpu/gemm.h"
 #include "hetrain/base/cpu_features.h"
+#include "hetrain/base/cpu_time.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/ops.h"
@@ -32,18 +33,6 @@ double now_s() {
 
 /// Best (shortest) wall time of `reps` runs of fn: the machine may be shared, and the best
 /// run is the one least disturbed by other processes.
-double thread_cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-double process_cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 template <class F>
 double best_time(int reps, F&& fn) {
   double best = 1e300;
@@ -115,9 +104,9 @@ void measure_fma(DeviceProfile& p, bool quick) {
     std::vector<std::thread> pool;
     for (int i = 0; i < threads; ++i)
       pool.emplace_back([&, i] {
-        const double c0 = thread_cpu_s();
+        const double c0 = thread_cpu_seconds();
         sink[static_cast<size_t>(i)] = fn(iters);
-        cpu_s[static_cast<size_t>(i)] = thread_cpu_s() - c0;
+        cpu_s[static_cast<size_t>(i)] = thread_cpu_seconds() - c0;
       });
     for (auto& th : pool) th.join();
     double rate = 0;
@@ -152,9 +141,9 @@ double measure_gemm(DeviceProfile& p, Dtype dt, int64_t n, int reps) {
   const double flops = 2.0 * static_cast<double>(n) * n * n;
   double t = 1e300, cpu_rate = 0;
   for (int r = 0; r < reps; ++r) {
-    const double c0 = process_cpu_s(), t0 = now_s();
+    const double c0 = process_cpu_seconds(), t0 = now_s();
     matmul(a, b).eval();
-    const double wall = now_s() - t0, cpu = process_cpu_s() - c0;
+    const double wall = now_s() - t0, cpu = process_cpu_seconds() - c0;
     t = std::min(t, wall);
     if (cpu > 0) cpu_rate = std::max(cpu_rate, flops / cpu);
   }
@@ -201,9 +190,9 @@ double triad_gbs(int64_t bytes, int reps, int threads, double* seconds, double* 
   triad();  // first touch of `a`
   double t = 1e300, cpu_rate = 0;
   for (int rep = 0; rep < reps; ++rep) {
-    const double c0 = process_cpu_s(), t0 = now_s();
+    const double c0 = process_cpu_seconds(), t0 = now_s();
     triad();
-    const double wall = now_s() - t0, cpu = process_cpu_s() - c0;
+    const double wall = now_s() - t0, cpu = process_cpu_seconds() - c0;
     t = std::min(t, wall);
     if (cpu > 0) cpu_rate = std::max(cpu_rate, 3.0 * static_cast<double>(bytes) / cpu);
   }

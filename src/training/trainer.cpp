@@ -1,7 +1,6 @@
 // The training loop behind `hetrain train`.
 #include "hetrain/training/trainer.h"
 
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +16,7 @@
 #include <optional>
 #include <sstream>
 
+#include "hetrain/base/cpu_time.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
@@ -71,16 +71,20 @@ Data load_data(const TrainConfig& c) {
     d.test = data::load_fashion_mnist(c.data, "test");
   }
   if (d.train->size() < c.batch_size)
-    fail("[train] the training set (", d.train->describe(), ") has fewer examples than one batch of ",
-         c.batch_size);
+    fail("[train] the training set (", d.train->describe(),
+         ") has fewer examples than one batch of ", c.batch_size);
   return d;
 }
 
 std::shared_ptr<nn::Module> build_model(const TrainConfig& c, Generator& init, Generator& dropout) {
   if (c.model == "mlp") return nn::make_mlp(28 * 28, c.hidden, 10, init);
   if (c.model == "cnn") return std::make_shared<nn::ResNet>(1, 10, c.widths, c.blocks, init);
-  nn::GptConfig g{.vocab = 256, .context = c.context, .layers = c.layers, .heads = c.heads,
-                  .dim = c.width, .dropout = c.dropout};
+  nn::GptConfig g{.vocab = 256,
+                  .context = c.context,
+                  .layers = c.layers,
+                  .heads = c.heads,
+                  .dim = c.width,
+                  .dropout = c.dropout};
   (void)dropout;
   return std::make_shared<nn::Gpt>(g, init);
 }
@@ -123,9 +127,11 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Mod
   optim::NamedParams params = model.named_parameters();
   // Weight decay applies to matrices and convolutions, not to biases and norm scales.
   if (cfg.optimizer == "adamw")
-    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = cfg.lr, .weight_decay = cfg.weight_decay});
-  return std::make_unique<optim::SGD>(params, optim::SgdOptions{.lr = cfg.lr, .momentum = cfg.momentum,
-                                                               .weight_decay = cfg.weight_decay});
+    return std::make_unique<optim::AdamW>(
+        params, optim::AdamWOptions{.lr = cfg.lr, .weight_decay = cfg.weight_decay});
+  return std::make_unique<optim::SGD>(
+      params,
+      optim::SgdOptions{.lr = cfg.lr, .momentum = cfg.momentum, .weight_decay = cfg.weight_decay});
 }
 
 /// One step: forward (under the configured autocast), backward (of the scaled loss with a
@@ -163,23 +169,16 @@ double train_step(nn::Module& model, optim::Optimizer& opt, const data::Batch& b
   return loss.item<double>();
 }
 
-/// CPU seconds used by the whole process (all threads, user + system).
-double process_cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto sec = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
-  };
-  return sec(u.ru_utime) + sec(u.ru_stime);
-}
-
 std::string fmt_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "--";
   int64_t t = static_cast<int64_t>(s + 0.5);
   std::ostringstream os;
-  if (t >= 3600) os << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t / 60) % 60 << "m";
-  else if (t >= 60) os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
-  else os << t << "s";
+  if (t >= 3600)
+    os << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t / 60) % 60 << "m";
+  else if (t >= 60)
+    os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
+  else
+    os << t << "s";
   return os.str();
 }
 
@@ -192,7 +191,8 @@ class Progress {
               double lr, const std::string& extra) {
     if (tty_) {
       const int width = 24;
-      int filled = static_cast<int>(width * static_cast<double>(step) / static_cast<double>(total_));
+      int filled =
+          static_cast<int>(width * static_cast<double>(step) / static_cast<double>(total_));
       std::string bar(static_cast<size_t>(filled), '=');
       if (filled < width) bar += '>';
       bar.resize(width, ' ');
@@ -256,7 +256,8 @@ void save_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer
     meta["skipped_steps"] = std::to_string(s.skipped_steps);
   }
   // Weights first, state second: the state file names the step both belong to.
-  safetensors::save(dir + "/" + kModelFile, weights, {{"format", "pt"}, {"step", std::to_string(st.step)}});
+  safetensors::save(dir + "/" + kModelFile, weights,
+                    {{"format", "pt"}, {"step", std::to_string(st.step)}});
   safetensors::save(dir + "/" + kStateFile, opt_state, meta);
 }
 
@@ -267,8 +268,8 @@ int64_t meta_int(const std::map<std::string, std::string>& m, const std::string&
   try {
     return std::stoll(it->second);
   } catch (const std::exception&) {
-    fail("[train] checkpoint ", file, ": metadata field '", key, "' is not a number: '",
-         it->second, "'");
+    fail("[train] checkpoint ", file, ": metadata field '", key, "' is not a number: '", it->second,
+         "'");
   }
 }
 
@@ -280,7 +281,8 @@ ResumeState load_checkpoint(const std::string& dir, nn::Module& model, optim::Op
   safetensors::File state = safetensors::load(sfile);
   auto fmt = state.metadata.find("format");
   if (fmt == state.metadata.end() || fmt->second != "hetrain-train-state")
-    fail("[train] ", sfile, " is not a Hetrain training state (metadata 'format' missing or wrong)");
+    fail("[train] ", sfile,
+         " is not a Hetrain training state (metadata 'format' missing or wrong)");
   if (state.metadata["optimizer"] != opt.name())
     fail("[train] checkpoint ", sfile, " was written with optimizer '", state.metadata["optimizer"],
          "' but this run uses '", opt.name(), "'");
@@ -363,8 +365,11 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
 
   data::DataLoader loader(data.train, cfg.batch_size, true, cfg.seed);
   const int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * loader.batches_per_epoch();
-  optim::LrSchedule sched{.kind = cfg.schedule, .base_lr = cfg.lr, .warmup_steps = cfg.warmup,
-                          .total_steps = total, .min_lr = cfg.min_lr};
+  optim::LrSchedule sched{.kind = cfg.schedule,
+                          .base_lr = cfg.lr,
+                          .warmup_steps = cfg.warmup,
+                          .total_steps = total,
+                          .min_lr = cfg.min_lr};
 
   int64_t step = 0;
   if (!cfg.resume_dir.empty()) {
@@ -420,7 +425,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
     samples_done += cfg.batch_size;
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
     const double sps = static_cast<double>(samples_done) / std::max(elapsed, 1e-9);
-    const double eta = elapsed / static_cast<double>(step - first_step) * static_cast<double>(total - step);
+    const double eta =
+        elapsed / static_cast<double>(step - first_step) * static_cast<double>(total - step);
     const bool log_now = step % cfg.log_every == 0 || step == total;
     std::string extra;
     if (scaler) {
@@ -474,7 +480,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   r.skipped_steps = scaler ? scaler->skipped_steps() : 0;
   auto stats = host_allocator().stats();
   for (int t = 0; t < kNumMemoryTags; ++t)
-    r.peak_memory_bytes[std::string(memory_tag_name(static_cast<MemoryTag>(t)))] = stats.peak[static_cast<size_t>(t)];
+    r.peak_memory_bytes[std::string(memory_tag_name(static_cast<MemoryTag>(t)))] =
+        stats.peak[static_cast<size_t>(t)];
   r.peak_memory_bytes["total"] = stats.peak_total;
   r.peak_rss_growth_bytes = rss_grown.value_or(-1);
 

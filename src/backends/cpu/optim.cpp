@@ -31,10 +31,7 @@ void adamw_loop(int64_t lo, int64_t hi, const T* __restrict p, const T* __restri
 void AdamWUpdate::eval_cpu(const std::vector<const Array*>& in,
                            const std::vector<Array*>& out) const {
   Array x[4];
-  for (int i = 0; i < 4; ++i) {
-    const Array& a = *in[static_cast<size_t>(i)];
-    x[i] = a.contiguous() ? a : contiguous_array(a);
-  }
+  for (size_t i = 0; i < 4; ++i) x[i] = contiguous_array(*in[i]);
   for (Array* o : out) o->allocate();
   const int64_t n = x[0].numel();
   dispatch_float(x[0].dtype, "adamw_update", [&]<class T>() {
