@@ -1,14 +1,16 @@
 // Convolution and batch-norm speed on fashion-cnn's shapes (batch 128), and one training step
 // (forward + backward, no optimizer) of the fashion-cnn ResNet (widths 16/32/64, one block per
-// stage). The last argument of the conv and step benchmarks picks the conv path: 1 = oneDNN, 0 =
-// im2col + GEMM (the path before oneDNN); BM_BatchNorm's: 1 = fused batch_norm2d, 0 = the composite
-// of mean/var/elementwise ops it replaced.
+// stage). The last argument of the conv and step benchmarks picks the conv path: 0 = im2col + GEMM
+// (the path before oneDNN), 1 = oneDNN, 2 = the direct stride-1 kernels where they apply (oneDNN
+// for the other shapes); BM_BatchNorm's: 1 = fused batch_norm2d, 0 = the composite of
+// mean/var/elementwise ops it replaced.
 //   cmake -S . -B build -G Ninja -DHETRAIN_BUILD_BENCH=ON && cmake --build build -j2
 //   ./build/bench/bench_conv --benchmark_filter=Step
 // "Time" is wall clock, "CPU" the whole process's CPU time (a steadier measure of work on a shared
 // machine); GFLOP/s is per wall-clock second.
 #include <benchmark/benchmark.h>
 
+#include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_dnnl.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
@@ -35,11 +37,17 @@ const ConvCase kConvs[] = {
 };
 constexpr int64_t kBatch = 128;
 
+/// 0: im2col, 1: oneDNN, 2: direct (then oneDNN); -1 restores the default order.
+void use_conv_path(int64_t path) {
+  cpu::set_direct_conv_disabled(path == 0 || path == 1);
+  cpu::set_dnnl_conv_disabled(path == 0);
+}
+
 /// range(0): case, range(1): 0 forward, 1 backward data, 2 backward weights, range(2): path.
 void BM_Conv(benchmark::State& st) {
   const ConvCase& c = kConvs[st.range(0)];
   const int64_t pass = st.range(1);
-  cpu::set_dnnl_conv_disabled(st.range(2) == 0);
+  use_conv_path(st.range(2));
   Generator gen(1);
   Tensor x = randn({kBatch, c.C, c.H, c.H}, Dtype::f32, gen);
   Tensor w = randn({c.O, c.C, c.k, c.k}, Dtype::f32, gen);
@@ -59,13 +67,13 @@ void BM_Conv(benchmark::State& st) {
   const double flops = 2.0 * static_cast<double>(gy.numel() * c.C * c.k * c.k);
   st.counters["GFLOP/s"] =
       benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  cpu::set_dnnl_conv_disabled(false);
+  use_conv_path(-1);
 }
 
 void conv_args(benchmark::internal::Benchmark* b) {
   for (int64_t i = 0; i < static_cast<int64_t>(std::size(kConvs)); ++i)
     for (int64_t pass = 0; pass < 3; ++pass)
-      for (int64_t path : {0, 1}) b->Args({i, pass, path});
+      for (int64_t path : {0, 1, 2}) b->Args({i, pass, path});
 }
 
 /// Batch norm on (128, 16, 28, 28): forward and the gradients of x, weight and bias.
@@ -93,7 +101,7 @@ void BM_BatchNorm(benchmark::State& st) {
 
 /// One fashion-cnn training step: forward, cross-entropy, backward, running statistics.
 void BM_FashionCnnStep(benchmark::State& st) {
-  cpu::set_dnnl_conv_disabled(st.range(0) == 0);
+  use_conv_path(st.range(0));
   Generator gen(3);
   nn::ResNet model(1, 10, {16, 32, 64}, 1, gen);
   model.train();
@@ -113,7 +121,7 @@ void BM_FashionCnnStep(benchmark::State& st) {
   }
   st.counters["samples/s"] = benchmark::Counter(static_cast<double>(kBatch),
                                                 benchmark::Counter::kIsIterationInvariantRate);
-  cpu::set_dnnl_conv_disabled(false);
+  use_conv_path(-1);
 }
 
 }  // namespace
@@ -129,6 +137,7 @@ BENCHMARK(BM_BatchNorm)
 BENCHMARK(BM_FashionCnnStep)
     ->Arg(0)
     ->Arg(1)
+    ->Arg(2)
     ->MeasureProcessCPUTime()
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);

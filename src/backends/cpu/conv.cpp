@@ -1,6 +1,7 @@
-// CPU convolution and pooling. f32 (and f16/bf16, converted to f32 around it) goes through
-// oneDNN's convolution primitives (conv_dnnl.cpp); f64, and shapes oneDNN has no fast kernel
-// for, use im2col + GEMM per image (col2im for the input gradient).
+// CPU convolution and pooling. f32 (and f16/bf16, converted to f32 around it) goes through the
+// direct stride-1 kernels (conv_direct.cpp) where they apply, then oneDNN's convolution
+// primitives (conv_dnnl.cpp); f64, and shapes neither has a fast kernel for, use im2col + GEMM
+// per image (col2im for the input gradient).
 #include "graph/prims/conv.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "backends/cpu/compute_buffers.h"
+#include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_dnnl.h"
 #include "hetrain/base/dispatch.h"
 #include "hetrain/base/thread_pool.h"
@@ -194,8 +196,12 @@ void Conv2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Arr
   ConvGeom g = geom(x.shape, y.shape, win_);
   dispatch_compute(dt, [&]<class T>() {
     const T* bp = b.has_data() ? b.data<T>() : nullptr;
-    if constexpr (std::is_same_v<T, float>)
-      if (cpu::dnnl_conv_forward(dnnl_shape(g), x.data<T>(), w.data<T>(), bp, y.data<T>())) return;
+    if constexpr (std::is_same_v<T, float>) {
+      const cpu::ConvShape s = dnnl_shape(g);
+      if (cpu::direct_conv_forward(s, x.data<T>(), w.data<T>(), bp, y.data<T>()) ||
+          cpu::dnnl_conv_forward(s, x.data<T>(), w.data<T>(), bp, y.data<T>()))
+        return;
+    }
     conv_forward<T>(x.data<T>(), w.data<T>(), bp, y.data<T>(), g, dt);
   });
   finish_output(y, *out[0]);
@@ -208,9 +214,12 @@ void Conv2dBackwardInput::eval_cpu(const std::vector<const Array*>& in,
   Array dx = start_output(*out[0], dt);
   ConvGeom g = geom(dx.shape, gy.shape, win_);
   dispatch_compute(dt, [&]<class T>() {
-    if constexpr (std::is_same_v<T, float>)
-      if (cpu::dnnl_conv_backward_data(dnnl_shape(g), gy.data<T>(), w.data<T>(), dx.data<T>()))
+    if constexpr (std::is_same_v<T, float>) {
+      const cpu::ConvShape s = dnnl_shape(g);
+      if (cpu::direct_conv_backward_data(s, gy.data<T>(), w.data<T>(), dx.data<T>()) ||
+          cpu::dnnl_conv_backward_data(s, gy.data<T>(), w.data<T>(), dx.data<T>()))
         return;
+    }
     conv_backward_input<T>(gy.data<T>(), w.data<T>(), dx.data<T>(), g, dt);
   });
   finish_output(dx, *out[0]);
@@ -227,9 +236,12 @@ void Conv2dBackwardWeight::eval_cpu(const std::vector<const Array*>& in,
       std::fill(dw.data<T>(), dw.data<T>() + dw.numel(), T(0));
       return;
     }
-    if constexpr (std::is_same_v<T, float>)
-      if (cpu::dnnl_conv_backward_weights(dnnl_shape(g), x.data<T>(), gy.data<T>(), dw.data<T>()))
+    if constexpr (std::is_same_v<T, float>) {
+      const cpu::ConvShape s = dnnl_shape(g);
+      if (cpu::direct_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>()) ||
+          cpu::dnnl_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>()))
         return;
+    }
     conv_backward_weight<T>(x.data<T>(), gy.data<T>(), dw.data<T>(), g, dt);
   });
   finish_output(dw, *out[0]);

@@ -1,0 +1,25 @@
+// Direct f32 convolution for stride 1 on AVX2 + FMA, on plain NCHW / OIHW arrays, without
+// im2col and without layout reorders. conv.cpp tries it first; each function returns false when
+// it does not apply (stride other than 1, padding over kernel - 1, a 1x1 kernel, images narrower
+// than 12, or a CPU without AVX2/FMA), and the caller falls back to oneDNN or im2col + GEMM.
+#pragma once
+
+#include "backends/cpu/conv_dnnl.h"
+
+namespace hetrain::cpu {
+
+/// y (N, O, Ho, Wo) = conv(x, w) [+ b]; b may be null.
+bool direct_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
+                         float* y);
+/// dx (N, C, H, W) from gy (N, O, Ho, Wo) and w (O, C, kh, kw).
+bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx);
+/// dw (O, C, kh, kw) from x (N, C, H, W) and gy (N, O, Ho, Wo).
+bool direct_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw);
+
+/// Turns the direct path off (true) or back on, for tests and benchmarks that compare paths.
+/// Also off when the environment sets HETRAIN_CONV_DIRECT=0.
+void set_direct_conv_disabled(bool disabled);
+/// How many conv passes the direct kernels have run in this process.
+int64_t direct_conv_runs();
+
+}  // namespace hetrain::cpu
