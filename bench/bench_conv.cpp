@@ -5,13 +5,16 @@
 // for the other shapes); BM_BatchNorm's: 1 = fused batch_norm2d, 0 = the composite of
 // mean/var/elementwise ops it replaced.
 //   cmake -S . -B build -G Ninja -DHETRAIN_BUILD_BENCH=ON && cmake --build build -j2
-//   ./build/bench/bench_conv --benchmark_filter=Step
+//   [THREADS=N] ./build/bench/bench_conv --benchmark_filter=Step
 // "Time" is wall clock, "CPU" the whole process's CPU time (a steadier measure of work on a shared
 // machine); GFLOP/s is per wall-clock second.
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
+
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_dnnl.h"
+#include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/runtime/eval.h"
@@ -36,6 +39,13 @@ const ConvCase kConvs[] = {
     {32, 14, 64, 1, 2, 0},  // 7 block 2 shortcut
 };
 constexpr int64_t kBatch = 128;
+
+// THREADS=N in the environment sets hetrain's thread count (default: every core).
+const bool kThreadsSet = [] {
+  const char* t = std::getenv("THREADS");
+  if (t) set_num_threads(std::atoi(t));
+  return t != nullptr;
+}();
 
 /// 0: im2col, 1: oneDNN, 2: direct (then oneDNN); -1 restores the default order.
 void use_conv_path(int64_t path) {
