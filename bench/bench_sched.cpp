@@ -111,8 +111,10 @@ std::vector<rt::TaskNode> cholesky(int t, double b) {
 }
 
 void families() {
-  // A CPU and two slower devices: one a core's share, one four times slower than that.
-  const std::vector<rt::DeviceModel> devs = rt::parse_devices("cpu,sim:0,sim:1@4");
+  // A CPU and two slower devices: one a core's share, one four times slower than that, each
+  // modelled as hardware of its own (not sharing the CPU's cores) to compare the policies.
+  std::vector<rt::DeviceModel> devs = rt::parse_devices("cpu,sim:0,sim:1@4");
+  for (auto& d : devs) d.host_cores = 0;
   const rt::RooflineModel model(devs);
   const int nd = static_cast<int>(devs.size());
   std::printf("## task-graph families on cpu,sim:0,sim:1@4 (roofline durations)\n\n");

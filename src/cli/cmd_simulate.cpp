@@ -39,6 +39,7 @@ void apply_hardware(std::vector<runtime::DeviceModel>& devs, const std::string& 
     if (d.device.kind == DeviceKind::cpu) continue;
     d.hardware = id;
     d.slowdown = 1;
+    d.host_cores = 0;  // hardware of its own, not a thread on this machine's cores
     d.gflops = h.tflops_f32 * 1e3 * h.gemm_efficiency;
     d.gbps = h.mem_bw_gbs;
     d.link_gbps = h.pcie_bw() > 0 ? h.pcie_bw() * 1e-9 : d.link_gbps;

@@ -1,6 +1,7 @@
 // The runtime's device set and policy, and the parsing of device lists.
 #include <algorithm>
 #include <sstream>
+#include <thread>
 
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
@@ -99,6 +100,13 @@ std::vector<DeviceModel> parse_devices(const std::string& list) {
   }
   if (out.empty())
     fail("[devices] no device in '", list, "'; devices found: ", available_devices());
+  // Sim devices' workers are threads on this machine's cores, beside the CPU's.
+  if (out.size() > 1) {
+    const unsigned hc = std::thread::hardware_concurrency();
+    for (DeviceModel& m : out)
+      if (m.device.kind == DeviceKind::cpu || m.device.kind == DeviceKind::sim)
+        m.host_cores = hc == 0 ? 1 : static_cast<int>(hc);
+  }
   if (out[0].device != Device::cpu())
     fail("[devices] the device list '", list, "' must start with cpu (where data is created)");
   return out;

@@ -3,6 +3,7 @@
 // reports the prediction.
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -16,6 +17,21 @@ double RooflineModel::node_seconds(const TaskNode& node, int d) const {
   if (node.view) return m.node_overhead_s;
   const double t = std::max(node.flops / (m.gflops * 1e9), node.bytes / (m.gbps * 1e9));
   return t * m.slowdown + m.node_overhead_s;
+}
+
+int RooflineModel::shared_cores() const {
+  int sharing = 0, cores = 0;
+  for (const DeviceModel& m : devices_)
+    if (m.host_cores > 0) {
+      ++sharing;
+      cores = std::max(cores, m.host_cores);
+    }
+  return sharing > 1 ? cores : 0;
+}
+
+double RooflineModel::core_share(double seconds, int d) const {
+  const DeviceModel& m = devices_[static_cast<size_t>(d)];
+  return m.host_cores > 0 ? seconds / m.slowdown : 0.0;
 }
 
 double RooflineModel::copy_seconds(double bytes, int d) const {
@@ -43,7 +59,8 @@ class ListScheduler {
         nd_(devices),
         s_(s),
         worker_free_(static_cast<size_t>(devices)),
-        link_free_(static_cast<size_t>(devices), 0.0) {
+        link_free_(static_cast<size_t>(devices), 0.0),
+        core_free_(static_cast<size_t>(m.shared_cores()), 0.0) {
     s_.device.assign(g.size(), -1);
     s_.start.assign(g.size(), 0);
     s_.finish.assign(g.size(), 0);
@@ -57,6 +74,14 @@ class ListScheduler {
   size_t first_free(int d) const {
     const auto& w = worker_free_[static_cast<size_t>(d)];
     return static_cast<size_t>(std::min_element(w.begin(), w.end()) - w.begin());
+  }
+
+  /// The shared core free first, or none when node v on device d holds none.
+  std::optional<size_t> core_for(int v, int d) const {
+    if (core_free_.empty() || m_.core_seconds(g_[static_cast<size_t>(v)], d) <= 0)
+      return std::nullopt;
+    return static_cast<size_t>(std::min_element(core_free_.begin(), core_free_.end()) -
+                               core_free_.begin());
   }
 
   /// Where input `in` is (a device index), or -1 when it is external data.
@@ -86,7 +111,8 @@ class ListScheduler {
       link = std::max(link, avail) + m_.copy_seconds(in.bytes, d);
       ready = std::max(ready, link);
     }
-    const double st = std::max(ready, worker_free_[static_cast<size_t>(d)][first_free(d)]);
+    double st = std::max(ready, worker_free_[static_cast<size_t>(d)][first_free(d)]);
+    if (auto c = core_for(v, d)) st = std::max(st, core_free_[*c]);
     if (start_out) *start_out = st;
     return st + m_.node_seconds(n, d);
   }
@@ -123,7 +149,12 @@ class ListScheduler {
     }
     const double dur = m_.node_seconds(n, d);
     const size_t w = first_free(d);
-    const double st = std::max(ready, worker_free_[static_cast<size_t>(d)][w]);
+    double st = std::max(ready, worker_free_[static_cast<size_t>(d)][w]);
+    const std::optional<size_t> core = core_for(v, d);
+    if (core) {
+      st = std::max(st, core_free_[*core]);
+      core_free_[*core] = st + m_.core_seconds(n, d);
+    }
     s_.device[static_cast<size_t>(v)] = d;
     s_.start[static_cast<size_t>(v)] = st;
     s_.finish[static_cast<size_t>(v)] = st + dur;
@@ -148,6 +179,7 @@ class ListScheduler {
   Schedule& s_;
   std::vector<std::vector<double>> worker_free_;  // per device, per worker
   std::vector<double> link_free_;
+  std::vector<double> core_free_;  // per shared host core
   std::unordered_map<uint64_t, size_t> copies_;
 };
 

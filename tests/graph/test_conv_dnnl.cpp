@@ -58,14 +58,16 @@ void expect_matches(const std::vector<std::vector<double>>& got,
 }
 
 const Case kCases[] = {
-    {{2, 8, 10, 6}, {16, 8, 3, 2}, {1, 2}, {1, 0}, true, Case::dnnl},     // non-square kernel
-    {{5, 12, 11, 13}, {9, 12, 5, 3}, {2, 1}, {2, 1}, false, Case::dnnl},  // odd everything
-    {{3, 16, 9, 8}, {32, 16, 3, 3}, {2, 2}, {1, 1}, false, Case::dnnl},   // stride 2 both ways
-    {{1, 16, 7, 7}, {16, 16, 3, 3}, {1, 1}, {1, 1}, false, Case::dnnl},   // one image: one chunk
-    {{3, 5, 9, 7}, {6, 5, 3, 3}, {2, 2}, {1, 1}, true, Case::im2col},     // < 8 channels
-    {{4, 16, 5, 5}, {8, 16, 1, 1}, {1, 1}, {0, 0}, true, Case::im2col},   // 1x1
-    {{3, 16, 9, 8}, {32, 16, 1, 1}, {2, 2}, {0, 0}, false, Case::im2col}, // 1x1 stride 2 (a shortcut)
-    {{2, 1, 8, 8}, {16, 1, 3, 3}, {1, 1}, {1, 1}, false, Case::im2col},   // the 1-channel stem, narrow
+    {{2, 8, 10, 6}, {16, 8, 3, 2}, {1, 2}, {1, 0}, true, Case::dnnl},      // non-square kernel
+    {{5, 12, 11, 13}, {9, 12, 5, 3}, {2, 1}, {2, 1}, false, Case::dnnl},   // odd everything
+    {{3, 16, 9, 8}, {32, 16, 3, 3}, {2, 2}, {1, 1}, false, Case::dnnl},    // stride 2 both ways
+    {{1, 16, 7, 7}, {16, 16, 3, 3}, {1, 1}, {1, 1}, false, Case::dnnl},    // one image: one chunk
+    {{3, 5, 9, 7}, {6, 5, 3, 3}, {2, 2}, {1, 1}, true, Case::im2col},      // < 8 channels
+    {{4, 16, 5, 5}, {8, 16, 1, 1}, {1, 1}, {0, 0}, true, Case::im2col},    // 1x1
+    {{3, 16, 9, 8}, {32, 16, 1, 1}, {2, 2}, {0, 0}, false, Case::im2col},  // 1x1 stride 2 (a
+                                                                           // shortcut)
+    {{2, 1, 8, 8}, {16, 1, 3, 3}, {1, 1}, {1, 1}, false, Case::im2col},    // the 1-channel stem,
+                                                                           // narrow
     // Direct: 4 output channels per tile and 24 grid positions per tile, so odd channel counts
     // (remainder rows), images whose grid is not a whole number of tiles, groups of images in
     // the weight gradient that do not divide the batch, non-square kernels and partial padding.

@@ -451,3 +451,37 @@ TEST_F(Scheduler, ConvAttentionNormOnSimDevicesBitIdentical) {
   };
   expect_bit_identical(run(false), run(true), "conv, attention, layer norm");
 }
+
+TEST(ListScheduler, DevicesSharingTheHostCoresRunNoMoreNodesThanCores) {
+  // Two independent 1-second nodes pinned to the CPU and to a sim device. As hardware of their
+  // own they overlap (1 s); as threads on one shared core they take turns (2 s); on two cores
+  // they overlap again. A sim device slowed 4x holds the core for a quarter of its 4 s (the rest
+  // is its declared slowdown, spent asleep), so the CPU's node starts after 1 s, not 4 s.
+  std::vector<rt::TaskNode> g = {work(1), work(1)};
+  g[0].pin = 0;
+  g[1].pin = 1;
+  auto devs = equal_devices(2);
+  EXPECT_NEAR(rt::place(g, rt::PlacementPolicy::pinned, rt::RooflineModel(devs), 2).makespan, 1,
+              1e-9);
+  for (auto& d : devs) d.host_cores = 1;
+  rt::RooflineModel one_core(devs);
+  EXPECT_EQ(one_core.shared_cores(), 1);
+  EXPECT_NEAR(rt::place(g, rt::PlacementPolicy::pinned, one_core, 2).makespan, 2, 1e-9);
+  for (auto& d : devs) d.host_cores = 2;
+  EXPECT_NEAR(rt::place(g, rt::PlacementPolicy::pinned, rt::RooflineModel(devs), 2).makespan, 1,
+              1e-9);
+  for (auto& d : devs) d.host_cores = 1;
+  devs[1].slowdown = 4;
+  std::vector<rt::TaskNode> sim_first = {work(1), work(1)};
+  sim_first[0].pin = 1;
+  sim_first[1].pin = 0;
+  const rt::Schedule s =
+      rt::place(sim_first, rt::PlacementPolicy::pinned, rt::RooflineModel(devs), 2);
+  EXPECT_NEAR(s.finish[0], 4, 1e-9);
+  EXPECT_NEAR(s.start[1], 1, 1e-9);
+  EXPECT_NEAR(s.makespan, 4, 1e-9);
+  // A device list with sim devices shares this machine's cores; modelled hardware does not.
+  const auto parsed = rt::parse_devices("cpu,sim:0");
+  EXPECT_GT(rt::RooflineModel(parsed).shared_cores(), 0);
+  EXPECT_EQ(rt::RooflineModel(rt::parse_devices("cpu")).shared_cores(), 0);
+}

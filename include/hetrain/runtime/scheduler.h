@@ -31,6 +31,9 @@ struct DeviceModel {
   int workers = 1;       // nodes that run at once (the CPU: its threads, as the executor does)
   double slowdown = 1;   // sim devices: kernels take this many times their CPU time
   std::string hardware;  // simulate: the catalog entry this device models ("" = itself)
+  /// > 0: the device's workers run on this machine's cores, this many, shared with every other
+  /// device that sets it (the CPU and sim devices beside it); 0: hardware of its own.
+  int host_cores = 0;
   double ridge() const { return gflops / gbps; }  // FLOP/byte where compute-bound begins
 };
 
@@ -89,6 +92,11 @@ class DurationModel {
   virtual double copy_seconds(double bytes, int d) const = 0;
   /// Nodes device d runs at once.
   virtual int workers(int d) const { return 1; }
+  /// Cores shared by the devices whose nodes hold one while they run (0: none are shared).
+  virtual int shared_cores() const { return 0; }
+  /// Seconds from its start that node holds a shared core on device d (0: it holds none). A sim
+  /// device's kernel holds one for its own run time; its declared slowdown is spent asleep.
+  virtual double core_seconds(const TaskNode& node, int d) const { return 0; }
 };
 
 /// Roofline durations from the device models: max(flops / rate, bytes / bandwidth) plus the
@@ -99,6 +107,12 @@ class RooflineModel : public DurationModel {
   double node_seconds(const TaskNode& node, int d) const override;
   double copy_seconds(double bytes, int d) const override;
   int workers(int d) const override { return devices_[static_cast<size_t>(d)].workers; }
+  int shared_cores() const override;
+  double core_seconds(const TaskNode& node, int d) const override {
+    return core_share(node_seconds(node, d), d);
+  }
+  /// The part of a node's seconds on device d that holds a shared core.
+  double core_share(double seconds, int d) const;
   const std::vector<DeviceModel>& devices() const { return devices_; }
 
  private:
@@ -125,7 +139,8 @@ struct Schedule {
 };
 
 /// Places the nodes (pins respected) and predicts the schedule: each device runs up to its
-/// `workers` nodes at a time, each device's incoming link one copy at a time, and a copy starts as
+/// `workers` nodes at a time, devices that share the host's cores no more nodes together than
+/// there are cores, each device's incoming link one copy at a time, and a copy starts as
 /// soon as its producer finishes (prefetch). `pinned` puts free nodes on device 0; `density`
 /// picks per node the device with the least roofline time plus input transfer time; `heft`
 /// the earliest finish time over the devices' queues, nodes by upward rank.

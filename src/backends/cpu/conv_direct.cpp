@@ -33,14 +33,14 @@ namespace hetrain::cpu {
 
 namespace {
 
-constexpr int kRows = 4;            // output channels per register tile
-constexpr int kVecs = 3;            // 8-float vectors of grid positions per tile
+constexpr int kRows = 4;  // output channels per register tile
+constexpr int kVecs = 3;  // 8-float vectors of grid positions per tile
 constexpr int64_t kTile = 8 * kVecs;
 
 /// A stride-1 convolution of one padded image.
 struct Grid {
-  int64_t C, O;        // input and output channels
-  int64_t H, W;        // input, unpadded
+  int64_t C, O;  // input and output channels
+  int64_t H, W;  // input, unpadded
   int64_t ph, pw, kh, kw;
   int64_t Wp, Ho, Wo;  // padded input width; output
   int64_t Qr;          // grid positions computed: Ho * Wp rounded up to whole tiles
@@ -81,7 +81,8 @@ std::vector<int32_t> tap_offsets(const Grid& g, int64_t cstride) {
   size_t k = 0;
   for (int64_t c = 0; c < g.C; ++c)
     for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) off[k++] = static_cast<int32_t>(c * cstride + i * g.Wp + j);
+      for (int64_t j = 0; j < g.kw; ++j)
+        off[k++] = static_cast<int32_t>(c * cstride + i * g.Wp + j);
   return off;
 }
 
@@ -139,10 +140,18 @@ void forward_image(const float* xp, const Grid& g, const std::vector<int32_t>& o
     const float* w = wpk.data() + o0 * K;
     float* out = yq + o0 * g.Qr;
     switch (std::min<int64_t>(kRows, g.O - o0)) {
-      case 4: forward_rows<4>(xp, off.data(), K, w, out, g.Qr); break;
-      case 3: forward_rows<3>(xp, off.data(), K, w, out, g.Qr); break;
-      case 2: forward_rows<2>(xp, off.data(), K, w, out, g.Qr); break;
-      default: forward_rows<1>(xp, off.data(), K, w, out, g.Qr); break;
+      case 4:
+        forward_rows<4>(xp, off.data(), K, w, out, g.Qr);
+        break;
+      case 3:
+        forward_rows<3>(xp, off.data(), K, w, out, g.Qr);
+        break;
+      case 2:
+        forward_rows<2>(xp, off.data(), K, w, out, g.Qr);
+        break;
+      default:
+        forward_rows<1>(xp, off.data(), K, w, out, g.Qr);
+        break;
     }
   }
 }
@@ -307,10 +316,18 @@ bool direct_conv_backward_weights(const ConvShape& s, const float* x, const floa
           const float* go = gb + o0 * ld;
           float* ao = a + o0 * K * 8;
           switch (std::min<int64_t>(kRows, s.O - o0)) {
-            case 4: weight_rows<4>(go, ld, Q, xb, off.data(), ao, K); break;
-            case 3: weight_rows<3>(go, ld, Q, xb, off.data(), ao, K); break;
-            case 2: weight_rows<2>(go, ld, Q, xb, off.data(), ao, K); break;
-            default: weight_rows<1>(go, ld, Q, xb, off.data(), ao, K); break;
+            case 4:
+              weight_rows<4>(go, ld, Q, xb, off.data(), ao, K);
+              break;
+            case 3:
+              weight_rows<3>(go, ld, Q, xb, off.data(), ao, K);
+              break;
+            case 2:
+              weight_rows<2>(go, ld, Q, xb, off.data(), ao, K);
+              break;
+            default:
+              weight_rows<1>(go, ld, Q, xb, off.data(), ao, K);
+              break;
           }
         }
       }
