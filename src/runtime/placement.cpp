@@ -322,7 +322,19 @@ double makespan_lower_bound(const std::vector<TaskNode>& g, const DurationModel&
     if (ratio[static_cast<size_t>(d)] > 0)
       capacity += std::max(1, m.workers(d)) / ratio[static_cast<size_t>(d)];
   const double area = capacity > 0 ? work0 / capacity : 0;
-  return std::max({cp, work / slots, area});
+  // Devices sharing the host's cores: a node that can run only on them holds a core for at least
+  // its least core time, and the cores are all there are.
+  double core_work = 0;
+  if (const int cores = m.shared_cores(); cores > 0) {
+    for (const TaskNode& n : g) {
+      double least = kInf;
+      for (int d = 0; d < nd; ++d)
+        if (allowed(n, d)) least = std::min(least, m.core_seconds(n, d));
+      core_work += least;
+    }
+    core_work /= cores;
+  }
+  return std::max({cp, work / slots, area, core_work});
 }
 
 }  // namespace hetrain::runtime

@@ -467,6 +467,7 @@ TEST(ListScheduler, DevicesSharingTheHostCoresRunNoMoreNodesThanCores) {
   rt::RooflineModel one_core(devs);
   EXPECT_EQ(one_core.shared_cores(), 1);
   EXPECT_NEAR(rt::place(g, rt::PlacementPolicy::pinned, one_core, 2).makespan, 2, 1e-9);
+  EXPECT_NEAR(rt::makespan_lower_bound(g, one_core, 2), 2, 1e-9);  // two core-seconds, one core
   for (auto& d : devs) d.host_cores = 2;
   EXPECT_NEAR(rt::place(g, rt::PlacementPolicy::pinned, rt::RooflineModel(devs), 2).makespan, 1,
               1e-9);

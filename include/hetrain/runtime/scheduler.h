@@ -148,7 +148,8 @@ Schedule place(const std::vector<TaskNode>& graph, PlacementPolicy policy,
                const DurationModel& model, int num_devices, bool explain = false);
 
 /// Lower bound on the makespan: max(critical path at each node's fastest device, total work at
-/// the fastest device / number of workers over all devices). Copies are not counted.
+/// the fastest device / number of workers over all devices, and for devices sharing the host's
+/// cores the least core time of all nodes / cores). Copies are not counted.
 double makespan_lower_bound(const std::vector<TaskNode>& graph, const DurationModel& model,
                             int num_devices);
 
