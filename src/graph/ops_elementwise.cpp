@@ -131,11 +131,19 @@ Tensor GeluErfOp::vjp(const Tensor& x, const Tensor&, const Tensor& g) {
   return g * (cdf + x * pdf);
 }
 Tensor GeluTanhOp::vjp(const Tensor& x, const Tensor&, const Tensor& g) {
-  const double k = std::sqrt(2.0 / M_PI);
-  Tensor x3 = x * square(x);
-  Tensor t = tanh(k * (x + 0.044715 * x3));
-  Tensor dt = (1.0 - square(t)) * (k * (1.0 + 3 * 0.044715 * square(x)));
-  return g * (0.5 * (1.0 + t) + 0.5 * x * dt);
+  return binary<GeluTanhGradOp>(x, g);
+}
+Tensor GeluTanhGradOp::vjp(int i, const Tensor& a, const Tensor& b, const Tensor&,
+                           const Tensor& g) {
+  // Linear in b; in a, b * gelu''(a) with t = tanh(u), u = k (a + c a^3):
+  // gelu'' = (1 - t^2) (u' + a (u'' - 2 t u'^2) / 2), u' = k (1 + 3 c a^2), u'' = 6 k c a.
+  if (i == 1) return binary<GeluTanhGradOp>(a, g);
+  const double k = std::sqrt(2.0 / M_PI), c = 0.044715;
+  Tensor a2 = square(a);
+  Tensor t = tanh(k * (a + c * a * a2));
+  Tensor du = k * (1.0 + 3 * c * a2);
+  Tensor d2 = (1.0 - square(t)) * (du + 0.5 * a * (6 * k * c * a - 2.0 * t * square(du)));
+  return g * b * d2;
 }
 Tensor SiluOp::vjp(const Tensor& x, const Tensor&, const Tensor& g) {
   Tensor s = sigmoid(x);

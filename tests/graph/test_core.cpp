@@ -126,6 +126,14 @@ TEST(Autodiff, FiniteDifferencesElementwise) {
                 {a, b});
   check_grad_fd([](const auto& in) { return tanh(in[0]) + sigmoid(in[0]) * silu(in[0]); }, {a});
   check_grad_fd([](const auto& in) { return gelu(in[0]) + gelu(in[0], "tanh"); }, {a});
+  // tanh-GELU's fused gradient, differentiated again in both of its inputs.
+  check_grad_fd(
+      [](const auto& in) {
+        Tensor x = in[0];
+        Tensor y = gelu(x, "tanh") * in[1];
+        return grad({sum(y)}, {x})[0] * in[1];
+      },
+      {a, randn({3, 4}, Dtype::f64, g)});
   check_grad_fd([](const auto& in) { return log(in[0]) + sqrt(in[0]) + rsqrt(in[0]); }, {pos});
   check_grad_fd([](const auto& in) { return pow(in[0], in[1]); }, {pos, b});
   check_grad_fd([](const auto& in) { return abs(in[0]) + maximum(in[0], in[1]); }, {a, b});

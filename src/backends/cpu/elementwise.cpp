@@ -26,14 +26,14 @@ template <class Op>
 struct FastF32 {
   static constexpr bool has = false;
 };
-inline float fast_tanh(float x) {
+[[gnu::always_inline]] inline float fast_tanh(float x) {
   const float t = 1.0f - 2.0f / (cpu::vexp(2.0f * x) + 1.0f);
   // Near 0 the formula cancels; the odd series is exact there to f32 precision.
   const float x2 = x * x;
   const float series = x * (1.0f - x2 * (1.0f / 3.0f - x2 * (2.0f / 15.0f)));
   return std::abs(x) < 0.0625f ? series : t;
 }
-inline float fast_sigmoid(float x) { return 1.0f / (1.0f + cpu::vexp(-x)); }
+[[gnu::always_inline]] inline float fast_sigmoid(float x) { return 1.0f / (1.0f + cpu::vexp(-x)); }
 template <>
 struct FastF32<TanhOp> {
   static constexpr bool has = true;
@@ -55,6 +55,21 @@ struct FastF32<GeluTanhOp> {
   // 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for large negative x.
   static float f(float x) {
     return x * fast_sigmoid(2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x));
+  }
+};
+// The same for binary ops, used where both operands are contiguous f32.
+template <class Op>
+struct FastF32Binary {
+  static constexpr bool has = false;
+};
+template <>
+struct FastF32Binary<GeluTanhGradOp> {
+  static constexpr bool has = true;
+  static float f(float a, float b) {
+    const float k = 0.7978845608028654f, c = 0.044715f;
+    const float u = k * (a + c * a * a * a), du = k * (1.0f + 3.0f * c * a * a);
+    const float e = cpu::vexp(-2.0f * std::abs(u)), p = 1.0f / (1.0f + e), q = e * p;
+    return b * ((u >= 0.0f ? p : q) + 2.0f * a * p * q * du);  // as GeluTanhGradOp::f
   }
 };
 }  // namespace
@@ -131,6 +146,12 @@ void Binary<Op>::eval_cpu(const std::vector<const Array*>& in, const std::vector
                       O* o = yp + pos[0];
                       const T* x0 = ap + pos[1];
                       const T* x1 = bp + pos[2];
+                      if constexpr (FastF32Binary<Op>::has && std::is_same_v<T, float>) {
+                        if (step[0] == 1 && step[1] == 1 && step[2] == 1) {
+                          for (int64_t i = 0; i < len; ++i) o[i] = FastF32Binary<Op>::f(x0[i], x1[i]);
+                          return;
+                        }
+                      }
                       if (step[1] == 1 && step[2] == 1) {
                         for (int64_t i = 0; i < len; ++i)
                           o[i] = from_compute<O>(Op::f(to_compute(x0[i]), to_compute(x1[i])));
@@ -162,6 +183,7 @@ template class Binary<PowOp>;
 template class Binary<MaximumOp>;
 template class Binary<MinimumOp>;
 template class Binary<ReluGradOp>;
+template class Binary<GeluTanhGradOp>;
 template class Binary<EqualOp>;
 template class Binary<NotEqualOp>;
 template class Binary<LessOp>;

@@ -14,7 +14,7 @@
 namespace hetrain::cpu {
 
 /// exp in f32 to about 1 ulp (Cephes expf); 0 below -87.3, clamped at exp(88).
-inline float vexp(float x) {
+[[gnu::always_inline]] inline float vexp(float x) {
   const bool underflow = x < -87.3f;
   x = x < -87.3f ? -87.3f : x;
   x = x > 88.0f ? 88.0f : x;

@@ -236,6 +236,24 @@ struct ReluGradOp {
   }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g);
 };
+/// tanh-GELU's gradient in one pass: b * gelu'(a) (a: the input, b: the incoming gradient;
+/// torch's gelu_backward with approximate='tanh'). Built only by GeluTanhOp::vjp. With
+/// s = sigmoid(2u) = (1 + tanh(u)) / 2 and u = sqrt(2/pi) (a + 0.044715 a^3):
+/// gelu'(a) = s + 2 a s (1 - s) u'.
+struct GeluTanhGradOp {
+  static constexpr const char* name = "gelu_tanh_backward";
+  static constexpr bool float_only = true, is_compare = false;
+  template <class C>
+  static C f(C a, C b) {
+    const C k = C(0.79788456080286535588), c = C(0.044715);
+    const C u = k * (a + c * a * a * a), du = k * (C(1) + C(3) * c * a * a);
+    // With e = exp(-2|u|) <= 1, p = 1 / (1 + e) and q = e p, {s, 1 - s} = {p, q}: nothing
+    // overflows or cancels, and s (1 - s) = p q.
+    const C e = std::exp(C(-2) * (u < 0 ? -u : u)), p = C(1) / (C(1) + e), q = e * p;
+    return b * ((u >= 0 ? p : q) + C(2) * a * p * q * du);
+  }
+  static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g);
+};
 #define HETRAIN_COMPARE_OP(Name, str, expr)                                              \
   struct Name {                                                                          \
     static constexpr const char* name = str;                                             \
