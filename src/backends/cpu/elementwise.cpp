@@ -76,19 +76,17 @@ struct FastF32Binary<GeluTanhGradOp> {
 /// o[i] = F::f(a[i]) (or F::f(a[i], b[i])) over contiguous f32: the loop compiled for AVX2 + FMA
 /// where the CPU has them (8 lanes, the inlined vexp fused), for baseline x86-64 (SSE2) elsewhere.
 template <class F>
-__attribute__((target("avx2,fma"))) void fast_map_avx2(const float* a, const float* b, float* o,
-                                                       int64_t n) {
+[[gnu::always_inline]] inline void fast_map_body(const float* a, const float* b, float* o,
+                                                 int64_t n) {
   if constexpr (requires { F::f(0.0f, 0.0f); })
     for (int64_t i = 0; i < n; ++i) o[i] = F::f(a[i], b[i]);
   else
     for (int64_t i = 0; i < n; ++i) o[i] = F::f(a[i]);
 }
 template <class F>
-void fast_map_sse2(const float* a, const float* b, float* o, int64_t n) {
-  if constexpr (requires { F::f(0.0f, 0.0f); })
-    for (int64_t i = 0; i < n; ++i) o[i] = F::f(a[i], b[i]);
-  else
-    for (int64_t i = 0; i < n; ++i) o[i] = F::f(a[i]);
+__attribute__((target("avx2,fma"))) void fast_map_avx2(const float* a, const float* b, float* o,
+                                                       int64_t n) {
+  fast_map_body<F>(a, b, o, n);
 }
 template <class F>
 void fast_map(const float* a, const float* b, float* o, int64_t n) {
@@ -96,7 +94,7 @@ void fast_map(const float* a, const float* b, float* o, int64_t n) {
   if (avx2)
     fast_map_avx2<F>(a, b, o, n);
   else
-    fast_map_sse2<F>(a, b, o, n);
+    fast_map_body<F>(a, b, o, n);
 }
 }  // namespace
 
