@@ -73,11 +73,13 @@ void launch_softmax(Dtype dt, bool log, int64_t O, int64_t R, int64_t I, void* y
 /// stats: (rows, 2) = (mean, rstd) in f32 (f64 for f64).
 void launch_norm(Dtype dt, bool center, int64_t rows, int64_t n, double eps, void* y,
                  void* stats, const void* x, const void* w, const void* b, cudaStream_t s);
-/// Backward of launch_norm: dx per row; dw, db (may be null) summed over rows into f32/f64
-/// workspaces dw_acc, db_acc of n elements, then rounded into dw, db.
+/// Backward of launch_norm: dx per row; dw, db (either may be null) summed over rows in a
+/// fixed order (deterministic): per chunk of rows into `partial` (2 * chunks * n values of
+/// the stats type), then over chunks. w may be null.
+int64_t norm_backward_chunks(int64_t rows);
 void launch_norm_backward(Dtype dt, bool center, int64_t rows, int64_t n, void* dx, void* dw,
-                          void* db, const void* x, const void* stats, const void* g,
-                          const void* w, cudaStream_t s);
+                          void* db, void* partial, const void* x, const void* stats,
+                          const void* g, const void* w, cudaStream_t s);
 
 /// Fused cross-entropy over the middle axis of contiguous logits (O, R, I) with targets
 /// (O, I) of index dtype it: loss and lse (O, I) in f32 (f64 for f64 logits).

@@ -17,6 +17,9 @@ class Softmax final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override { return "axis=" + std::to_string(axis_); }
@@ -37,6 +40,9 @@ class Norm final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override { return "eps=" + std::to_string(eps_); }
@@ -60,6 +66,9 @@ class NormBackward final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#endif
 
  private:
   bool center_;
@@ -76,6 +85,9 @@ class Take final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override { return "axis=" + std::to_string(axis_); }
@@ -92,6 +104,9 @@ class IndexAdd final : public Primitive {
   const char* name() const override { return "index_add"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
 
@@ -141,6 +156,9 @@ class CrossEntropy final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override { return "ignore_index=" + std::to_string(ignore_); }
@@ -158,6 +176,9 @@ class CrossEntropyBackward final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#endif
 
  private:
   int64_t ignore_;
