@@ -137,8 +137,11 @@ void run_node(Node* n, bool release_graph, Device dev = Device::cpu(), double sl
       n->device = dev;
       AllocationDeviceScope alloc(dev);
       run_kernel(*n->prim, dev, in, out);
-    } else {
+    } else if (n->device.kind == DeviceKind::cuda) {
+      // A CUDA node outside placement (an eval nested in a kernel) still allocates on its GPU.
       AllocationDeviceScope alloc(n->device);
+      run_kernel(*n->prim, n->device, in, out);
+    } else {
       run_kernel(*n->prim, n->device, in, out);
     }
     // A CUDA kernel is only queued when eval_cuda returns; a measured time waits for it.
@@ -355,6 +358,10 @@ std::vector<runtime::TaskNode> task_graph(const std::vector<Node*>& order, uint6
       tn.size = size;
     }
     tn.pin = nd->pinned ? runtime::device_index(nd->device) : -1;
+    // Devices without a kernel for this primitive (a CUDA device, for most ops without an
+    // eval_cuda) are never chosen for it.
+    for (size_t d = 0; d < devs.size(); ++d)
+      if (!nd->prim->has_kernel(devs[d].device.kind)) tn.forbid |= 1u << d;
     for (const Tensor& t : nd->inputs) {
       const Node* p = t.node();
       runtime::TaskInput in;

@@ -401,6 +401,21 @@ TEST(ListScheduler, PinsOverrideEveryPolicy) {
   }
 }
 
+TEST(ListScheduler, NodesStayOffDevicesWithoutTheirKernel) {
+  // Device 1 is 100x faster, but node 1 has no kernel there (a CUDA device without that
+  // op's eval_cuda): every policy keeps it on device 0; node 0 may still go to device 1.
+  auto devs = equal_devices(2);
+  devs[1].gflops = 100;
+  rt::RooflineModel m(devs);
+  std::vector<rt::TaskNode> g = {work(10), work(10, {from(0)})};
+  g[1].forbid = 1u << 1;
+  for (auto p : {rt::PlacementPolicy::density, rt::PlacementPolicy::heft}) {
+    const rt::Schedule s = rt::place(g, p, m, 2);
+    EXPECT_EQ(s.device[0], 1);
+    EXPECT_EQ(s.device[1], 0);
+  }
+}
+
 TEST(ListScheduler, NoisyCalibrationIsNotTrusted) {
   // StarPU issue 50: a few noisy samples claiming device 1 is 1000x faster sent every GEMM
   // there. Two samples are not trusted: HEFT keeps using the roofline and spreads the work.

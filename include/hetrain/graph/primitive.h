@@ -40,6 +40,10 @@ class Primitive {
   /// runs eval_cpu (it only sets strides), any other throws "no CUDA kernel for <name>".
   virtual void eval_cuda(const std::vector<const Array*>& in,
                          const std::vector<Array*>& out) const;
+  /// Whether a kernel exists for devices of kind k: the scheduler places an unpinned node
+  /// only where one does. CPU and sim devices run eval_cpu; a CUDA device needs an eval_cuda
+  /// override, which its class declares together with has_kernel (views run anywhere).
+  virtual bool has_kernel(DeviceKind k) const { return k != DeviceKind::cuda || is_view(); }
   /// Cotangents of the inputs listed in argnums, given the cotangents of the outputs
   /// (an undefined Tensor where an output received none).
   virtual std::vector<Tensor> vjp(const std::vector<Tensor>& primals,

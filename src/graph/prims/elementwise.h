@@ -26,6 +26,7 @@ class Unary final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override {
@@ -166,6 +167,7 @@ class Binary final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g,
@@ -267,6 +269,7 @@ class Where final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>& argnums) const override;
@@ -288,6 +291,7 @@ class Cast final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>&,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override {

@@ -19,6 +19,7 @@ class Softmax final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
@@ -42,6 +43,7 @@ class Norm final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
@@ -68,6 +70,7 @@ class NormBackward final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
 
  private:
@@ -87,6 +90,7 @@ class Take final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
@@ -106,6 +110,7 @@ class IndexAdd final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
@@ -158,6 +163,7 @@ class CrossEntropy final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
@@ -178,6 +184,7 @@ class CrossEntropyBackward final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
 
  private:

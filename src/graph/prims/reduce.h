@@ -17,6 +17,7 @@ class Reduce final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
@@ -36,6 +37,7 @@ class ArgMax final : public Primitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
 #endif
 
  private:
