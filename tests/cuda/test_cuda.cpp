@@ -269,6 +269,30 @@ TEST_F(Cuda, LayerNormAndRmsNormForwardBackward) {
   }
 }
 
+TEST_F(Cuda, AttentionForwardBackward) {
+  for (Dtype dt : kFloats) {
+    for (bool causal : {true, false}) {
+      // 2 x 3 batch-heads, 70 queries, 45 keys (non-causal) or 70 (causal), head dim 40.
+      const int64_t lk = causal ? 70 : 45;
+      Tensor q = input({2, 3, 70, 40}, dt, 40), k = input({2, 3, lk, 40}, dt, 41),
+             v = input({2, 3, lk, 24}, dt, 42);
+      compare(
+          [&] {
+            auto [val, g] = value_and_grad(
+                [&](const std::vector<Tensor>& in) {
+                  Tensor o = scaled_dot_product_attention(in[0], in[1], in[2], causal);
+                  return sum(o * o);
+                },
+                {q, k, v});
+            return std::vector<Tensor>{scaled_dot_product_attention(q, k, v, causal), g[0], g[1],
+                                       g[2]};
+          },
+          kGradients,
+          std::string("sdpa ") + (causal ? "causal " : "") + std::string(dtype_name(dt)));
+    }
+  }
+}
+
 // ---- embedding, cross-entropy, adamw -------------------------------------------------------
 
 TEST_F(Cuda, EmbeddingForwardBackward) {

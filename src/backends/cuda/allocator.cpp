@@ -78,7 +78,9 @@ class CudaAllocator final : public Allocator {
     }
     if (blocks.empty()) return;
     DeviceGuard guard(index_);
-    // cudaFree synchronises the device, so no queued kernel still reads a freed block.
+    // Queued kernels may still use a cached block's memory (it was released when its last
+    // use was queued): wait for them before giving it back.
+    HT_CUDA_CHECK(cudaDeviceSynchronize());
     for (auto& [cap, p] : blocks) {
       HT_CUDA_CHECK(cudaFree(p));
       std::lock_guard<std::mutex> lk(mu_);
@@ -174,7 +176,8 @@ class PinnedPool {
       }
     }
     void* p = nullptr;
-    HT_CUDA_CHECK(cudaMallocHost(&p, cap));
+    // Portable: pinned for every device's context, not only the current one.
+    HT_CUDA_CHECK(cudaHostAlloc(&p, cap, cudaHostAllocPortable));
     return p;
   }
   void release(void* p, size_t cap) {

@@ -77,7 +77,9 @@ void fail_no_device(int index, const std::string& found) {
 }
 
 std::string device_name(int index) {
-  const cudaDeviceProp& p = context(index).props;
+  if (index < 0 || index >= device_count()) fail_no_device(index, devices_found());
+  cudaDeviceProp p{};
+  HT_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
   std::ostringstream os;
   os << p.name << " (sm_" << p.major << p.minor << ", " << p.multiProcessorCount << " SMs, "
      << format_gib(p.totalGlobalMem) << ")";

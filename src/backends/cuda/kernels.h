@@ -99,6 +99,25 @@ void launch_take(Dtype dt, Dtype it, int64_t O, int64_t V, int64_t I, int64_t K,
 void launch_index_add(Dtype dt, Dtype it, int64_t O, int64_t V, int64_t I, int64_t K, void* y,
                       void* acc, const void* g, const void* idx, cudaStream_t s);
 
+/// Scaled-dot-product attention over B batch-heads of contiguous q (B, Lq, E), k (B, Lk, E),
+/// v (B, Lk, Ev): o (B, Lq, Ev) and the row logsumexp lse (B, Lq) in f32 (f64 for f64).
+/// causal: query i sees keys j <= i. One warp per query row with an online softmax (memory
+/// linear in L); E and Ev at most kMaxAttentionDim.
+inline constexpr int64_t kMaxAttentionDim = 256;
+struct AttentionDims {
+  int64_t B, Lq, Lk, E, Ev;
+  bool causal;
+};
+void launch_attention(Dtype dt, const AttentionDims& g, double scale, void* o, void* lse,
+                      const void* q, const void* k, const void* v, cudaStream_t s);
+/// Its backward: dq, dk, dv from q, k, v, o, do, lse, recomputing the probabilities (a warp
+/// per query row for dq, per key row for dk and dv: no atomics, deterministic). d_rows is a
+/// workspace of B * Lq values of lse's type.
+void launch_attention_backward(Dtype dt, const AttentionDims& g, double scale, void* dq, void* dk,
+                               void* dv, void* d_rows, const void* q, const void* k,
+                               const void* v, const void* o, const void* dout, const void* lse,
+                               cudaStream_t s);
+
 /// One fused AdamW step over n contiguous elements (scalars as the CPU kernel rounds them).
 struct AdamWScalars {
   double b1, b2, one_b1, one_b2, keep, inv_sqrt_bc2, eps, step;
