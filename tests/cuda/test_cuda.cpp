@@ -18,6 +18,7 @@
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/graph/primitive.h"
+#include "hetrain/interop/safetensors.h"
 #include "hetrain/memory/allocator.h"
 #include "hetrain/runtime/scheduler.h"
 
@@ -395,6 +396,39 @@ TEST_F(Cuda, RoundTripCopiesAndStridedViews) {
   EXPECT_EQ(std::memcmp(back.raw(), x.array().raw(), x.array().nbytes()), 0);
   // A strided view comes back with its strides.
   compare([&] { return std::vector<Tensor>{transpose(x, 0, 1) * 1.0}; });
+}
+
+TEST_F(Cuda, CheckpointOfGpuTensorsAndIndicesOnTheGpu) {
+  // Tensors computed on the GPU (a strided one too) are saved from host copies.
+  Tensor x = input({4, 6}, Dtype::f32, 43);
+  Tensor y, yt;
+  {
+    DeviceScope on(kCuda0);
+    y = exp(x).eval();
+    yt = transpose(y, 0, 1).eval();
+  }
+  ASSERT_EQ(y.array().device(), kCuda0);
+  const std::string path = ::testing::TempDir() + "/cuda_checkpoint.safetensors";
+  safetensors::save(path, {{"y", y}, {"yt", yt}});
+  safetensors::File f = safetensors::load(path);
+  EXPECT_EQ(f.tensors.at("y").to_vector<float>(), exp(x).to_vector<float>());
+  EXPECT_EQ(f.tensors.at("yt").to_vector<float>(), transpose(exp(x), 0, 1).to_vector<float>());
+  // Ids that live on the GPU are bounds-checked from a host copy when an op is built.
+  Tensor ids;
+  {
+    DeviceScope on(kCuda0);
+    ids = (from_vector(std::vector<int64_t>{1, 2, 9}, {3}) +
+           from_vector(std::vector<int64_t>{0, 0, 0}, {3}))
+              .eval();
+  }
+  ASSERT_EQ(ids.array().device(), kCuda0);
+  ASSERT_EQ(ids.dtype(), Dtype::i64);
+  try {
+    (void)embedding(input({5, 2}, Dtype::f32, 44), ids);
+    FAIL() << "expected a bounds error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("9"), std::string::npos) << e.what();
+  }
 }
 
 // ---- without a device ------------------------------------------------------------------------

@@ -78,6 +78,4 @@ void zero(Array& a) {
   HT_CUDA_CHECK(cudaMemsetAsync(a.raw(), 0, a.nbytes(), stream()));
 }
 
-Array to_host(const Array& a) { return copy_to_device(a, Device::cpu()); }
-
 }  // namespace hetrain::cuda

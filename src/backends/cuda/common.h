@@ -24,7 +24,5 @@ void copy_strided(const Array& x, Array& y);
 Array contiguous(const Array& x);
 /// Sets every byte of a's buffer view (a contiguous) to zero, asynchronously.
 void zero(Array& a);
-/// A host copy of a device array (waits for the queued kernels): for bounds checks.
-Array to_host(const Array& a);
 
 }  // namespace hetrain::cuda

@@ -122,8 +122,8 @@ void Take::eval_cuda(const std::vector<const Array*>& in, const std::vector<Arra
   const size_t a = static_cast<size_t>(axis_);
   const int64_t O = prod(x.shape, 0, a), V = x.shape[a], I = prod(x.shape, a + 1, x.shape.size());
   // Bounds are checked on a host copy of the indices (a sync), so the error reaches the
-  // caller as on the CPU.
-  if (auto bad = find_bad_index(cuda::to_host(idx), V)) fail_bad_index(op_, *bad, V, axis_);
+  // caller as on the CPU (find_bad_index copies device arrays).
+  if (auto bad = find_bad_index(idx, V)) fail_bad_index(op_, *bad, V, axis_);
   Array& y = *out[0];
   y.allocate();
   cuda::launch_take(x.dtype, idx.dtype, O, V, I, idx.numel(), y.raw(), x.raw(), idx.raw(),
@@ -135,7 +135,7 @@ void IndexAdd::eval_cuda(const std::vector<const Array*>& in, const std::vector<
   const Array idx = cuda::contiguous(*in[1]);
   const size_t a = static_cast<size_t>(axis_);
   const int64_t O = prod(full_, 0, a), V = full_[a], I = prod(full_, a + 1, full_.size());
-  if (auto bad = find_bad_index(cuda::to_host(idx), V)) fail_bad_index("index_add", *bad, V, axis_);
+  if (auto bad = find_bad_index(idx, V)) fail_bad_index("index_add", *bad, V, axis_);
   Array& y = *out[0];
   y.allocate();
   if (!is_floating(g.dtype))
@@ -155,7 +155,7 @@ void CrossEntropy::eval_cuda(const std::vector<const Array*>& in,
   const Array x = cuda::contiguous(*in[0]);
   const Array tg = cuda::contiguous(*in[1]);
   const ORI d = split_at(x.shape, 1);
-  if (auto bad = find_bad_index(cuda::to_host(tg), d.R, ignore_))
+  if (auto bad = find_bad_index(tg, d.R, ignore_))
     fail_bad_index(name(), *bad, d.R, 1, ignore_);
   out[0]->allocate();
   out[1]->allocate();

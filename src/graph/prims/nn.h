@@ -206,7 +206,8 @@ void dispatch_index(Dtype dt, const char* op, F&& f) {
   }
 }
 
-/// The first value of an integer index array outside [0, bound), other than skip.
+/// The first value of an integer index array outside [0, bound), other than skip (an array
+/// in a GPU's memory is read through a host copy).
 std::optional<int64_t> find_bad_index(const Array& index, int64_t bound,
                                       std::optional<int64_t> skip = {});
 /// Throws the bounds error of op ("[embedding] id 7 is out of range ... V=5 ...").
