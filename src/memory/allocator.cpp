@@ -57,7 +57,8 @@ std::string devices_found() {
 void require_device(Device d) {
   switch (d.kind) {
     case DeviceKind::cpu:
-      if (d.index != 0) fail("[device] cpu:", d.index, " is not present; devices found: ", devices_found());
+      if (d.index != 0)
+        fail("[device] cpu:", d.index, " is not present; devices found: ", devices_found());
       return;
     case DeviceKind::sim:
       if (d.index >= kMaxSimDevices)

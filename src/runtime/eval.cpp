@@ -201,8 +201,8 @@ void run_copy(Node* p, int idx, Device dst) {
 }
 
 /// A sim or CUDA device's dedicated worker: one thread, its kernels serial, its allocations
-/// in the device's memory node (a CUDA device's kernels queue on the device's stream). Never destroyed (tasks may be queued at exit by
-/// static tensors).
+/// in the device's memory node (a CUDA device's kernels queue on the device's stream). Never
+/// destroyed (tasks may be queued at exit by static tensors).
 class DeviceWorker {
  public:
   explicit DeviceWorker(Device d) : device_(d) {
@@ -243,7 +243,8 @@ DeviceWorker& device_worker(Device d) {
   static std::array<DeviceWorker*, kMaxSimDevices> sim{};
   static std::array<DeviceWorker*, kMaxCudaDevices> cuda{};
   std::lock_guard<std::mutex> lk(mu);
-  HT_ASSERT(d.index >= 0 && d.index < (d.kind == DeviceKind::sim ? kMaxSimDevices : kMaxCudaDevices));
+  HT_ASSERT(d.index >= 0 &&
+            d.index < (d.kind == DeviceKind::sim ? kMaxSimDevices : kMaxCudaDevices));
   auto& w = (d.kind == DeviceKind::sim ? sim.data() : cuda.data())[d.index];
   if (!w) w = new DeviceWorker(d);
   return *w;

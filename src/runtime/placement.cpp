@@ -163,9 +163,7 @@ std::vector<std::vector<int>> consumers_of(const std::vector<TaskNode>& g) {
 }
 
 /// The devices node v may run on.
-bool allowed(const TaskNode& n, int d) {
-  return n.pin >= 0 ? n.pin == d : !((n.forbid >> d) & 1u);
-}
+bool allowed(const TaskNode& n, int d) { return n.pin >= 0 ? n.pin == d : !((n.forbid >> d) & 1u); }
 
 }  // namespace
 

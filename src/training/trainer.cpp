@@ -516,7 +516,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
     // GPU memory: the peak of each CUDA device's allocator over the run (all tags).
     for (const runtime::DeviceModel& m : runtime::config().devices)
       if (m.device.kind == DeviceKind::cuda)
-        fin["device_peak_memory_bytes"][m.device.str()] = allocator_for(m.device).stats().peak_total;
+        fin["device_peak_memory_bytes"][m.device.str()] =
+            allocator_for(m.device).stats().peak_total;
     if (scaler) fin["loss_scale"] = r.loss_scale;
     if (data.language) {
       fin["val_loss"] = r.val_loss;

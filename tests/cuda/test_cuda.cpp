@@ -4,8 +4,9 @@
 //   f64 1e-10   f32 1e-5   f16 2e-3   bf16 2e-2   ints, bool exact      (tests/parity)
 // loosened where the two backends legitimately differ: kLongSums (summation order over long
 // sums: GEMM, reductions, norms) makes f32 1e-4 and doubles f16/bf16; kGradients (several
-// rounded low-precision nodes in a row) makes f32 1e-4 and f16/bf16 four times the above. Without a CUDA device (or without the backend) these tests skip with
-// "no CUDA device"; the tests at the end check what must hold on a machine without one.
+// rounded low-precision nodes in a row) makes f32 1e-4 and f16/bf16 four times the above. Without a
+// CUDA device (or without the backend) these tests skip with "no CUDA device"; the tests at the end
+// check what must hold on a machine without one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,11 +37,16 @@ enum Slack { kExact, kLongSums, kGradients };
 double tolerance(Dtype dt, Slack slack) {
   const double low = slack == kExact ? 1 : slack == kLongSums ? 2 : 4;
   switch (dt) {
-    case Dtype::f64: return slack == kExact ? 1e-10 : 1e-9;
-    case Dtype::f32: return slack == kExact ? 1e-5 : 1e-4;
-    case Dtype::f16: return 2e-3 * low;
-    case Dtype::bf16: return 2e-2 * low;
-    default: return 0;
+    case Dtype::f64:
+      return slack == kExact ? 1e-10 : 1e-9;
+    case Dtype::f32:
+      return slack == kExact ? 1e-5 : 1e-4;
+    case Dtype::f16:
+      return 2e-3 * low;
+    case Dtype::bf16:
+      return 2e-2 * low;
+    default:
+      return 0;
   }
 }
 
@@ -49,8 +55,8 @@ class Cuda : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
-    rt::configure({.devices = rt::parse_devices("cpu,cuda:0"),
-                   .placement = rt::PlacementPolicy::pinned});
+    rt::configure(
+        {.devices = rt::parse_devices("cpu,cuda:0"), .placement = rt::PlacementPolicy::pinned});
   }
   void TearDown() override { rt::configure({}); }
 
@@ -71,14 +77,13 @@ class Cuda : public ::testing::Test {
       const double tol = tolerance(want[k].dtype(), slack);
       int bad = 0;
       for (size_t i = 0; i < w.size() && bad < 5; ++i) {
-        const bool ok = std::isnan(w[i]) ? std::isnan(g[i])
+        const bool ok = std::isnan(w[i])   ? std::isnan(g[i])
                         : std::isinf(w[i]) ? g[i] == w[i]
                                            : std::abs(g[i] - w[i]) <= tol + tol * std::abs(w[i]);
         if (!ok) {
           ++bad;
-          ADD_FAILURE() << what << " output " << k << " (" << dtype_name(want[k].dtype())
-                        << ") [" << i << "]: cuda " << g[i] << ", cpu " << w[i] << " (tol "
-                        << tol << ")";
+          ADD_FAILURE() << what << " output " << k << " (" << dtype_name(want[k].dtype()) << ") ["
+                        << i << "]: cuda " << g[i] << ", cpu " << w[i] << " (tol " << tol << ")";
         }
       }
     }
@@ -102,9 +107,9 @@ const Dtype kFloats[] = {Dtype::f32, Dtype::f16, Dtype::bf16, Dtype::f64};
 TEST_F(Cuda, UnaryOpsOnStridedInputs) {
   using Fn = Tensor (*)(const Tensor&);
   const std::vector<std::pair<const char*, Fn>> ops = {
-      {"neg", hetrain::neg},         {"abs", hetrain::abs},         {"exp", hetrain::exp},
-      {"tanh", hetrain::tanh},       {"sigmoid", hetrain::sigmoid}, {"relu", hetrain::relu},
-      {"silu", hetrain::silu},       {"square", hetrain::square},
+      {"neg", hetrain::neg},   {"abs", hetrain::abs},         {"exp", hetrain::exp},
+      {"tanh", hetrain::tanh}, {"sigmoid", hetrain::sigmoid}, {"relu", hetrain::relu},
+      {"silu", hetrain::silu}, {"square", hetrain::square},
   };
   for (Dtype dt : kFloats) {
     Tensor x = input({7, 33}, dt, 1);
@@ -112,15 +117,24 @@ TEST_F(Cuda, UnaryOpsOnStridedInputs) {
       compare([&] { return std::vector<Tensor>{f(transpose(x, 0, 1))}; }, kExact,
               std::string(name) + " " + std::string(dtype_name(dt)));
     Tensor pos = abs(x).eval() + 0.5;
-    compare([&] { return std::vector<Tensor>{log(pos), sqrt(pos), rsqrt(pos)}; }, kExact,
-            "log/sqrt/rsqrt " + std::string(dtype_name(dt)));
-    compare([&] { return std::vector<Tensor>{gelu(x), gelu(x, "tanh")}; }, kExact,
-            "gelu " + std::string(dtype_name(dt)));
+    compare(
+        [&] {
+          return std::vector<Tensor>{log(pos), sqrt(pos), rsqrt(pos)};
+        },
+        kExact, "log/sqrt/rsqrt " + std::string(dtype_name(dt)));
+    compare(
+        [&] {
+          return std::vector<Tensor>{gelu(x), gelu(x, "tanh")};
+        },
+        kExact, "gelu " + std::string(dtype_name(dt)));
   }
   for (Dtype dt : {Dtype::i32, Dtype::i64}) {
     Tensor x = input({5, 9}, dt, 2);
-    compare([&] { return std::vector<Tensor>{neg(x), abs(x), square(x), relu(x)}; }, kExact,
-            "integer unary " + std::string(dtype_name(dt)));
+    compare(
+        [&] {
+          return std::vector<Tensor>{neg(x), abs(x), square(x), relu(x)};
+        },
+        kExact, "integer unary " + std::string(dtype_name(dt)));
   }
 }
 
@@ -130,9 +144,8 @@ TEST_F(Cuda, BinaryOpsBroadcastAndCompare) {
     Tensor b = input({4, 5}, dt, 4);
     compare(
         [&] {
-          return std::vector<Tensor>{a + b,           a - b,          a * b,
-                                     maximum(a, b),   minimum(a, b),  equal(a, b),
-                                     less(a, b),      greater_equal(a, b)};
+          return std::vector<Tensor>{a + b,         a - b,       a * b,      maximum(a, b),
+                                     minimum(a, b), equal(a, b), less(a, b), greater_equal(a, b)};
         },
         kExact, "binary " + std::string(dtype_name(dt)));
     // Integer division by zero gives 0, as on the CPU.
@@ -145,7 +158,7 @@ TEST_F(Cuda, BinaryOpsBroadcastAndCompare) {
 }
 
 TEST_F(Cuda, CastBetweenAllDtypes) {
-  const Dtype all[] = {Dtype::f64, Dtype::f32, Dtype::f16, Dtype::bf16,
+  const Dtype all[] = {Dtype::f64, Dtype::f32, Dtype::f16,    Dtype::bf16,
                        Dtype::i32, Dtype::i64, Dtype::boolean};
   for (Dtype from : all) {
     Tensor x = from == Dtype::boolean ? greater(input({4, 6}, Dtype::f32, 7), scalar(0.0)).eval()
@@ -219,9 +232,9 @@ TEST_F(Cuda, Reductions) {
     Tensor x = input({6, 5, 300}, dt, 23);
     compare(
         [&] {
-          return std::vector<Tensor>{sum(x, {2}),        sum(x, {0}),      sum(x, {0, 2}, true),
-                                     max(x, {1}),        min(x, {0, 1}),   sum(x),
-                                     argmax(x, 2),       argmax(x, 0),     sum(transpose(x, 0, 2), {1})};
+          return std::vector<Tensor>{sum(x, {2}),  sum(x, {0}),    sum(x, {0, 2}, true),
+                                     max(x, {1}),  min(x, {0, 1}), sum(x),
+                                     argmax(x, 2), argmax(x, 0),   sum(transpose(x, 0, 2), {1})};
         },
         kLongSums, "reduce " + std::string(dtype_name(dt)));
   }
@@ -303,9 +316,7 @@ TEST_F(Cuda, EmbeddingForwardBackward) {
     compare(
         [&] {
           auto [v, g] = value_and_grad(
-              [&](const std::vector<Tensor>& in) {
-                return sum(square(embedding(in[0], ids)));
-              },
+              [&](const std::vector<Tensor>& in) { return sum(square(embedding(in[0], ids))); },
               {table});
           return std::vector<Tensor>{embedding(table, ids), g[0]};
         },

@@ -38,8 +38,7 @@ class Primitive {
   /// stream (asynchronous: the runtime synchronises at copies back to the host). Same
   /// contract as eval_cpu; inputs are in that device's memory. Default: a view primitive
   /// runs eval_cpu (it only sets strides), any other throws "no CUDA kernel for <name>".
-  virtual void eval_cuda(const std::vector<const Array*>& in,
-                         const std::vector<Array*>& out) const;
+  virtual void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const;
   /// Whether a kernel exists for devices of kind k: the scheduler places an unpinned node
   /// only where one does. CPU and sim devices run eval_cpu; a CUDA device needs an eval_cuda
   /// override, which its class declares together with has_kernel (views run anywhere).

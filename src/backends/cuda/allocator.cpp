@@ -146,8 +146,8 @@ class CudaAllocator final : public Allocator {
     for (int t = 0; t < kNumMemoryTags; ++t)
       os << (t ? ", " : "") << memory_tag_name(static_cast<MemoryTag>(t)) << " "
          << mib(s.current[static_cast<size_t>(t)]);
-    os << "), reserved " << mib(s.reserved) << "; the device has " << mib(static_cast<int64_t>(free_b))
-       << " free of " << mib(static_cast<int64_t>(total_b));
+    os << "), reserved " << mib(s.reserved) << "; the device has "
+       << mib(static_cast<int64_t>(free_b)) << " free of " << mib(static_cast<int64_t>(total_b));
     throw Error(os.str());
   }
 

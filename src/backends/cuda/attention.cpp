@@ -1,6 +1,7 @@
 // eval_cuda of the fused attention forward and backward; kernels in attention.cu.
-#include "backends/cuda/common.h"
 #include "graph/prims/attention.h"
+
+#include "backends/cuda/common.h"
 
 namespace hetrain {
 
@@ -33,9 +34,9 @@ void SdpaBackward::eval_cuda(const std::vector<const Array*>& in,
   for (Array* a : out) a->allocate();
   const cuda::AttentionDims g = attention_dims(q.shape, v.shape, causal_);
   Array d_rows = cuda::device_array({std::max<int64_t>(g.B * g.Lq, 1)}, lse.dtype);
-  cuda::launch_attention_backward(q.dtype, g, scale_, out[0]->raw(), out[1]->raw(),
-                                  out[2]->raw(), d_rows.raw(), q.raw(), k.raw(), v.raw(), o.raw(),
-                                  dout.raw(), lse.raw(), cuda::stream());
+  cuda::launch_attention_backward(q.dtype, g, scale_, out[0]->raw(), out[1]->raw(), out[2]->raw(),
+                                  d_rows.raw(), q.raw(), k.raw(), v.raw(), o.raw(), dout.raw(),
+                                  lse.raw(), cuda::stream());
 }
 
 }  // namespace hetrain

@@ -199,9 +199,8 @@ void launch_attention(Dtype dt, const AttentionDims& g, double scale, void* o, v
 }
 
 void launch_attention_backward(Dtype dt, const AttentionDims& g, double scale, void* dq, void* dk,
-                               void* dv, void* d_rows, const void* q, const void* k,
-                               const void* v, const void* o, const void* dout, const void* lse,
-                               cudaStream_t s) {
+                               void* dv, void* d_rows, const void* q, const void* k, const void* v,
+                               const void* o, const void* dout, const void* lse, cudaStream_t s) {
   check_dims(g);
   dispatch_float(dt, "sdpa_backward", [&]<class T>() {
     using C = compute_of<T>;
@@ -221,8 +220,8 @@ void launch_attention_backward(Dtype dt, const AttentionDims& g, double scale, v
     }
     if (g.B * g.Lk > 0) {
       attention_dkdv_kernel<T><<<warp_blocks(g.B * g.Lk), 32 * kWarpsPerBlock, 0, s>>>(
-          g, static_cast<C>(scale), static_cast<T*>(dk), static_cast<T*>(dv), qp, kp, vp, dop,
-          lp, dr);
+          g, static_cast<C>(scale), static_cast<T*>(dk), static_cast<T*>(dv), qp, kp, vp, dop, lp,
+          dr);
       HT_CUDA_CHECK_LAUNCH("attention_dkdv_kernel");
     }
   });

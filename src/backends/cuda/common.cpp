@@ -74,8 +74,6 @@ Array contiguous(const Array& x) {
   return c;
 }
 
-void zero(Array& a) {
-  HT_CUDA_CHECK(cudaMemsetAsync(a.raw(), 0, a.nbytes(), stream()));
-}
+void zero(Array& a) { HT_CUDA_CHECK(cudaMemsetAsync(a.raw(), 0, a.nbytes(), stream())); }
 
 }  // namespace hetrain::cuda

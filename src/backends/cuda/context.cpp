@@ -99,7 +99,8 @@ std::string describe() {
     os << "0 devices (" << e.why_none << ")";
   } else {
     os << e.count << " device" << (e.count == 1 ? "" : "s");
-    for (int i = 0; i < e.count; ++i) os << (i ? "; " : ": ") << "cuda:" << i << " " << device_name(i);
+    for (int i = 0; i < e.count; ++i)
+      os << (i ? "; " : ": ") << "cuda:" << i << " " << device_name(i);
   }
   return os.str();
 }

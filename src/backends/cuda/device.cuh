@@ -81,32 +81,60 @@ __device__ __forceinline__ T store(C v) {
 template <class F>
 void dispatch(Dtype dt, const char* op, F&& f) {
   switch (dt) {
-    case Dtype::f64: f.template operator()<double>(); return;
-    case Dtype::f32: f.template operator()<float>(); return;
-    case Dtype::f16: f.template operator()<F16>(); return;
-    case Dtype::bf16: f.template operator()<BF16>(); return;
-    case Dtype::i32: f.template operator()<int32_t>(); return;
-    case Dtype::i64: f.template operator()<int64_t>(); return;
-    case Dtype::boolean: f.template operator()<bool>(); return;
+    case Dtype::f64:
+      f.template operator()<double>();
+      return;
+    case Dtype::f32:
+      f.template operator()<float>();
+      return;
+    case Dtype::f16:
+      f.template operator()<F16>();
+      return;
+    case Dtype::bf16:
+      f.template operator()<BF16>();
+      return;
+    case Dtype::i32:
+      f.template operator()<int32_t>();
+      return;
+    case Dtype::i64:
+      f.template operator()<int64_t>();
+      return;
+    case Dtype::boolean:
+      f.template operator()<bool>();
+      return;
   }
   fail("[", op, "] unknown dtype");
 }
 template <class F>
 void dispatch_float(Dtype dt, const char* op, F&& f) {
   switch (dt) {
-    case Dtype::f64: f.template operator()<double>(); return;
-    case Dtype::f32: f.template operator()<float>(); return;
-    case Dtype::f16: f.template operator()<F16>(); return;
-    case Dtype::bf16: f.template operator()<BF16>(); return;
-    default: fail("[", op, "] CUDA kernel needs a floating-point dtype, got ", dtype_name(dt));
+    case Dtype::f64:
+      f.template operator()<double>();
+      return;
+    case Dtype::f32:
+      f.template operator()<float>();
+      return;
+    case Dtype::f16:
+      f.template operator()<F16>();
+      return;
+    case Dtype::bf16:
+      f.template operator()<BF16>();
+      return;
+    default:
+      fail("[", op, "] CUDA kernel needs a floating-point dtype, got ", dtype_name(dt));
   }
 }
 template <class F>
 void dispatch_index(Dtype dt, const char* op, F&& f) {
   switch (dt) {
-    case Dtype::i32: f.template operator()<int32_t>(); return;
-    case Dtype::i64: f.template operator()<int64_t>(); return;
-    default: fail("[", op, "] indices must be i32 or i64, got ", dtype_name(dt));
+    case Dtype::i32:
+      f.template operator()<int32_t>();
+      return;
+    case Dtype::i64:
+      f.template operator()<int64_t>();
+      return;
+    default:
+      fail("[", op, "] indices must be i32 or i64, got ", dtype_name(dt));
   }
 }
 

@@ -1,7 +1,8 @@
 // eval_cuda of the elementwise primitives (unary, binary, where, cast, concat,
 // slice_scatter) and of reshape's copying case; kernels in elementwise.cu.
-#include "backends/cuda/common.h"
 #include "graph/prims/elementwise.h"
+
+#include "backends/cuda/common.h"
 #include "graph/prims/views.h"
 
 namespace hetrain {
@@ -12,19 +13,32 @@ using cuda::UnaryOp;
 
 template <class Op>
 constexpr UnaryOp unary_op() {
-  if constexpr (std::is_same_v<Op, NegOp>) return UnaryOp::neg;
-  else if constexpr (std::is_same_v<Op, AbsOp>) return UnaryOp::abs;
-  else if constexpr (std::is_same_v<Op, ExpOp>) return UnaryOp::exp;
-  else if constexpr (std::is_same_v<Op, LogOp>) return UnaryOp::log;
-  else if constexpr (std::is_same_v<Op, SqrtOp>) return UnaryOp::sqrt;
-  else if constexpr (std::is_same_v<Op, RsqrtOp>) return UnaryOp::rsqrt;
-  else if constexpr (std::is_same_v<Op, SquareOp>) return UnaryOp::square;
-  else if constexpr (std::is_same_v<Op, TanhOp>) return UnaryOp::tanh;
-  else if constexpr (std::is_same_v<Op, SigmoidOp>) return UnaryOp::sigmoid;
-  else if constexpr (std::is_same_v<Op, ReluOp>) return UnaryOp::relu;
-  else if constexpr (std::is_same_v<Op, GeluErfOp>) return UnaryOp::gelu;
-  else if constexpr (std::is_same_v<Op, GeluTanhOp>) return UnaryOp::gelu_tanh;
-  else if constexpr (std::is_same_v<Op, ErfOp>) return UnaryOp::erf;
+  if constexpr (std::is_same_v<Op, NegOp>)
+    return UnaryOp::neg;
+  else if constexpr (std::is_same_v<Op, AbsOp>)
+    return UnaryOp::abs;
+  else if constexpr (std::is_same_v<Op, ExpOp>)
+    return UnaryOp::exp;
+  else if constexpr (std::is_same_v<Op, LogOp>)
+    return UnaryOp::log;
+  else if constexpr (std::is_same_v<Op, SqrtOp>)
+    return UnaryOp::sqrt;
+  else if constexpr (std::is_same_v<Op, RsqrtOp>)
+    return UnaryOp::rsqrt;
+  else if constexpr (std::is_same_v<Op, SquareOp>)
+    return UnaryOp::square;
+  else if constexpr (std::is_same_v<Op, TanhOp>)
+    return UnaryOp::tanh;
+  else if constexpr (std::is_same_v<Op, SigmoidOp>)
+    return UnaryOp::sigmoid;
+  else if constexpr (std::is_same_v<Op, ReluOp>)
+    return UnaryOp::relu;
+  else if constexpr (std::is_same_v<Op, GeluErfOp>)
+    return UnaryOp::gelu;
+  else if constexpr (std::is_same_v<Op, GeluTanhOp>)
+    return UnaryOp::gelu_tanh;
+  else if constexpr (std::is_same_v<Op, ErfOp>)
+    return UnaryOp::erf;
   else {
     static_assert(std::is_same_v<Op, SiluOp>, "a unary op without a CUDA kernel");
     return UnaryOp::silu;
@@ -33,19 +47,32 @@ constexpr UnaryOp unary_op() {
 
 template <class Op>
 constexpr BinaryOp binary_op() {
-  if constexpr (std::is_same_v<Op, AddOp>) return BinaryOp::add;
-  else if constexpr (std::is_same_v<Op, SubOp>) return BinaryOp::sub;
-  else if constexpr (std::is_same_v<Op, MulOp>) return BinaryOp::mul;
-  else if constexpr (std::is_same_v<Op, DivOp>) return BinaryOp::div;
-  else if constexpr (std::is_same_v<Op, PowOp>) return BinaryOp::pow;
-  else if constexpr (std::is_same_v<Op, MaximumOp>) return BinaryOp::maximum;
-  else if constexpr (std::is_same_v<Op, MinimumOp>) return BinaryOp::minimum;
-  else if constexpr (std::is_same_v<Op, ReluGradOp>) return BinaryOp::relu_backward;
-  else if constexpr (std::is_same_v<Op, EqualOp>) return BinaryOp::equal;
-  else if constexpr (std::is_same_v<Op, NotEqualOp>) return BinaryOp::not_equal;
-  else if constexpr (std::is_same_v<Op, LessOp>) return BinaryOp::less;
-  else if constexpr (std::is_same_v<Op, LessEqualOp>) return BinaryOp::less_equal;
-  else if constexpr (std::is_same_v<Op, GreaterOp>) return BinaryOp::greater;
+  if constexpr (std::is_same_v<Op, AddOp>)
+    return BinaryOp::add;
+  else if constexpr (std::is_same_v<Op, SubOp>)
+    return BinaryOp::sub;
+  else if constexpr (std::is_same_v<Op, MulOp>)
+    return BinaryOp::mul;
+  else if constexpr (std::is_same_v<Op, DivOp>)
+    return BinaryOp::div;
+  else if constexpr (std::is_same_v<Op, PowOp>)
+    return BinaryOp::pow;
+  else if constexpr (std::is_same_v<Op, MaximumOp>)
+    return BinaryOp::maximum;
+  else if constexpr (std::is_same_v<Op, MinimumOp>)
+    return BinaryOp::minimum;
+  else if constexpr (std::is_same_v<Op, ReluGradOp>)
+    return BinaryOp::relu_backward;
+  else if constexpr (std::is_same_v<Op, EqualOp>)
+    return BinaryOp::equal;
+  else if constexpr (std::is_same_v<Op, NotEqualOp>)
+    return BinaryOp::not_equal;
+  else if constexpr (std::is_same_v<Op, LessOp>)
+    return BinaryOp::less;
+  else if constexpr (std::is_same_v<Op, LessEqualOp>)
+    return BinaryOp::less_equal;
+  else if constexpr (std::is_same_v<Op, GreaterOp>)
+    return BinaryOp::greater;
   else {
     static_assert(std::is_same_v<Op, GreaterEqualOp>, "a binary op without a CUDA kernel");
     return BinaryOp::greater_equal;
@@ -63,8 +90,8 @@ void Unary<Op>::eval_cuda(const std::vector<const Array*>& in,
     fail("[", Op::name, "] does not support dtype ", dtype_name(x.dtype), " (floating point only)");
   if (x.dtype == Dtype::boolean) fail("[", Op::name, "] does not support dtype bool");
   y.allocate();
-  cuda::launch_unary(unary_op<Op>(), x.dtype, cuda::make_iter(x.shape, {&y, &x}), y.raw(),
-                     x.raw(), cuda::stream());
+  cuda::launch_unary(unary_op<Op>(), x.dtype, cuda::make_iter(x.shape, {&y, &x}), y.raw(), x.raw(),
+                     cuda::stream());
 }
 
 template <class Op>
@@ -81,9 +108,9 @@ void Binary<Op>::eval_cuda(const std::vector<const Array*>& in,
                       a.raw(), b.raw(), cuda::stream());
 }
 
-#define HETRAIN_CUDA_UNARY(Op)                                                      \
-  template void Unary<Op>::eval_cuda(const std::vector<const Array*>&,              \
-                                     const std::vector<Array*>&) const;
+#define HETRAIN_CUDA_UNARY(Op)                                                                     \
+  template void Unary<Op>::eval_cuda(const std::vector<const Array*>&, const std::vector<Array*>&) \
+      const;
 HETRAIN_CUDA_UNARY(NegOp)
 HETRAIN_CUDA_UNARY(AbsOp)
 HETRAIN_CUDA_UNARY(ExpOp)
@@ -100,8 +127,8 @@ HETRAIN_CUDA_UNARY(ErfOp)
 HETRAIN_CUDA_UNARY(SiluOp)
 #undef HETRAIN_CUDA_UNARY
 
-#define HETRAIN_CUDA_BINARY(Op)                                                     \
-  template void Binary<Op>::eval_cuda(const std::vector<const Array*>&,             \
+#define HETRAIN_CUDA_BINARY(Op)                                         \
+  template void Binary<Op>::eval_cuda(const std::vector<const Array*>&, \
                                       const std::vector<Array*>&) const;
 HETRAIN_CUDA_BINARY(AddOp)
 HETRAIN_CUDA_BINARY(SubOp)
@@ -123,8 +150,8 @@ void Where::eval_cuda(const std::vector<const Array*>& in, const std::vector<Arr
   const Array &c = *in[0], &a = *in[1], &b = *in[2];
   Array& y = *out[0];
   y.allocate();
-  cuda::launch_where(a.dtype, cuda::make_iter(a.shape, {&y, &c, &a, &b}), y.raw(), c.raw(),
-                     a.raw(), b.raw(), cuda::stream());
+  cuda::launch_where(a.dtype, cuda::make_iter(a.shape, {&y, &c, &a, &b}), y.raw(), c.raw(), a.raw(),
+                     b.raw(), cuda::stream());
 }
 
 void Cast::eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {

@@ -34,28 +34,43 @@ __device__ __forceinline__ C sigmoid(C x) {
 template <class C>
 __device__ __forceinline__ C unary_f(UnaryOp op, C x) {
   switch (op) {
-    case UnaryOp::neg: return -x;
-    case UnaryOp::abs: return x < C(0) ? -x : x;
-    case UnaryOp::square: return x * x;
-    case UnaryOp::relu: return x > C(0) ? x : C(0);
-    default: break;
+    case UnaryOp::neg:
+      return -x;
+    case UnaryOp::abs:
+      return x < C(0) ? -x : x;
+    case UnaryOp::square:
+      return x * x;
+    case UnaryOp::relu:
+      return x > C(0) ? x : C(0);
+    default:
+      break;
   }
   if constexpr (std::is_floating_point_v<C>) {
     switch (op) {
-      case UnaryOp::exp: return d_exp(x);
-      case UnaryOp::log: return d_log(x);
-      case UnaryOp::sqrt: return d_sqrt(x);
-      case UnaryOp::rsqrt: return C(1) / d_sqrt(x);
-      case UnaryOp::tanh: return d_tanh(x);
-      case UnaryOp::sigmoid: return sigmoid(x);
-      case UnaryOp::gelu: return C(0.5) * x * (C(1) + d_erf(x * C(0.70710678118654752440)));
+      case UnaryOp::exp:
+        return d_exp(x);
+      case UnaryOp::log:
+        return d_log(x);
+      case UnaryOp::sqrt:
+        return d_sqrt(x);
+      case UnaryOp::rsqrt:
+        return C(1) / d_sqrt(x);
+      case UnaryOp::tanh:
+        return d_tanh(x);
+      case UnaryOp::sigmoid:
+        return sigmoid(x);
+      case UnaryOp::gelu:
+        return C(0.5) * x * (C(1) + d_erf(x * C(0.70710678118654752440)));
       case UnaryOp::gelu_tanh: {
         const C k = C(0.79788456080286535588);  // sqrt(2/pi)
         return C(0.5) * x * (C(1) + d_tanh(k * (x + C(0.044715) * x * x * x)));
       }
-      case UnaryOp::erf: return d_erf(x);
-      case UnaryOp::silu: return x * sigmoid(x);
-      default: break;
+      case UnaryOp::erf:
+        return d_erf(x);
+      case UnaryOp::silu:
+        return x * sigmoid(x);
+      default:
+        break;
     }
   }
   return x;  // unreachable: the host rejects float-only ops on integers
@@ -74,9 +89,12 @@ __global__ void unary_kernel(UnaryOp op, Iter it, T* __restrict__ y, const T* __
 template <class C>
 __device__ __forceinline__ C binary_f(BinaryOp op, C a, C b) {
   switch (op) {
-    case BinaryOp::add: return a + b;
-    case BinaryOp::sub: return a - b;
-    case BinaryOp::mul: return a * b;
+    case BinaryOp::add:
+      return a + b;
+    case BinaryOp::sub:
+      return a - b;
+    case BinaryOp::mul:
+      return a * b;
     case BinaryOp::div:
       if constexpr (std::is_integral_v<C>) {
         return b == C(0) ? C(0) : a / b;  // integer division by zero gives 0 (as the CPU)
@@ -89,22 +107,33 @@ __device__ __forceinline__ C binary_f(BinaryOp op, C a, C b) {
       } else {
         return a;  // unreachable: pow is float-only
       }
-    case BinaryOp::maximum: return a >= b ? a : b;
-    case BinaryOp::minimum: return a <= b ? a : b;
-    case BinaryOp::relu_backward: return a > C(0) ? b : C(0);
-    default: return a;
+    case BinaryOp::maximum:
+      return a >= b ? a : b;
+    case BinaryOp::minimum:
+      return a <= b ? a : b;
+    case BinaryOp::relu_backward:
+      return a > C(0) ? b : C(0);
+    default:
+      return a;
   }
 }
 template <class C>
 __device__ __forceinline__ bool compare_f(BinaryOp op, C a, C b) {
   switch (op) {
-    case BinaryOp::equal: return a == b;
-    case BinaryOp::not_equal: return a != b;
-    case BinaryOp::less: return a < b;
-    case BinaryOp::less_equal: return a <= b;
-    case BinaryOp::greater: return a > b;
-    case BinaryOp::greater_equal: return a >= b;
-    default: return false;
+    case BinaryOp::equal:
+      return a == b;
+    case BinaryOp::not_equal:
+      return a != b;
+    case BinaryOp::less:
+      return a < b;
+    case BinaryOp::less_equal:
+      return a <= b;
+    case BinaryOp::greater:
+      return a > b;
+    case BinaryOp::greater_equal:
+      return a >= b;
+    default:
+      return false;
   }
 }
 
@@ -165,8 +194,8 @@ void launch_unary(UnaryOp op, Dtype dt, const Iter& it, void* y, const void* x, 
     if constexpr (std::is_same_v<T, bool>) {
       fail("[unary] no CUDA kernel for bool tensors");
     } else {
-      unary_kernel<T><<<grid_for(it.numel, kThreads), kThreads, 0, s>>>(
-          op, it, static_cast<T*>(y), static_cast<const T*>(x));
+      unary_kernel<T><<<grid_for(it.numel, kThreads), kThreads, 0, s>>>(op, it, static_cast<T*>(y),
+                                                                        static_cast<const T*>(x));
       HT_CUDA_CHECK_LAUNCH("unary_kernel");
     }
   });
@@ -207,8 +236,8 @@ void launch_cast(Dtype dx, Dtype dy, const Iter& it, void* y, const void* x, cud
   if (it.numel == 0) return;
   dispatch(dx, "cast", [&]<class S>() {
     dispatch(dy, "cast", [&]<class D>() {
-      cast_kernel<S, D><<<grid_for(it.numel, kThreads), kThreads, 0, s>>>(
-          it, static_cast<D*>(y), static_cast<const S*>(x));
+      cast_kernel<S, D><<<grid_for(it.numel, kThreads), kThreads, 0, s>>>(it, static_cast<D*>(y),
+                                                                          static_cast<const S*>(x));
       HT_CUDA_CHECK_LAUNCH("cast_kernel");
     });
   });

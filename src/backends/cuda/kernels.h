@@ -29,11 +29,36 @@ struct Iter {
 };
 
 enum class UnaryOp : uint8_t {
-  neg, abs, exp, log, sqrt, rsqrt, square, tanh, sigmoid, relu, gelu, gelu_tanh, erf, silu
+  neg,
+  abs,
+  exp,
+  log,
+  sqrt,
+  rsqrt,
+  square,
+  tanh,
+  sigmoid,
+  relu,
+  gelu,
+  gelu_tanh,
+  erf,
+  silu
 };
 enum class BinaryOp : uint8_t {
-  add, sub, mul, div, pow, maximum, minimum, relu_backward,
-  equal, not_equal, less, less_equal, greater, greater_equal
+  add,
+  sub,
+  mul,
+  div,
+  pow,
+  maximum,
+  minimum,
+  relu_backward,
+  equal,
+  not_equal,
+  less,
+  less_equal,
+  greater,
+  greater_equal
 };
 inline bool is_compare(BinaryOp op) { return op >= BinaryOp::equal; }
 
@@ -71,21 +96,20 @@ void launch_softmax(Dtype dt, bool log, int64_t O, int64_t R, int64_t I, void* y
 
 /// layer_norm (center) / rms_norm over rows of n contiguous elements; w, b may be null.
 /// stats: (rows, 2) = (mean, rstd) in f32 (f64 for f64).
-void launch_norm(Dtype dt, bool center, int64_t rows, int64_t n, double eps, void* y,
-                 void* stats, const void* x, const void* w, const void* b, cudaStream_t s);
+void launch_norm(Dtype dt, bool center, int64_t rows, int64_t n, double eps, void* y, void* stats,
+                 const void* x, const void* w, const void* b, cudaStream_t s);
 /// Backward of launch_norm: dx per row; dw, db (either may be null) summed over rows in a
 /// fixed order (deterministic): per chunk of rows into `partial` (2 * chunks * n values of
 /// the stats type), then over chunks. w may be null.
 int64_t norm_backward_chunks(int64_t rows);
 void launch_norm_backward(Dtype dt, bool center, int64_t rows, int64_t n, void* dx, void* dw,
-                          void* db, void* partial, const void* x, const void* stats,
-                          const void* g, const void* w, cudaStream_t s);
+                          void* db, void* partial, const void* x, const void* stats, const void* g,
+                          const void* w, cudaStream_t s);
 
 /// Fused cross-entropy over the middle axis of contiguous logits (O, R, I) with targets
 /// (O, I) of index dtype it: loss and lse (O, I) in f32 (f64 for f64 logits).
 void launch_cross_entropy(Dtype dt, Dtype it, int64_t O, int64_t R, int64_t I, int64_t ignore,
-                          void* loss, void* lse, const void* x, const void* target,
-                          cudaStream_t s);
+                          void* loss, void* lse, const void* x, const void* target, cudaStream_t s);
 /// dx = (softmax(x) - onehot(target)) * g, 0 where the target is ignored.
 void launch_cross_entropy_backward(Dtype dt, Dtype it, int64_t O, int64_t R, int64_t I,
                                    int64_t ignore, void* dx, const void* x, const void* target,
@@ -114,9 +138,8 @@ void launch_attention(Dtype dt, const AttentionDims& g, double scale, void* o, v
 /// per query row for dq, per key row for dk and dv: no atomics, deterministic). d_rows is a
 /// workspace of B * Lq values of lse's type.
 void launch_attention_backward(Dtype dt, const AttentionDims& g, double scale, void* dq, void* dk,
-                               void* dv, void* d_rows, const void* q, const void* k,
-                               const void* v, const void* o, const void* dout, const void* lse,
-                               cudaStream_t s);
+                               void* dv, void* d_rows, const void* q, const void* k, const void* v,
+                               const void* o, const void* dout, const void* lse, cudaStream_t s);
 
 /// One fused AdamW step over n contiguous elements (scalars as the CPU kernel rounds them).
 struct AdamWScalars {

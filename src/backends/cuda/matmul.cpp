@@ -63,7 +63,8 @@ Operand prepare(const Array& x, Dtype compute, int64_t nbatch) {
   Operand op;
   op.arr = x;
   if (x.dtype == compute) {
-    const auto l = matrix_layout(x.shape[n - 2], x.shape[n - 1], x.strides[n - 2], x.strides[n - 1]);
+    const auto l =
+        matrix_layout(x.shape[n - 2], x.shape[n - 1], x.strides[n - 2], x.strides[n - 1]);
     const auto bs = batch_stride(x);
     // A broadcast batch (stride 0) is left to the caller, who may fold it into M.
     if (l && bs) {
@@ -92,11 +93,16 @@ Operand materialize(const Array& x, Dtype compute) {
 
 cudaDataType_t cuda_type(Dtype dt) {
   switch (dt) {
-    case Dtype::f64: return CUDA_R_64F;
-    case Dtype::f32: return CUDA_R_32F;
-    case Dtype::f16: return CUDA_R_16F;
-    case Dtype::bf16: return CUDA_R_16BF;
-    default: fail("[matmul] internal: no cuBLASLt type for ", dtype_name(dt));
+    case Dtype::f64:
+      return CUDA_R_64F;
+    case Dtype::f32:
+      return CUDA_R_32F;
+    case Dtype::f16:
+      return CUDA_R_16F;
+    case Dtype::bf16:
+      return CUDA_R_16BF;
+    default:
+      fail("[matmul] internal: no cuBLASLt type for ", dtype_name(dt));
   }
 }
 
@@ -130,15 +136,15 @@ struct LtHandle {
 };
 
 /// One cuBLASLt layout: rows x cols column-major with leading dimension ld, batched.
-void set_layout(cublasLtMatrixLayout_t& l, cudaDataType_t t, int64_t rows, int64_t cols,
-                int64_t ld, int32_t batch, int64_t stride) {
+void set_layout(cublasLtMatrixLayout_t& l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
+                int32_t batch, int64_t stride) {
   HT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, t, static_cast<uint64_t>(rows),
                                              static_cast<uint64_t>(cols), ld));
   if (batch > 1) {
     HT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
                                                      sizeof(batch)));
-    HT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
-        l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    HT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                     &stride, sizeof(stride)));
   }
 }
 
@@ -220,8 +226,8 @@ void lt_matmul(Dtype dt, int64_t M, int64_t N, int64_t K, int64_t batch, const v
     HT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc.h, lay_a.h, lay_b.h, lay_c.h,
                                                    lay_c.h, pref.h, 1, &result, &count));
     if (count == 0)
-      fail("[matmul] cuBLASLt has no algorithm for ", dtype_name(dt), " M=", M, " N=", N,
-           " K=", K, " batch=", batch, " on cuda:", ctx.index);
+      fail("[matmul] cuBLASLt has no algorithm for ", dtype_name(dt), " M=", M, " N=", N, " K=", K,
+           " batch=", batch, " on cuda:", ctx.index);
     algo = result.algo;
     AlgoCache& cache = algo_cache();
     std::lock_guard<std::mutex> lk(cache.mu);
@@ -231,8 +237,8 @@ void lt_matmul(Dtype dt, int64_t M, int64_t N, int64_t K, int64_t batch, const v
   const double one_d = 1, zero_d = 0;
   const void* alpha = f64 ? static_cast<const void*>(&one_d) : &one_f;
   const void* beta = f64 ? static_cast<const void*>(&zero_d) : &zero_f;
-  HT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, desc.h, alpha, b, lay_a.h, a, lay_b.h, beta, c, lay_c.h,
-                                 c, lay_c.h, &algo, ctx.lt_workspace, ctx.lt_workspace_bytes,
+  HT_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, desc.h, alpha, b, lay_a.h, a, lay_b.h, beta, c, lay_c.h, c,
+                                 lay_c.h, &algo, ctx.lt_workspace, ctx.lt_workspace_bytes,
                                  ctx.stream));
 }
 
@@ -260,8 +266,8 @@ void Matmul::eval_cuda(const std::vector<const Array*>& in, const std::vector<Ar
   } else {
     Operand A = prepare(a0, compute, nb), B = prepare(b0, compute, nb);
     int64_t m = M, batch = nb;
-    if (nb > 1 && B.batch_stride == 0 && !A.layout.transposed && A.batch_stride == M * A.layout.ld &&
-        A.layout.ld == K) {
+    if (nb > 1 && B.batch_stride == 0 && !A.layout.transposed &&
+        A.batch_stride == M * A.layout.ld && A.layout.ld == K) {
       // x (batch.., M, K) @ W (K, N) broadcast over the batch: one (batch * M, K) GEMM.
       m = M * nb;
       batch = 1;

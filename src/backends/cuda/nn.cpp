@@ -1,10 +1,11 @@
 // eval_cuda of reductions, softmax, layer/rms norm, take/index_add (embedding),
 // cross-entropy and the fused AdamW step; kernels in reduce.cu and nn.cu.
+#include "graph/prims/nn.h"
+
 #include <algorithm>
 #include <cmath>
 
 #include "backends/cuda/common.h"
-#include "graph/prims/nn.h"
 #include "graph/prims/optim.h"
 #include "graph/prims/reduce.h"
 
@@ -19,9 +20,12 @@ ORI split_at(const Shape& s, int axis) {
   ORI d;
   for (size_t i = 0; i < s.size(); ++i) {
     const int ii = static_cast<int>(i);
-    if (ii < axis) d.O *= s[i];
-    else if (ii == axis) d.R = s[i];
-    else d.I *= s[i];
+    if (ii < axis)
+      d.O *= s[i];
+    else if (ii == axis)
+      d.R = s[i];
+    else
+      d.I *= s[i];
   }
   return d;
 }
@@ -130,7 +134,8 @@ void Take::eval_cuda(const std::vector<const Array*>& in, const std::vector<Arra
                     cuda::stream());
 }
 
-void IndexAdd::eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+void IndexAdd::eval_cuda(const std::vector<const Array*>& in,
+                         const std::vector<Array*>& out) const {
   const Array g = cuda::contiguous(*in[0]);
   const Array idx = cuda::contiguous(*in[1]);
   const size_t a = static_cast<size_t>(axis_);
@@ -155,8 +160,7 @@ void CrossEntropy::eval_cuda(const std::vector<const Array*>& in,
   const Array x = cuda::contiguous(*in[0]);
   const Array tg = cuda::contiguous(*in[1]);
   const ORI d = split_at(x.shape, 1);
-  if (auto bad = find_bad_index(tg, d.R, ignore_))
-    fail_bad_index(name(), *bad, d.R, 1, ignore_);
+  if (auto bad = find_bad_index(tg, d.R, ignore_)) fail_bad_index(name(), *bad, d.R, 1, ignore_);
   out[0]->allocate();
   out[1]->allocate();
   cuda::launch_cross_entropy(x.dtype, tg.dtype, d.O, d.R, d.I, ignore_, out[0]->raw(),

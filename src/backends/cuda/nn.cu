@@ -30,10 +30,12 @@ __global__ void softmax_rows_kernel(bool log, int64_t rows, int64_t R, T* __rest
     if (log) {
       // (x - m) - log(s): no cancellation when |m| is large.
       const C ls = d_log(s);
-      for (int64_t i = threadIdx.x; i < R; i += blockDim.x) yr[i] = store<T>((load(xr[i]) - m) - ls);
+      for (int64_t i = threadIdx.x; i < R; i += blockDim.x)
+        yr[i] = store<T>((load(xr[i]) - m) - ls);
     } else {
       const C inv = C(1) / s;
-      for (int64_t i = threadIdx.x; i < R; i += blockDim.x) yr[i] = store<T>(d_exp(load(xr[i]) - m) * inv);
+      for (int64_t i = threadIdx.x; i < R; i += blockDim.x)
+        yr[i] = store<T>(d_exp(load(xr[i]) - m) * inv);
     }
   }
 }
@@ -276,10 +278,10 @@ __global__ void round_kernel(int64_t n, T* __restrict__ y, const compute_of<T>* 
 template <class T>
 __global__ void adamw_kernel(int64_t n, compute_of<T> b1, compute_of<T> b2, compute_of<T> one_b1,
                              compute_of<T> one_b2, compute_of<T> keep, compute_of<T> inv_sqrt_bc2,
-                             compute_of<T> eps, compute_of<T> step, bool decay,
-                             T* __restrict__ po, T* __restrict__ mo, T* __restrict__ vo,
-                             const T* __restrict__ p, const T* __restrict__ g,
-                             const T* __restrict__ m, const T* __restrict__ v) {
+                             compute_of<T> eps, compute_of<T> step, bool decay, T* __restrict__ po,
+                             T* __restrict__ mo, T* __restrict__ vo, const T* __restrict__ p,
+                             const T* __restrict__ g, const T* __restrict__ m,
+                             const T* __restrict__ v) {
   using C = compute_of<T>;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -307,7 +309,7 @@ void launch_softmax(Dtype dt, bool log, int64_t O, int64_t R, int64_t I, void* y
   dispatch_float(dt, log ? "log_softmax" : "softmax", [&]<class T>() {
     if (I == 1) {
       softmax_rows_kernel<T><<<row_blocks(O), kRowThreads, 0, s>>>(log, O, R, static_cast<T*>(y),
-                                                                  static_cast<const T*>(x));
+                                                                   static_cast<const T*>(x));
       HT_CUDA_CHECK_LAUNCH("softmax_rows_kernel");
     } else {
       softmax_cols_kernel<T><<<grid_for(O * I, 256), 256, 0, s>>>(log, O, R, I, static_cast<T*>(y),
@@ -332,8 +334,8 @@ void launch_norm(Dtype dt, bool center, int64_t rows, int64_t n, double eps, voi
 int64_t norm_backward_chunks(int64_t rows) { return rows < 256 ? (rows < 1 ? 1 : rows) : 256; }
 
 void launch_norm_backward(Dtype dt, bool center, int64_t rows, int64_t n, void* dx, void* dw,
-                          void* db, void* partial, const void* x, const void* stats,
-                          const void* g, const void* w, cudaStream_t s) {
+                          void* db, void* partial, const void* x, const void* stats, const void* g,
+                          const void* w, cudaStream_t s) {
   dispatch_float(dt, center ? "layer_norm_backward" : "rms_norm_backward", [&]<class T>() {
     using C = compute_of<T>;
     if (rows * n > 0) {
@@ -348,13 +350,12 @@ void launch_norm_backward(Dtype dt, bool center, int64_t rows, int64_t n, void* 
     C* pw = static_cast<C*>(partial);
     C* pb = pw + chunks * n;
     const dim3 grid(static_cast<unsigned>((n + 255) / 256), static_cast<unsigned>(chunks));
-    norm_dwdb_partial_kernel<T><<<grid, 256, 0, s>>>(rows, n, per, dw ? pw : nullptr,
-                                                     db ? pb : nullptr, static_cast<const T*>(x),
-                                                     static_cast<const C*>(stats),
-                                                     static_cast<const T*>(g));
+    norm_dwdb_partial_kernel<T><<<grid, 256, 0, s>>>(
+        rows, n, per, dw ? pw : nullptr, db ? pb : nullptr, static_cast<const T*>(x),
+        static_cast<const C*>(stats), static_cast<const T*>(g));
     HT_CUDA_CHECK_LAUNCH("norm_dwdb_partial_kernel");
-    norm_dwdb_finish_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(
-        n, chunks, static_cast<T*>(dw), static_cast<T*>(db), pw, pb);
+    norm_dwdb_finish_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(n, chunks, static_cast<T*>(dw),
+                                                                static_cast<T*>(db), pw, pb);
     HT_CUDA_CHECK_LAUNCH("norm_dwdb_finish_kernel");
   });
 }
@@ -373,8 +374,8 @@ void launch_cross_entropy(Dtype dt, Dtype it, int64_t O, int64_t R, int64_t I, i
         HT_CUDA_CHECK_LAUNCH("ce_rows_kernel");
       } else {
         ce_cols_kernel<T, Ix><<<grid_for(O * I, 256), 256, 0, s>>>(
-            O, R, I, ignore, static_cast<C*>(loss), static_cast<C*>(lse),
-            static_cast<const T*>(x), static_cast<const Ix*>(target));
+            O, R, I, ignore, static_cast<C*>(loss), static_cast<C*>(lse), static_cast<const T*>(x),
+            static_cast<const Ix*>(target));
         HT_CUDA_CHECK_LAUNCH("ce_cols_kernel");
       }
     });
@@ -423,7 +424,7 @@ void launch_index_add(Dtype dt, Dtype it, int64_t O, int64_t V, int64_t I, int64
     if constexpr (!std::is_same_v<T, C>) {
       if (O * V * I > 0) {
         round_kernel<T><<<grid_for(O * V * I, 256), 256, 0, s>>>(O * V * I, static_cast<T*>(y),
-                                                                static_cast<const C*>(acc));
+                                                                 static_cast<const C*>(acc));
         HT_CUDA_CHECK_LAUNCH("round_kernel");
       }
     }

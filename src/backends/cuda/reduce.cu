@@ -12,30 +12,44 @@ namespace {
 /// -inf gives -FLT_MAX there, and here too).
 template <class A>
 __device__ __forceinline__ A lowest_of() {
-  if constexpr (std::is_same_v<A, float>) return -FLT_MAX;
-  else if constexpr (std::is_same_v<A, double>) return -DBL_MAX;
-  else if constexpr (std::is_same_v<A, int32_t>) return INT_MIN;
-  else return LLONG_MIN;
+  if constexpr (std::is_same_v<A, float>)
+    return -FLT_MAX;
+  else if constexpr (std::is_same_v<A, double>)
+    return -DBL_MAX;
+  else if constexpr (std::is_same_v<A, int32_t>)
+    return INT_MIN;
+  else
+    return LLONG_MIN;
 }
 template <class A>
 __device__ __forceinline__ A highest_of() {
-  if constexpr (std::is_same_v<A, float>) return FLT_MAX;
-  else if constexpr (std::is_same_v<A, double>) return DBL_MAX;
-  else if constexpr (std::is_same_v<A, int32_t>) return INT_MAX;
-  else return LLONG_MAX;
+  if constexpr (std::is_same_v<A, float>)
+    return FLT_MAX;
+  else if constexpr (std::is_same_v<A, double>)
+    return DBL_MAX;
+  else if constexpr (std::is_same_v<A, int32_t>)
+    return INT_MAX;
+  else
+    return LLONG_MAX;
 }
 
 template <ReduceOp K, class A>
 __device__ __forceinline__ A identity() {
-  if constexpr (K == ReduceOp::sum) return A(0);
-  else if constexpr (K == ReduceOp::max) return lowest_of<A>();
-  else return highest_of<A>();
+  if constexpr (K == ReduceOp::sum)
+    return A(0);
+  else if constexpr (K == ReduceOp::max)
+    return lowest_of<A>();
+  else
+    return highest_of<A>();
 }
 template <ReduceOp K, class A>
 __device__ __forceinline__ A combine(A a, A v) {
-  if constexpr (K == ReduceOp::sum) return a + v;
-  else if constexpr (K == ReduceOp::max) return (v > a || v != v) ? v : a;  // NaN propagates
-  else return (v < a || v != v) ? v : a;
+  if constexpr (K == ReduceOp::sum)
+    return a + v;
+  else if constexpr (K == ReduceOp::max)
+    return (v > a || v != v) ? v : a;  // NaN propagates
+  else
+    return (v < a || v != v) ? v : a;
 }
 
 __device__ __forceinline__ int64_t offset_in(int64_t i, int nd, const int64_t* shape,
@@ -59,8 +73,8 @@ __global__ void reduce_rows_kernel(ReduceDims d, T* __restrict__ y, const T* __r
     const T* base = x + offset_in(o, d.kept_ndim, d.kept_shape, d.kept_strides);
     A acc = identity<K, A>();
     for (int64_t r = threadIdx.x; r < d.reduced; r += blockDim.x)
-      acc = combine<K, A>(acc, static_cast<A>(load(base[offset_in(r, d.red_ndim, d.red_shape,
-                                                                  d.red_strides)])));
+      acc = combine<K, A>(
+          acc, static_cast<A>(load(base[offset_in(r, d.red_ndim, d.red_shape, d.red_strides)])));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int s = 16; s > 0; s >>= 1) acc = combine<K, A>(acc, __shfl_xor_sync(0xffffffffu, acc, s));
     __syncthreads();  // shared is reused across outputs
@@ -84,8 +98,8 @@ __global__ void reduce_cols_kernel(ReduceDims d, T* __restrict__ y, const T* __r
     const T* base = x + offset_in(o, d.kept_ndim, d.kept_shape, d.kept_strides);
     A acc = identity<K, A>();
     for (int64_t r = 0; r < d.reduced; ++r)
-      acc = combine<K, A>(acc, static_cast<A>(load(base[offset_in(r, d.red_ndim, d.red_shape,
-                                                                  d.red_strides)])));
+      acc = combine<K, A>(
+          acc, static_cast<A>(load(base[offset_in(r, d.red_ndim, d.red_shape, d.red_strides)])));
     y[o] = store<T>(acc);
   }
 }
@@ -127,8 +141,8 @@ void launch_reduce(ReduceOp op, Dtype dt, const ReduceDims& d, void* y, const vo
       auto go = [&]<ReduceOp K>() {
         if (rows) {
           const unsigned blocks = static_cast<unsigned>(d.outputs < 65535 ? d.outputs : 65535);
-          reduce_rows_kernel<T, K><<<blocks, 256, 0, s>>>(d, static_cast<T*>(y),
-                                                         static_cast<const T*>(x));
+          reduce_rows_kernel<T, K>
+              <<<blocks, 256, 0, s>>>(d, static_cast<T*>(y), static_cast<const T*>(x));
           HT_CUDA_CHECK_LAUNCH("reduce_rows_kernel");
         } else {
           reduce_cols_kernel<T, K><<<grid_for(d.outputs, 256), 256, 0, s>>>(
@@ -137,9 +151,15 @@ void launch_reduce(ReduceOp op, Dtype dt, const ReduceDims& d, void* y, const vo
         }
       };
       switch (op) {
-        case ReduceOp::sum: go.template operator()<ReduceOp::sum>(); break;
-        case ReduceOp::max: go.template operator()<ReduceOp::max>(); break;
-        case ReduceOp::min: go.template operator()<ReduceOp::min>(); break;
+        case ReduceOp::sum:
+          go.template operator()<ReduceOp::sum>();
+          break;
+        case ReduceOp::max:
+          go.template operator()<ReduceOp::max>();
+          break;
+        case ReduceOp::min:
+          go.template operator()<ReduceOp::min>();
+          break;
       }
     }
   });

@@ -19,7 +19,8 @@ class SdpaForward final : public Primitive {
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
@@ -41,7 +42,8 @@ class SdpaBackward final : public Primitive {
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::string attrs() const override;

@@ -25,7 +25,8 @@ class Unary final : public Primitive {
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
@@ -166,7 +167,8 @@ class Binary final : public Primitive {
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
@@ -268,7 +270,8 @@ class Where final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
@@ -290,7 +293,8 @@ class Cast final : public Primitive {
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>&,

@@ -18,7 +18,8 @@ class Softmax final : public Primitive {
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
@@ -42,7 +43,8 @@ class Norm final : public Primitive {
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
@@ -69,7 +71,8 @@ class NormBackward final : public Primitive {
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
 
@@ -89,7 +92,8 @@ class Take final : public Primitive {
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
@@ -109,7 +113,8 @@ class IndexAdd final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
@@ -162,7 +167,8 @@ class CrossEntropy final : public Primitive {
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
@@ -183,7 +189,8 @@ class CrossEntropyBackward final : public Primitive {
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
 

@@ -21,7 +21,8 @@ class Reshape final : public ViewPrimitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
@@ -72,7 +73,8 @@ class SliceScatter final : public Primitive {
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
@@ -110,7 +112,8 @@ class Concat final : public Primitive {
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
 #if HETRAIN_HAVE_CUDA
-  void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
