@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check of the CUDA backend (issue 8), for a machine with an NVIDIA GPU. In order:
 #   1. builds Hetrain with HETRAIN_CUDA=ON into build-gpu/ (hetrain and test_cuda only);
-#   2. runs tests/cuda (every CUDA kernel against the CPU backend);
+#   2. runs tests/cuda (every CUDA kernel against the CPU backend), then the kernels'
+#      micro-benchmarks (bench/bench_cuda.cpp, when Google Benchmark is installed);
 #   3. times training steps in bf16 of gpt-mini and of a GPT-2-124M-shaped model (12 layers,
 #      768 wide, 12 heads, context 1024; byte vocabulary as Hetrain's gpt preset) with
 #      `hetrain train --devices cpu,cuda:0`, then the same model under PyTorch on the same GPU
@@ -42,12 +43,14 @@ if ! command -v nvcc > /dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
   die "nvcc not found: install the CUDA toolkit (or put its bin/ on PATH)"
 fi
 if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHETRAIN_CUDA=ON \
-  -DHETRAIN_BUILD_BENCH=OFF > "$tmp/configure.log" 2>&1; then
+  > "$tmp/configure.log" 2>&1; then
   tail -30 "$tmp/configure.log" >&2
   die "cmake configure failed (missing libraries? tools/install_deps.sh installs them)"
 fi
 t0=$(date +%s)
-if ! cmake --build "$BUILD" -j "$(nproc)" --target hetrain test_cuda > "$tmp/build.log" 2>&1; then
+targets=(hetrain test_cuda)
+grep -q 'build bench/bench_cuda:' "$BUILD/build.ninja" && targets+=(bench_cuda)
+if ! cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" > "$tmp/build.log" 2>&1; then
   grep -E -A5 'error|FAILED' "$tmp/build.log" | head -60 >&2
   die "build failed"
 fi
@@ -65,6 +68,14 @@ fi
 if grep -q 'Skipped.*no CUDA device\|no CUDA device' "$tmp/test_cuda.log"; then
   grep -m1 'no CUDA device' "$tmp/test_cuda.log" >&2
   die "the CUDA tests see no CUDA device (driver too old for CUDA 13? check $BUILD/hetrain version)"
+fi
+
+if [ -x "$BUILD/bench/bench_cuda" ]; then
+  say "kernel micro-benchmarks (bench/bench_cuda.cpp)"
+  timeout 120 "$BUILD/bench/bench_cuda" --benchmark_min_time=0.2 \
+    --benchmark_counters_tabular=true >&2 || echo "gpu_check: bench_cuda failed or timed out" >&2
+else
+  echo "bench_cuda not built (Google Benchmark missing): no kernel micro-benchmarks" >&2
 fi
 
 say "training steps (bf16)"
