@@ -17,6 +17,8 @@ inline constexpr int kMaxDevices = kMaxCudaDevices;
 int device_count();
 /// "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"; throws for an absent device.
 std::string device_name(int index);
+/// The model name alone, "NVIDIA H200" (performance models are kept per GPU model).
+std::string device_model(int index);
 /// One line for `hetrain --version`: runtime and driver versions and the devices found (or
 /// why none was).
 std::string describe();

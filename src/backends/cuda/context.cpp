@@ -86,6 +86,21 @@ std::string device_name(int index) {
   return os.str();
 }
 
+std::string device_model(int index) {
+  if (index < 0 || index >= device_count()) fail_no_device(index, devices_found());
+  // Asked per eval() while kernel times are recorded: looked up once per device.
+  static std::mutex mu;
+  static std::array<std::string, kMaxDevices> names;
+  std::lock_guard<std::mutex> lk(mu);
+  std::string& name = names[static_cast<size_t>(index)];
+  if (name.empty()) {
+    cudaDeviceProp p{};
+    HT_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
+    name = p.name;
+  }
+  return name;
+}
+
 std::string describe() {
   int rt = 0, drv = 0;
   (void)cudaRuntimeGetVersion(&rt);
