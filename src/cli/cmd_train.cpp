@@ -136,8 +136,9 @@ int cmd_train(const Args& args) {
       .option("context", "N", "gpt context length (bytes)")
       .option("dropout", "X", "gpt dropout probability")
       .option("devices", "LIST",
-              "devices to schedule on, CPU first: cpu,sim:0,sim:1@4 (sim:N@S: a test device with "
-              "its own memory, S times slower than one CPU core)",
+              "devices to schedule on, CPU first: cpu,cuda:0 or cpu,sim:0,sim:1@4 (cuda:N: a GPU "
+              "of this machine; sim:N@S: a test device with its own memory, S times slower than "
+              "one CPU core)",
               "cpu")
       .option("placement", "POLICY",
               "where unpinned nodes run: pinned (first device), density (roofline + transfer "

@@ -4,6 +4,9 @@
 #include "cli/commands.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/thread_pool.h"
+#if HETRAIN_HAVE_CUDA
+#include "backends/cuda/api.h"
+#endif
 
 namespace hetrain::cli {
 
@@ -12,7 +15,12 @@ int cmd_version(const Args& args) {
   if (!p.parse(args)) return 0;
   const auto& f = cpu_features();
   std::cout << "hetrain " << HETRAIN_VERSION << "\n"
-            << "backends: cpu (oneDNN GEMM, OpenBLAS f64)\n"
+            << "backends: cpu (oneDNN GEMM, OpenBLAS f64)"
+#if HETRAIN_HAVE_CUDA
+            << ", " << cuda::describe() << "\n"
+#else
+            << "; cuda not built (HETRAIN_CUDA=OFF or no toolkit)\n"
+#endif
             << "cpu: " << (f.model.empty() ? f.vendor : f.model) << ", " << num_threads()
             << " threads\n"
             << "cpu features: " << cpu_features_string() << "\n";

@@ -6,8 +6,12 @@
 
 namespace hetrain {
 
-std::optional<int64_t> find_bad_index(const Array& index, int64_t bound,
+std::optional<int64_t> find_bad_index(const Array& index_in, int64_t bound,
                                       std::optional<int64_t> skip) {
+  // Indices in a GPU's memory are scanned from a host copy (it waits for their kernel).
+  const Array index = index_in.device().kind == DeviceKind::cuda
+                          ? copy_to_device(index_in, Device::cpu())
+                          : index_in;
   std::optional<int64_t> bad;
   auto scan = [&]<class I>() {
     const I* p = index.data<I>();

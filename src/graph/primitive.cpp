@@ -14,6 +14,14 @@ Cost Primitive::cost(const std::vector<TensorMeta>& in, const std::vector<Tensor
   return c;
 }
 
+void Primitive::eval_cuda(const std::vector<const Array*>& in,
+                          const std::vector<Array*>& out) const {
+  // A view only sets shape, strides and offset: the same on any memory node.
+  if (is_view()) return eval_cpu(in, out);
+  fail("[", name(), "] no CUDA kernel for ", name(),
+       " (run it on the CPU: pin it there or leave placement to the scheduler)");
+}
+
 std::vector<Tensor> Primitive::vjp(const std::vector<Tensor>&, const std::vector<Tensor>&,
                                    const std::vector<Tensor>&, const std::vector<int>&) const {
   fail("[", name(), "] has no gradient");

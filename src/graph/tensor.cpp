@@ -83,7 +83,11 @@ void gather_logical(const Array& a, std::vector<T>& out) {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  const Array& a = array();
+  const Array& dev = array();
+  // Data in a GPU's memory is read through a copy to the host (it waits for the kernels).
+  Array host;
+  if (dev.device().kind == DeviceKind::cuda) host = copy_to_device(dev, Device::cpu());
+  const Array& a = host.has_data() ? host : dev;
   std::vector<T> out;
   switch (a.dtype) {
     case Dtype::f64: gather_logical<T, double>(a, out); break;

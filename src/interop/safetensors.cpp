@@ -43,11 +43,13 @@ bool write_all(int fd, const char* buf, size_t n) {
   return true;
 }
 
-/// Row-major bytes of t (evaluates it; copies only when it is a strided view).
+/// Row-major bytes of t in host memory (evaluates it; copies when it is a strided view or
+/// lives in a GPU's memory).
 Array contiguous_data(const Tensor& t) {
-  const Array& a = t.array();
-  if (a.contiguous() || a.numel() == 0) return a;
-  return copy(t).array();
+  Array a = t.array();
+  if (!a.contiguous() && a.numel() != 0) a = copy(t).array();
+  if (a.device().kind == DeviceKind::cuda) a = copy_to_device(a, Device::cpu());
+  return a;
 }
 
 }  // namespace

@@ -6,6 +6,9 @@
 #include <new>
 
 #include "hetrain/base/error.h"
+#if HETRAIN_HAVE_CUDA
+#include "backends/cuda/api.h"
+#endif
 
 namespace hetrain {
 
@@ -34,6 +37,46 @@ std::string Device::str() const {
 }
 
 Device Device::parse(const std::string& s) {
+  const Device d = parse_name(s);
+  require_device(d);
+  return d;
+}
+
+std::string devices_found() {
+  std::string s = "cpu, sim:0 .. sim:" + std::to_string(kMaxSimDevices - 1);
+#if HETRAIN_HAVE_CUDA
+  const int n = cuda::device_count();
+  for (int i = 0; i < n; ++i) s += ", cuda:" + std::to_string(i);
+  if (n == 0) s += " (no CUDA device)";
+#else
+  s += " (no CUDA backend in this build)";
+#endif
+  return s;
+}
+
+void require_device(Device d) {
+  switch (d.kind) {
+    case DeviceKind::cpu:
+      if (d.index != 0)
+        fail("[device] cpu:", d.index, " is not present; devices found: ", devices_found());
+      return;
+    case DeviceKind::sim:
+      if (d.index >= kMaxSimDevices)
+        fail("[device] sim:", d.index, " is out of range; devices found: ", devices_found());
+      return;
+    case DeviceKind::cuda:
+#if HETRAIN_HAVE_CUDA
+      if (d.index >= cuda::device_count()) cuda::fail_no_device(d.index, devices_found());
+      return;
+#else
+      fail("[device] cuda:", d.index, " requested but this build has no CUDA backend ",
+           "(configured with HETRAIN_CUDA=OFF or without a CUDA toolkit); devices found: ",
+           devices_found());
+#endif
+  }
+}
+
+Device Device::parse_name(const std::string& s) {
   auto colon = s.find(':');
   std::string kind = s.substr(0, colon);
   int index = 0;
@@ -172,12 +215,23 @@ Allocator& allocator_for(Device d) {
       }();
       return *sims[static_cast<size_t>(d.index)];
     }
-    case DeviceKind::cuda: break;
+    case DeviceKind::cuda:
+#if HETRAIN_HAVE_CUDA
+      return cuda::device_allocator(d.index);
+#else
+      break;
+#endif
   }
   fail("[device] ", d.str(), " has no memory node in this build (no CUDA backend)");
 }
 
-int64_t device_memory_in_use() { return g_device_bytes.load(std::memory_order_relaxed); }
+int64_t device_memory_in_use() {
+  int64_t n = g_device_bytes.load(std::memory_order_relaxed);
+#if HETRAIN_HAVE_CUDA
+  n += cuda::memory_in_use();
+#endif
+  return n;
+}
 
 namespace {
 thread_local MemoryTag g_tag = MemoryTag::activations;

@@ -4,6 +4,9 @@
 #include <cstring>
 
 #include "hetrain/base/error.h"
+#if HETRAIN_HAVE_CUDA
+#include "backends/cuda/api.h"
+#endif
 
 namespace hetrain {
 
@@ -16,6 +19,21 @@ void Array::allocate() {
 namespace {
 std::atomic<int64_t> g_copies{0};
 std::atomic<int64_t> g_copy_bytes{0};
+
+/// Copies n bytes between memory nodes: memcpy between host-memory nodes (cpu, sim), the
+/// CUDA backend when either side is a GPU.
+void copy_bytes(const void* src, Device src_dev, void* dst, Device dst_dev, size_t n) {
+  if (!n) return;
+  if (src_dev.kind == DeviceKind::cuda || dst_dev.kind == DeviceKind::cuda) {
+#if HETRAIN_HAVE_CUDA
+    cuda::copy(src, src_dev, dst, dst_dev, n);
+    return;
+#else
+    fail("[copy] ", src_dev.str(), " -> ", dst_dev.str(), ": no CUDA backend in this build");
+#endif
+  }
+  std::memcpy(dst, src, n);
+}
 }  // namespace
 
 Array copy_to_device(const Array& src, Device dst) {
@@ -27,12 +45,12 @@ Array copy_to_device(const Array& src, Device dst) {
     out.buffer = alloc.allocate(std::max<size_t>(n, 1), src.buffer->tag());
     out.strides = contiguous_strides(src.shape);
     out.offset = 0;
-    if (n) std::memcpy(out.buffer->data(), src.raw(), n);
+    copy_bytes(src.raw(), src.device(), out.buffer->data(), dst, n);
     g_copy_bytes.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
   } else {
     const size_t n = src.buffer->bytes();
     out.buffer = alloc.allocate(std::max<size_t>(n, 1), src.buffer->tag());
-    if (n) std::memcpy(out.buffer->data(), src.buffer->data(), n);
+    copy_bytes(src.buffer->data(), src.device(), out.buffer->data(), dst, n);
     g_copy_bytes.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
   }
   g_copies.fetch_add(1, std::memory_order_relaxed);

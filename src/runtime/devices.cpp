@@ -8,6 +8,9 @@
 #include "hetrain/memory/allocator.h"
 #include "hetrain/runtime/scheduler.h"
 #include "runtime/internal.h"
+#if HETRAIN_HAVE_CUDA
+#include "backends/cuda/api.h"
+#endif
 
 namespace hetrain::runtime {
 
@@ -30,10 +33,7 @@ const char* placement_name(PlacementPolicy p) {
   return "?";
 }
 
-std::string available_devices() {
-  return "cpu, sim:0 .. sim:" + std::to_string(kMaxSimDevices - 1) +
-         " (no CUDA backend in this build)";
-}
+std::string available_devices() { return devices_found(); }
 
 namespace {
 DeviceModel cpu_model() {
@@ -46,6 +46,21 @@ DeviceModel cpu_model() {
   m.gbps = 10 * cores;
   m.link_gbps = 10;
   m.workers = static_cast<int>(cores);
+  return m;
+}
+
+/// A CUDA device before measurement: round figures of a current data-centre GPU (the
+/// performance models replace them with measured kernel times). One worker: its kernels
+/// queue in order on one stream.
+DeviceModel cuda_model(Device d) {
+  DeviceModel m;
+  m.device = d;
+  m.gflops = 50000;  // f32/tf32 mix of GEMMs and elementwise kernels, GFLOP/s
+  m.gbps = 2000;
+  m.link_gbps = 20;  // pinned host-to-device copies over PCIe
+  m.link_latency_s = 10e-6;
+  m.node_overhead_s = 5e-6;  // a launch
+  m.workers = 1;
   return m;
 }
 }  // namespace
@@ -74,19 +89,23 @@ std::vector<DeviceModel> parse_devices(const std::string& list) {
     }
     Device d;
     try {
-      d = Device::parse(name);
+      d = Device::parse_name(name);
     } catch (const Error&) {
       fail("[devices] unknown device '", name, "'; devices found: ", available_devices());
     }
-    if (d.kind == DeviceKind::cuda || (d.kind == DeviceKind::sim && d.index >= kMaxSimDevices) ||
-        (d.kind == DeviceKind::cpu && d.index != 0))
-      fail("[devices] device '", name, "' is not present; devices found: ", available_devices());
+    try {
+      require_device(d);
+    } catch (const Error& e) {
+      fail("[devices] device '", name, "' is not present: ", e.what());
+    }
     if (item.find('@') != std::string::npos && d.kind != DeviceKind::sim)
       fail("[devices] '", item, "': only sim devices take a slowdown (sim:N@S)");
     for (const DeviceModel& m : out)
       if (m.device == d) fail("[devices] device '", name, "' is listed twice in '", list, "'");
     if (d.kind == DeviceKind::cpu) {
       out.push_back(cpu);
+    } else if (d.kind == DeviceKind::cuda) {
+      out.push_back(cuda_model(d));
     } else {
       // One dedicated worker thread: a core's share of the CPU, slowed down.
       DeviceModel m = cpu;

@@ -18,6 +18,9 @@
 #include "hetrain/runtime/perf_model.h"
 #include "hetrain/runtime/scheduler.h"
 #include "runtime/internal.h"
+#if HETRAIN_HAVE_CUDA
+#include "backends/cuda/api.h"
+#endif
 
 namespace hetrain {
 
@@ -55,7 +58,36 @@ const Array* valid_copy(const Node* p, int idx, Device d) {
   return nullptr;
 }
 
-/// Runs n's kernel on device dev (the executor already made its inputs present there).
+/// Runs prim's kernel for device dev: eval_cpu on the CPU and sim devices (a sim device runs
+/// CPU kernels on its own worker and memory node), eval_cuda on a CUDA device (the calling
+/// thread is that device's worker, bound to it).
+void run_kernel(const Primitive& prim, Device dev, const std::vector<const Array*>& in,
+                const std::vector<Array*>& out) {
+  switch (dev.kind) {
+    case DeviceKind::cpu:
+    case DeviceKind::sim:
+      prim.eval_cpu(in, out);
+      return;
+    case DeviceKind::cuda:
+#if HETRAIN_HAVE_CUDA
+      cuda::bind_thread(dev.index);  // cheap when already current
+      prim.eval_cuda(in, out);
+      return;
+#else
+      fail("[", prim.name(), "] is placed on ", dev.str(), " but this build has no CUDA backend");
+#endif
+  }
+}
+
+/// Waits for a CUDA device's queued work (a no-op elsewhere).
+void synchronize_device(Device d) {
+#if HETRAIN_HAVE_CUDA
+  if (d.kind == DeviceKind::cuda) cuda::synchronize(d.index);
+#else
+  (void)d;
+#endif
+}
+
 /// Footprint and size (bytes in and out) of a node, for performance models.
 std::pair<uint64_t, double> node_footprint(const Node* n) {
   std::vector<std::vector<int64_t>> shapes;
@@ -104,17 +136,16 @@ void run_node(Node* n, bool release_graph, Device dev = Device::cpu(), double sl
     if (placed) {
       n->device = dev;
       AllocationDeviceScope alloc(dev);
-      n->prim->eval_cpu(in, out);
+      run_kernel(*n->prim, dev, in, out);
+    } else if (n->device.kind == DeviceKind::cuda) {
+      // A CUDA node outside placement (an eval nested in a kernel) still allocates on its GPU.
+      AllocationDeviceScope alloc(n->device);
+      run_kernel(*n->prim, n->device, in, out);
     } else {
-      switch (n->device.kind) {
-        case DeviceKind::cpu:
-        case DeviceKind::sim:
-          n->prim->eval_cpu(in, out);
-          break;
-        case DeviceKind::cuda:
-          fail("[", n->prim->name(), "] no CUDA backend in this build");
-      }
+      run_kernel(*n->prim, n->device, in, out);
     }
+    // A CUDA kernel is only queued when eval_cuda returns; a measured time waits for it.
+    if (timed) synchronize_device(n->device);
   } catch (...) {
     --g_in_node;
     throw;
@@ -169,11 +200,12 @@ void run_copy(Node* p, int idx, Device dst) {
   p->replicas.push_back(std::move(r));
 }
 
-/// A sim device's dedicated worker: one thread, its kernels serial, its allocations in the
-/// device's memory node. Never destroyed (tasks may be queued at exit by static tensors).
-class SimWorker {
+/// A sim or CUDA device's dedicated worker: one thread, its kernels serial, its allocations
+/// in the device's memory node (a CUDA device's kernels queue on the device's stream). Never
+/// destroyed (tasks may be queued at exit by static tensors).
+class DeviceWorker {
  public:
-  explicit SimWorker(Device d) : device_(d) {
+  explicit DeviceWorker(Device d) : device_(d) {
     std::thread([this] { loop(); }).detach();
   }
   void submit(std::function<void()> task) {
@@ -205,12 +237,16 @@ class SimWorker {
   std::deque<std::function<void()>> queue_;
 };
 
-SimWorker& sim_worker(int index) {
+/// The worker of a sim or CUDA device.
+DeviceWorker& device_worker(Device d) {
   static std::mutex mu;
-  static std::array<SimWorker*, kMaxSimDevices> workers{};
+  static std::array<DeviceWorker*, kMaxSimDevices> sim{};
+  static std::array<DeviceWorker*, kMaxCudaDevices> cuda{};
   std::lock_guard<std::mutex> lk(mu);
-  auto& w = workers[static_cast<size_t>(index)];
-  if (!w) w = new SimWorker({DeviceKind::sim, index});
+  HT_ASSERT(d.index >= 0 &&
+            d.index < (d.kind == DeviceKind::sim ? kMaxSimDevices : kMaxCudaDevices));
+  auto& w = (d.kind == DeviceKind::sim ? sim.data() : cuda.data())[d.index];
+  if (!w) w = new DeviceWorker(d);
   return *w;
 }
 }  // namespace
@@ -323,6 +359,10 @@ std::vector<runtime::TaskNode> task_graph(const std::vector<Node*>& order, uint6
       tn.size = size;
     }
     tn.pin = nd->pinned ? runtime::device_index(nd->device) : -1;
+    // Devices without a kernel for this primitive (a CUDA device, for most ops without an
+    // eval_cuda) are never chosen for it.
+    for (size_t d = 0; d < devs.size(); ++d)
+      if (!nd->prim->has_kernel(devs[d].device.kind)) tn.forbid |= 1u << d;
     for (const Tensor& t : nd->inputs) {
       const Node* p = t.node();
       runtime::TaskInput in;
@@ -678,11 +718,11 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
   std::mutex mu;
   size_t remaining = total;
   int in_flight = 0;      // tasks on pool workers
-  int sim_in_flight = 0;  // tasks on sim devices' workers
+  int sim_in_flight = 0;  // tasks on sim and CUDA devices' workers
   std::exception_ptr error;
   std::condition_variable done_cv;  // placed: a task finished (the main thread may sleep)
   enum Runner { kMain, kPool, kSim };
-  // A task run by a pool or sim worker counts as in flight until finish() (under the lock)
+  // A task run by a pool or device worker counts as in flight until finish() (under the lock)
   // says it is done, so eval() never returns while a task still touches this frame.
   auto finish = [&](int i, Runner who) {
     std::lock_guard<std::mutex> lk(mu);
@@ -715,11 +755,14 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
     }
     finish(i, who);
   };
-  // Sim device of task i, or -1 for the CPU's workers (nodes on the CPU and all copies).
-  auto sim_of = [&](int i) -> int {
-    if (!placed || static_cast<size_t>(i) >= n) return -1;
-    const Device d = devs[static_cast<size_t>(dev[static_cast<size_t>(i)])].device;
-    return d.kind == DeviceKind::sim ? d.index : -1;
+  // Whether task i runs on a device worker (a node on a sim or CUDA device); the CPU's
+  // workers run nodes on the CPU and all copies.
+  auto on_worker = [&](int i) -> bool {
+    if (!placed || static_cast<size_t>(i) >= n) return false;
+    return devs[static_cast<size_t>(dev[static_cast<size_t>(i)])].device.kind != DeviceKind::cpu;
+  };
+  auto worker_of = [&](int i) -> DeviceWorker& {
+    return device_worker(devs[static_cast<size_t>(dev[static_cast<size_t>(i)])].device);
   };
   // Under the lock: nothing left in flight and nothing more to run.
   auto all_done = [&] { return in_flight == 0 && sim_in_flight == 0 && (error || remaining == 0); };
@@ -733,10 +776,10 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
       std::lock_guard<std::mutex> lk(mu);
       if (all_done()) break;
       if (!error && placed) {
-        // Sim devices' tasks go to their own workers.
+        // Sim and CUDA devices' tasks go to their own workers.
         size_t keep_n = 0;
         for (int r : ready) {
-          if (sim_of(r) >= 0)
+          if (on_worker(r))
             to_sim.push_back(r);
           else
             ready[keep_n++] = r;
@@ -755,7 +798,7 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
         in_flight += static_cast<int>(extra.size());
       }
     }
-    for (int e : to_sim) sim_worker(sim_of(e)).submit([&, e] { run(e, kSim); });
+    for (int e : to_sim) worker_of(e).submit([&, e] { run(e, kSim); });
     for (int e : extra) {
       pool.submit([&, e] { run(e, kPool); });
     }

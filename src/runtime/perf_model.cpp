@@ -15,6 +15,9 @@
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
+#if HETRAIN_HAVE_CUDA
+#include "backends/cuda/api.h"
+#endif
 
 namespace hetrain::runtime {
 
@@ -23,6 +26,10 @@ namespace fs = std::filesystem;
 std::string device_class(const DeviceModel& d) {
   if (!d.hardware.empty()) return "hw:" + d.hardware;
   if (d.device.kind == DeviceKind::cpu) return "cpu:" + std::to_string(num_threads()) + "t";
+#if HETRAIN_HAVE_CUDA
+  // Kernel times carry over between GPUs of one model only.
+  if (d.device.kind == DeviceKind::cuda) return "cuda:" + cuda::device_model(d.device.index);
+#endif
   std::string s = d.device.kind == DeviceKind::sim ? "sim" : "cuda";
   if (d.device.kind == DeviceKind::sim) {
     std::ostringstream os;

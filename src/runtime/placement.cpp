@@ -195,7 +195,7 @@ std::vector<std::vector<int>> consumers_of(const std::vector<TaskNode>& g) {
 }
 
 /// The devices node v may run on.
-bool allowed(const TaskNode& n, int d) { return n.pin < 0 || n.pin == d; }
+bool allowed(const TaskNode& n, int d) { return n.pin >= 0 ? n.pin == d : !((n.forbid >> d) & 1u); }
 
 }  // namespace
 
@@ -272,6 +272,7 @@ Schedule place(const std::vector<TaskNode>& g, PlacementPolicy policy, const Dur
     } else {
       double best_t = kInf;
       for (int d = 0; d < nd; ++d) {
+        if (!allowed(node, d)) continue;
         const double t = policy == PlacementPolicy::heft ? ls.eft(v, d) : ls.density_cost(v, d);
         if (t < best_t) {
           best_t = t;

@@ -25,6 +25,7 @@
 #include "hetrain/memory/process_memory.h"
 #include "hetrain/runtime/eval.h"
 #include "hetrain/runtime/perf_model.h"
+#include "hetrain/runtime/scheduler.h"
 #include "hetrain/training/amp.h"
 #include "hetrain/training/data.h"
 #include "hetrain/training/nn.h"
@@ -391,6 +392,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
                cfg.precision.c_str(), scaler ? " with dynamic loss scaling" : "");
 
   host_allocator().reset_peak();
+  for (const runtime::DeviceModel& m : runtime::config().devices)
+    if (m.device.kind == DeviceKind::cuda) allocator_for(m.device).reset_peak();
   RssGrowth rss_growth;
   Progress progress(total, cfg.progress);
   const auto t0 = Clock::now();
@@ -510,6 +513,11 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
                           {"precision", r.precision},
                           {"skipped_steps", r.skipped_steps}};
     if (r.peak_rss_growth_bytes >= 0) fin["peak_rss_growth_bytes"] = r.peak_rss_growth_bytes;
+    // GPU memory: the peak of each CUDA device's allocator over the run (all tags).
+    for (const runtime::DeviceModel& m : runtime::config().devices)
+      if (m.device.kind == DeviceKind::cuda)
+        fin["device_peak_memory_bytes"][m.device.str()] =
+            allocator_for(m.device).stats().peak_total;
     if (scaler) fin["loss_scale"] = r.loss_scale;
     if (data.language) {
       fin["val_loss"] = r.val_loss;

@@ -34,6 +34,15 @@ class Primitive {
   /// (Array::allocate) or makes them views of an input.
   virtual void eval_cpu(const std::vector<const Array*>& in,
                         const std::vector<Array*>& out) const = 0;
+  /// Runs on the CUDA device the calling thread is bound to, queued on that device's
+  /// stream (asynchronous: the runtime synchronises at copies back to the host). Same
+  /// contract as eval_cpu; inputs are in that device's memory. Default: a view primitive
+  /// runs eval_cpu (it only sets strides), any other throws "no CUDA kernel for <name>".
+  virtual void eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const;
+  /// Whether a kernel exists for devices of kind k: the scheduler places an unpinned node
+  /// only where one does. CPU and sim devices run eval_cpu; a CUDA device needs an eval_cuda
+  /// override, which its class declares together with has_kernel (views run anywhere).
+  virtual bool has_kernel(DeviceKind k) const { return k != DeviceKind::cuda || is_view(); }
   /// Cotangents of the inputs listed in argnums, given the cotangents of the outputs
   /// (an undefined Tensor where an output received none).
   virtual std::vector<Tensor> vjp(const std::vector<Tensor>& primals,

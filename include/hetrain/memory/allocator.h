@@ -120,10 +120,20 @@ HostAllocator& host_allocator();
 
 /// Highest sim device index + 1.
 inline constexpr int kMaxSimDevices = 8;
+/// Highest CUDA device index + 1 that Hetrain handles.
+inline constexpr int kMaxCudaDevices = 16;
+/// The devices this build and machine have, for error messages: "cpu, sim:0 .. sim:7,
+/// cuda:0" (the CUDA part says when there is no device or no backend).
+std::string devices_found();
+/// Throws an Error naming d and listing devices_found() unless d exists here (a CUDA
+/// device of this machine, a sim device in range, the CPU).
+void require_device(Device d);
+
 /// The allocator of a device's memory node: the host allocator for the CPU, one allocator
-/// per sim device. Throws (naming the device) for a device this build has no memory for.
+/// per sim device, the CUDA backend's caching allocator per GPU. Throws (naming the device
+/// and the devices found) for a device this build or machine has no memory for.
 Allocator& allocator_for(Device d);
-/// Bytes currently held in memory nodes other than the host's (sim devices).
+/// Bytes currently held in memory nodes other than the host's (sim and CUDA devices).
 int64_t device_memory_in_use();
 
 /// Sets the device whose memory node Array::allocate uses on this thread (the executor's

@@ -42,7 +42,9 @@ struct Array {
 
 /// Copies src's data into dst's memory node: a real copy, counted in transfer_stats(). A
 /// contiguous array moves nbytes() and lands contiguous; a strided view moves its whole
-/// buffer and keeps its strides and offset (no gather kernel here).
+/// buffer and keeps its strides and offset (no gather kernel here). To or from a CUDA device
+/// the bytes go through pinned staging on the device's stream: a copy to the GPU is ordered
+/// before the device's later kernels, a copy to the host returns once the data has arrived.
 Array copy_to_device(const Array& src, Device dst);
 
 struct TransferStats {

@@ -79,6 +79,7 @@ struct TaskNode {
   uint64_t footprint = 0;       // perf-model history key: input and output shapes
   std::vector<TaskInput> inputs;
   int pin = -1;       // device index the node must run on; -1: free
+  uint32_t forbid = 0;  // bit d: device d has no kernel for this node (never placed there)
   bool view = false;  // aliases its first input: no work, stays with its input
 };
 

@@ -24,6 +24,11 @@ class Unary final : public Primitive {
     return c;
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override {
     return {Op::vjp(x[0], y[0], g[0])};
@@ -161,6 +166,11 @@ class Binary final : public Primitive {
     return {{in[0].shape, Op::is_compare ? Dtype::boolean : in[0].dtype}};
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g,
                           const std::vector<int>& argnums) const override {
@@ -277,6 +287,11 @@ class Where final : public Primitive {
   const char* name() const override { return "where"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>& argnums) const override;
 };
@@ -295,6 +310,11 @@ class Cast final : public Primitive {
     return c;
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>&,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override {
     return {cast(g[0], x[0].dtype())};

@@ -17,6 +17,11 @@ class Softmax final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override { return "axis=" + std::to_string(axis_); }
@@ -37,6 +42,11 @@ class Norm final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override { return "eps=" + std::to_string(eps_); }
@@ -60,6 +70,11 @@ class NormBackward final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
 
  private:
   bool center_;
@@ -76,6 +91,11 @@ class Take final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override { return "axis=" + std::to_string(axis_); }
@@ -92,6 +112,11 @@ class IndexAdd final : public Primitive {
   const char* name() const override { return "index_add"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
 
@@ -141,6 +166,11 @@ class CrossEntropy final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override { return "ignore_index=" + std::to_string(ignore_); }
@@ -158,6 +188,11 @@ class CrossEntropyBackward final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
 
  private:
   int64_t ignore_;
@@ -178,7 +213,8 @@ void dispatch_index(Dtype dt, const char* op, F&& f) {
   }
 }
 
-/// The first value of an integer index array outside [0, bound), other than skip.
+/// The first value of an integer index array outside [0, bound), other than skip (an array
+/// in a GPU's memory is read through a host copy).
 std::optional<int64_t> find_bad_index(const Array& index, int64_t bound,
                                       std::optional<int64_t> skip = {});
 /// Throws the bounds error of op ("[embedding] id 7 is out of range ... V=5 ...").

@@ -15,6 +15,11 @@ class Reduce final : public Primitive {
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override;
@@ -31,6 +36,11 @@ class ArgMax final : public Primitive {
   const char* name() const override { return "argmax"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
 
  private:
   int axis_;

@@ -20,6 +20,11 @@ class Reshape final : public ViewPrimitive {
   const char* name() const override { return "reshape"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override { return "shape=" + shape_str(shape_); }
@@ -67,6 +72,11 @@ class SliceScatter final : public Primitive {
     return {{full_, in[0].dtype}};
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
 
@@ -101,6 +111,11 @@ class Concat final : public Primitive {
     return c;
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+#if HETRAIN_HAVE_CUDA
+  void eval_cuda(const std::vector<const Array*>& in,
+                 const std::vector<Array*>& out) const override;
+  bool has_kernel(DeviceKind) const override { return true; }
+#endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>& argnums) const override;
 

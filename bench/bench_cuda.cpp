@@ -1,0 +1,157 @@
+// CUDA kernel micro-benchmarks (issue 8): each primitive's CUDA kernel on data already in GPU
+// memory, timed from eval() to the end of the device's queued work (graph building included,
+// a few microseconds per node). Counters: TFLOP/s for GEMM and attention, GB/s (bytes read
+// plus written once) for the memory-bound kernels. Without a CUDA device (or backend) every
+// benchmark reports "no CUDA device".
+//
+//   build/bench/bench_cuda --benchmark_counters_tabular=true
+//   build/bench/bench_cuda --benchmark_filter='Matmul'
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "hetrain/graph/ops.h"
+#include "hetrain/memory/allocator.h"
+#include "hetrain/runtime/eval.h"
+#include "hetrain/runtime/scheduler.h"
+#if HETRAIN_HAVE_CUDA
+#include "backends/cuda/api.h"
+#endif
+
+namespace {
+
+using namespace hetrain;
+const Device kCuda0{DeviceKind::cuda, 0};
+
+bool have_cuda() { return devices_found().find("cuda:0") != std::string::npos; }
+
+/// Random normal data (its absolute value when positive) of shape s and dtype dt, resident
+/// on cuda:0.
+Tensor on_gpu(const Shape& s, Dtype dt, uint64_t seed, bool positive = false) {
+  Generator gen(seed);
+  Tensor x = randn(s, Dtype::f32, gen);
+  if (positive) x = abs(x);
+  x = cast(x, dt).eval();
+  return make_leaf(copy_to_device(x.array(), kCuda0));
+}
+
+/// Times build() evaluated on cuda:0 until its kernels finished; sets the rate counters.
+void run(benchmark::State& state, const std::function<std::vector<Tensor>()>& build, double flops,
+         double bytes) {
+#if HETRAIN_HAVE_CUDA
+  if (!have_cuda()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  runtime::configure({.devices = runtime::parse_devices("cpu,cuda:0"),
+                      .placement = runtime::PlacementPolicy::pinned});
+  auto once = [&] {
+    DeviceScope on(kCuda0);
+    std::vector<Tensor> outs = build();
+    eval(outs);
+    cuda::synchronize(0);
+  };
+  once();  // warm-up: cuBLASLt heuristics, allocator cache
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    once();
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  if (flops > 0)
+    state.counters["TFLOP/s"] =
+        benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  if (bytes > 0)
+    state.counters["GB/s"] =
+        benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  runtime::configure({});
+#else
+  state.SkipWithError("no CUDA device (built without the CUDA backend)");
+#endif
+}
+
+void BM_Matmul(benchmark::State& state, Dtype dt) {
+  const int64_t n = state.range(0);
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  Tensor a = on_gpu({n, n}, dt, 1), b = on_gpu({n, n}, dt, 2);
+  run(
+      state, [&] { return std::vector<Tensor>{matmul(a, b)}; }, 2.0 * n * n * n, 0);
+}
+BENCHMARK_CAPTURE(BM_Matmul, bf16, Dtype::bf16)->Arg(4096)->Arg(8192)->UseManualTime();
+BENCHMARK_CAPTURE(BM_Matmul, f16, Dtype::f16)->Arg(4096)->UseManualTime();
+BENCHMARK_CAPTURE(BM_Matmul, f32, Dtype::f32)->Arg(4096)->UseManualTime();
+
+void BM_AddBroadcast(benchmark::State& state) {
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  Tensor a = on_gpu({8192, 4096}, Dtype::bf16, 3), b = on_gpu({4096}, Dtype::bf16, 4);
+  run(
+      state, [&] { return std::vector<Tensor>{a + b}; }, 0, 2.0 * 2 * 8192 * 4096);
+}
+BENCHMARK(BM_AddBroadcast)->UseManualTime();
+
+void BM_Softmax(benchmark::State& state) {
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  Tensor x = on_gpu({8192, 4096}, Dtype::f32, 5);
+  run(
+      state, [&] { return std::vector<Tensor>{softmax(x, -1)}; }, 0, 2.0 * 4 * 8192 * 4096);
+}
+BENCHMARK(BM_Softmax)->UseManualTime();
+
+void BM_SumRows(benchmark::State& state) {
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  Tensor x = on_gpu({8192, 4096}, Dtype::f32, 6);
+  run(
+      state, [&] { return std::vector<Tensor>{sum(x, {0})}; }, 0, 4.0 * 8192 * 4096);
+}
+BENCHMARK(BM_SumRows)->UseManualTime();
+
+void BM_LayerNorm(benchmark::State& state) {
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  Tensor x = on_gpu({8192, 768}, Dtype::bf16, 7), w = on_gpu({768}, Dtype::bf16, 8),
+         b = on_gpu({768}, Dtype::bf16, 9);
+  run(
+      state, [&] { return std::vector<Tensor>{layer_norm(x, {768}, w, b)}; }, 0,
+      2.0 * 2 * 8192 * 768);
+}
+BENCHMARK(BM_LayerNorm)->UseManualTime();
+
+void BM_CrossEntropy(benchmark::State& state) {
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  Tensor logits = on_gpu({8192, 50304}, Dtype::f32, 10);
+  Generator gen(11);
+  Tensor t = make_leaf(copy_to_device(
+      cast(rand({8192}, 0, 50303, Dtype::f32, gen), Dtype::i64).eval().array(), kCuda0));
+  run(
+      state, [&] { return std::vector<Tensor>{cross_entropy(logits, t)}; }, 0, 4.0 * 8192 * 50304);
+}
+BENCHMARK(BM_CrossEntropy)->UseManualTime();
+
+void BM_Attention(benchmark::State& state) {
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  // GPT-2 124M shape: 8 x 12 heads, context 1024, head dim 64, causal.
+  Tensor q = on_gpu({8, 12, 1024, 64}, Dtype::bf16, 12),
+         k = on_gpu({8, 12, 1024, 64}, Dtype::bf16, 13),
+         v = on_gpu({8, 12, 1024, 64}, Dtype::bf16, 14);
+  run(
+      state, [&] { return std::vector<Tensor>{scaled_dot_product_attention(q, k, v, true)}; },
+      4.0 * 8 * 12 * 1024 * 1024 * 64 / 2, 0);
+}
+BENCHMARK(BM_Attention)->UseManualTime();
+
+void BM_AdamW(benchmark::State& state) {
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  const int64_t n = 124 << 20;
+  Tensor p = on_gpu({n}, Dtype::f32, 15), g = on_gpu({n}, Dtype::f32, 16),
+         m = on_gpu({n}, Dtype::f32, 17), v = on_gpu({n}, Dtype::f32, 18, true);
+  AdamWStepArgs a;
+  a.weight_decay = 0.1;
+  run(
+      state, [&] { return adamw_update(p, g, m, v, a); }, 0, 4.0 * 7 * n);
+}
+BENCHMARK(BM_AdamW)->UseManualTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,308 @@
+// The caching device allocator (one per CUDA device) and pinned host staging buffers.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "backends/cuda/api.h"
+#include "backends/cuda/check.h"
+#include "backends/cuda/context.h"
+#include "hetrain/base/error.h"
+
+namespace hetrain::cuda {
+
+namespace {
+std::atomic<int64_t> g_in_use{0};  // bytes allocated on all CUDA devices
+
+size_t round_capacity(size_t bytes) {
+  // 512-byte granules below 1 MiB (cudaMalloc aligns to 256), then 1/8 of the power of two,
+  // like the host allocator: cached blocks get reused across slightly different sizes.
+  if (bytes <= (size_t{1} << 20)) return std::max<size_t>(512, (bytes + 511) & ~size_t{511});
+  const size_t p = size_t{1} << (63 - __builtin_clzll(bytes));
+  const size_t step = p / 8;
+  return (bytes + step - 1) / step * step;
+}
+
+std::string mib(int64_t bytes) {
+  std::ostringstream os;
+  os.precision(1);
+  os << std::fixed << static_cast<double>(bytes) / (1024.0 * 1024.0) << " MiB";
+  return os.str();
+}
+
+/// Device memory of one CUDA device. Blocks return to a cache keyed by capacity; all of a
+/// device's work runs on its one stream, so a block freed by the host after its last kernel
+/// was queued may be handed to a kernel queued later (stream order makes that safe).
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(int index) : index_(index) {}
+  std::shared_ptr<Buffer> allocate(size_t bytes, MemoryTag tag) override {
+    size_t cap = round_capacity(bytes);
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = cache_.lower_bound(cap);
+      // A cached block up to 1.5 times the size asked for (device memory is scarcer).
+      if (it != cache_.end() && it->first <= cap + cap / 2) {
+        cap = it->first;
+        p = it->second;
+        cache_.erase(it);
+        ++stats_.cache_hits;
+      }
+    }
+    if (!p) p = device_malloc(cap, bytes, tag);
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.allocations;
+    count(tag, static_cast<int64_t>(bytes));
+    return std::make_shared<Buffer>(this, p, bytes, cap, tag);
+  }
+  Device device() const override { return {DeviceKind::cuda, index_}; }
+  MemoryStats stats() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return stats_;
+  }
+  void reset_peak() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.peak = stats_.current;
+    stats_.peak_total = stats_.current_total;
+  }
+  void empty_cache() override {
+    std::multimap<size_t, void*> blocks;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      blocks.swap(cache_);
+    }
+    if (blocks.empty()) return;
+    DeviceGuard guard(index_);
+    // Queued kernels may still use a cached block's memory (it was released when its last
+    // use was queued): wait for them before giving it back.
+    HT_CUDA_CHECK(cudaDeviceSynchronize());
+    for (auto& [cap, p] : blocks) {
+      HT_CUDA_CHECK(cudaFree(p));
+      std::lock_guard<std::mutex> lk(mu_);
+      stats_.reserved -= static_cast<int64_t>(cap);
+    }
+  }
+  void set_observer(MemoryObserver* obs) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    observer_ = obs;
+  }
+
+ private:
+  void release(void* ptr, size_t bytes, size_t capacity, MemoryTag tag) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    count(tag, -static_cast<int64_t>(bytes));
+    cache_.emplace(capacity, ptr);
+  }
+  void retag(size_t bytes, MemoryTag from, MemoryTag to) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    count(from, -static_cast<int64_t>(bytes));
+    count(to, static_cast<int64_t>(bytes));
+  }
+  // Caller holds mu_.
+  void count(MemoryTag tag, int64_t delta) {
+    g_in_use.fetch_add(delta, std::memory_order_relaxed);
+    const auto i = static_cast<size_t>(tag);
+    stats_.current[i] += delta;
+    stats_.current_total += delta;
+    stats_.peak[i] = std::max(stats_.peak[i], stats_.current[i]);
+    stats_.peak_total = std::max(stats_.peak_total, stats_.current_total);
+    if (observer_) observer_->on_memory(tag, delta, stats_);
+  }
+
+  /// cudaMalloc of cap bytes; on out-of-memory frees the cache and retries once, then
+  /// throws an Error naming the device, the request and the counters.
+  void* device_malloc(size_t cap, size_t bytes, MemoryTag tag) {
+    DeviceGuard guard(index_);
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, cap);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      empty_cache();
+      e = cudaMalloc(&p, cap);
+    }
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      fail_out_of_memory(bytes, tag);
+    }
+    HT_CUDA_CHECK(e);
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.reserved += static_cast<int64_t>(cap);
+    return p;
+  }
+
+  [[noreturn]] void fail_out_of_memory(size_t bytes, MemoryTag tag) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+    const MemoryStats s = stats();
+    std::ostringstream os;
+    os << "[memory] out of memory on cuda:" << index_ << " allocating " << bytes << " bytes ("
+       << mib(static_cast<int64_t>(bytes)) << ") for " << memory_tag_name(tag)
+       << "; allocated by Hetrain " << mib(s.current_total) << " (";
+    for (int t = 0; t < kNumMemoryTags; ++t)
+      os << (t ? ", " : "") << memory_tag_name(static_cast<MemoryTag>(t)) << " "
+         << mib(s.current[static_cast<size_t>(t)]);
+    os << "), reserved " << mib(s.reserved) << "; the device has "
+       << mib(static_cast<int64_t>(free_b)) << " free of " << mib(static_cast<int64_t>(total_b));
+    throw Error(os.str());
+  }
+
+  int index_;
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> cache_;
+  MemoryStats stats_;
+  MemoryObserver* observer_ = nullptr;
+};
+
+/// Page-locked host blocks for transfers, cached by capacity. A block used by an
+/// asynchronous host-to-device copy returns to the cache once the copy's event completes.
+class PinnedPool {
+ public:
+  void* acquire(size_t bytes, size_t& cap) {
+    cap = round_capacity(bytes);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      reclaim();
+      auto it = cache_.lower_bound(cap);
+      if (it != cache_.end() && it->first <= cap * 2) {
+        cap = it->first;
+        void* p = it->second;
+        cache_.erase(it);
+        return p;
+      }
+    }
+    void* p = nullptr;
+    // Portable: pinned for every device's context, not only the current one.
+    HT_CUDA_CHECK(cudaHostAlloc(&p, cap, cudaHostAllocPortable));
+    return p;
+  }
+  void release(void* p, size_t cap) {
+    std::lock_guard<std::mutex> lk(mu_);
+    cache_.emplace(cap, p);
+  }
+  /// Returns p to the cache once the work queued on stream so far has finished.
+  void release_after(void* p, size_t cap, cudaStream_t stream) {
+    cudaEvent_t ev = nullptr;
+    HT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    HT_CUDA_CHECK(cudaEventRecord(ev, stream));
+    std::lock_guard<std::mutex> lk(mu_);
+    pending_.push_back({ev, p, cap});
+  }
+
+ private:
+  struct Pending {
+    cudaEvent_t event;
+    void* ptr;
+    size_t cap;
+  };
+  // Caller holds mu_. Events complete in queue order per stream; check each anyway.
+  void reclaim() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      const cudaError_t e = cudaEventQuery(it->event);
+      if (e == cudaErrorNotReady) {
+        ++it;
+        continue;
+      }
+      if (e != cudaSuccess) (void)cudaGetLastError();  // the error resurfaces at the next sync
+      (void)cudaEventDestroy(it->event);
+      cache_.emplace(it->cap, it->ptr);
+      it = pending_.erase(it);
+    }
+  }
+  std::mutex mu_;
+  std::multimap<size_t, void*> cache_;
+  std::deque<Pending> pending_;
+};
+
+PinnedPool& pinned_pool() {
+  static PinnedPool* p = new PinnedPool();  // never destroyed, like the allocators
+  return *p;
+}
+
+void device_to_host(const void* src, int index, void* dst, size_t bytes) {
+  DeviceContext& c = context(index);
+  DeviceGuard guard(index);
+  size_t cap = 0;
+  void* stage = pinned_pool().acquire(bytes, cap);
+  try {
+    HT_CUDA_CHECK(cudaMemcpyAsync(stage, src, bytes, cudaMemcpyDeviceToHost, c.stream));
+    HT_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  } catch (...) {
+    pinned_pool().release(stage, cap);
+    throw;
+  }
+  std::memcpy(dst, stage, bytes);
+  pinned_pool().release(stage, cap);
+}
+
+void host_to_device(const void* src, void* dst, int index, size_t bytes) {
+  DeviceContext& c = context(index);
+  DeviceGuard guard(index);
+  size_t cap = 0;
+  void* stage = pinned_pool().acquire(bytes, cap);
+  std::memcpy(stage, src, bytes);
+  try {
+    HT_CUDA_CHECK(cudaMemcpyAsync(dst, stage, bytes, cudaMemcpyHostToDevice, c.stream));
+  } catch (...) {
+    pinned_pool().release(stage, cap);
+    throw;
+  }
+  pinned_pool().release_after(stage, cap, c.stream);
+}
+}  // namespace
+
+Allocator& device_allocator(int index) {
+  if (index < 0 || index >= device_count()) {
+    std::string found = "cpu";
+    for (int i = 0; i < device_count(); ++i) found += ", cuda:" + std::to_string(i);
+    fail_no_device(index, found);
+  }
+  static std::mutex mu;
+  static std::array<CudaAllocator*, kMaxDevices> allocators{};
+  std::lock_guard<std::mutex> lk(mu);
+  CudaAllocator*& a = allocators[static_cast<size_t>(index)];
+  if (!a) a = new CudaAllocator(index);  // never destroyed, like the host allocator
+  return *a;
+}
+
+int64_t memory_in_use() { return g_in_use.load(std::memory_order_relaxed); }
+
+void copy(const void* src, Device src_dev, void* dst, Device dst_dev, size_t bytes) {
+  if (bytes == 0) return;
+  const bool from_cuda = src_dev.kind == DeviceKind::cuda;
+  const bool to_cuda = dst_dev.kind == DeviceKind::cuda;
+  HT_ASSERT(from_cuda || to_cuda);
+  if (from_cuda && to_cuda) {
+    if (src_dev.index == dst_dev.index) {
+      DeviceContext& c = context(dst_dev.index);
+      DeviceGuard guard(dst_dev.index);
+      HT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c.stream));
+      return;
+    }
+    // Between two GPUs through the host: correct everywhere (peer access is an optimisation
+    // for later). The source's stream is drained, the destination's stream orders the rest.
+    size_t cap = 0;
+    void* stage = pinned_pool().acquire(bytes, cap);
+    try {
+      device_to_host(src, src_dev.index, stage, bytes);
+      host_to_device(stage, dst, dst_dev.index, bytes);
+      synchronize(dst_dev.index);
+    } catch (...) {
+      pinned_pool().release(stage, cap);
+      throw;
+    }
+    pinned_pool().release(stage, cap);
+    return;
+  }
+  if (from_cuda) {
+    device_to_host(src, src_dev.index, dst, bytes);
+  } else {
+    host_to_device(src, dst, dst_dev.index, bytes);
+  }
+}
+
+}  // namespace hetrain::cuda

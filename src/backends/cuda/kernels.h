@@ -1,0 +1,152 @@
+// Launchers of the CUDA kernels: plain structs and pointers, shared by the host code that
+// implements Primitive::eval_cuda (C++20, src/backends/cuda/*.cpp) and the device code
+// (src/backends/cuda/*.cu, compiled by nvcc). Every launcher queues on the given stream and
+// checks the launch; none synchronises.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "hetrain/base/dtype.h"
+
+namespace hetrain::cuda {
+
+/// Most dimensions an elementwise iteration handles (after merging contiguous dimensions).
+inline constexpr int kMaxDims = 8;
+/// Most operands of one elementwise iteration (output included).
+inline constexpr int kMaxOperands = 4;
+
+/// An elementwise iteration over `shape` (row-major), with each operand's strides in
+/// elements. Operand 0 is the output. `contiguous`: every operand is dense row-major, so
+/// element i of each is at offset i.
+struct Iter {
+  int ndim = 0;
+  int64_t numel = 0;
+  bool contiguous = true;
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[kMaxOperands][kMaxDims] = {};
+};
+
+enum class UnaryOp : uint8_t {
+  neg,
+  abs,
+  exp,
+  log,
+  sqrt,
+  rsqrt,
+  square,
+  tanh,
+  sigmoid,
+  relu,
+  gelu,
+  gelu_tanh,
+  erf,
+  silu
+};
+enum class BinaryOp : uint8_t {
+  add,
+  sub,
+  mul,
+  div,
+  pow,
+  maximum,
+  minimum,
+  relu_backward,
+  equal,
+  not_equal,
+  less,
+  less_equal,
+  greater,
+  greater_equal
+};
+inline bool is_compare(BinaryOp op) { return op >= BinaryOp::equal; }
+
+/// y = op(x) in x's compute type (f32 for f16/bf16). dt: f64, f32, f16, bf16, i32, i64.
+void launch_unary(UnaryOp op, Dtype dt, const Iter& it, void* y, const void* x, cudaStream_t s);
+/// y = op(a, b); y is bool for comparisons, else a's dtype.
+void launch_binary(BinaryOp op, Dtype dt, const Iter& it, void* y, const void* a, const void* b,
+                   cudaStream_t s);
+/// y = c ? a : b (operands 1..3: c bool, a and b of dtype dt).
+void launch_where(Dtype dt, const Iter& it, void* y, const void* c, const void* a, const void* b,
+                  cudaStream_t s);
+/// y = x converted from dx to dy (round to nearest even into f16/bf16; != 0 into bool).
+void launch_cast(Dtype dx, Dtype dy, const Iter& it, void* y, const void* x, cudaStream_t s);
+
+/// Reduction of x (dtype dt) into y: output element o reduces over `reduced` (its own
+/// shape and strides in x) starting at the x offset of o in `kept` (shape and strides of
+/// the kept dims in x; y is contiguous over them). Sum accumulates in f32 for f16/bf16.
+struct ReduceDims {
+  int kept_ndim = 0, red_ndim = 0;
+  int64_t kept_shape[kMaxDims] = {}, kept_strides[kMaxDims] = {};
+  int64_t red_shape[kMaxDims] = {}, red_strides[kMaxDims] = {};
+  int64_t outputs = 1, reduced = 1;
+};
+enum class ReduceOp : uint8_t { sum, max, min };
+void launch_reduce(ReduceOp op, Dtype dt, const ReduceDims& d, void* y, const void* x,
+                   cudaStream_t s);
+/// argmax over the middle axis of a contiguous (O, R, I) array: y (O, I) int64 (the first
+/// maximum; a NaN is the maximum, the first one wins).
+void launch_argmax(Dtype dt, int64_t O, int64_t R, int64_t I, int64_t* y, const void* x,
+                   cudaStream_t s);
+
+/// softmax / log_softmax over the middle axis of a contiguous (O, R, I) array (float dtypes).
+void launch_softmax(Dtype dt, bool log, int64_t O, int64_t R, int64_t I, void* y, const void* x,
+                    cudaStream_t s);
+
+/// layer_norm (center) / rms_norm over rows of n contiguous elements; w, b may be null.
+/// stats: (rows, 2) = (mean, rstd) in f32 (f64 for f64).
+void launch_norm(Dtype dt, bool center, int64_t rows, int64_t n, double eps, void* y, void* stats,
+                 const void* x, const void* w, const void* b, cudaStream_t s);
+/// Backward of launch_norm: dx per row; dw, db (either may be null) summed over rows in a
+/// fixed order (deterministic): per chunk of rows into `partial` (2 * chunks * n values of
+/// the stats type), then over chunks. w may be null.
+int64_t norm_backward_chunks(int64_t rows);
+void launch_norm_backward(Dtype dt, bool center, int64_t rows, int64_t n, void* dx, void* dw,
+                          void* db, void* partial, const void* x, const void* stats, const void* g,
+                          const void* w, cudaStream_t s);
+
+/// Fused cross-entropy over the middle axis of contiguous logits (O, R, I) with targets
+/// (O, I) of index dtype it: loss and lse (O, I) in f32 (f64 for f64 logits).
+void launch_cross_entropy(Dtype dt, Dtype it, int64_t O, int64_t R, int64_t I, int64_t ignore,
+                          void* loss, void* lse, const void* x, const void* target, cudaStream_t s);
+/// dx = (softmax(x) - onehot(target)) * g, 0 where the target is ignored.
+void launch_cross_entropy_backward(Dtype dt, Dtype it, int64_t O, int64_t R, int64_t I,
+                                   int64_t ignore, void* dx, const void* x, const void* target,
+                                   const void* lse, const void* g, cudaStream_t s);
+
+/// take along an axis of contiguous x viewed as (O, V, I): y (O, K, I) = x[:, idx[k], :].
+void launch_take(Dtype dt, Dtype it, int64_t O, int64_t V, int64_t I, int64_t K, void* y,
+                 const void* x, const void* idx, cudaStream_t s);
+/// index_add, the adjoint of take: acc (O, V, I) in the compute type (f32 for f16/bf16),
+/// zeroed by the caller, += g (O, K, I) at idx; then y = acc rounded (y may equal acc).
+void launch_index_add(Dtype dt, Dtype it, int64_t O, int64_t V, int64_t I, int64_t K, void* y,
+                      void* acc, const void* g, const void* idx, cudaStream_t s);
+
+/// Scaled-dot-product attention over B batch-heads of contiguous q (B, Lq, E), k (B, Lk, E),
+/// v (B, Lk, Ev): o (B, Lq, Ev) and the row logsumexp lse (B, Lq) in f32 (f64 for f64).
+/// causal: query i sees keys j <= i. One warp per query row with an online softmax (memory
+/// linear in L); E and Ev at most kMaxAttentionDim.
+inline constexpr int64_t kMaxAttentionDim = 256;
+struct AttentionDims {
+  int64_t B, Lq, Lk, E, Ev;
+  bool causal;
+};
+void launch_attention(Dtype dt, const AttentionDims& g, double scale, void* o, void* lse,
+                      const void* q, const void* k, const void* v, cudaStream_t s);
+/// Its backward: dq, dk, dv from q, k, v, o, do, lse, recomputing the probabilities (a warp
+/// per query row for dq, per key row for dk and dv: no atomics, deterministic). d_rows is a
+/// workspace of B * Lq values of lse's type.
+void launch_attention_backward(Dtype dt, const AttentionDims& g, double scale, void* dq, void* dk,
+                               void* dv, void* d_rows, const void* q, const void* k, const void* v,
+                               const void* o, const void* dout, const void* lse, cudaStream_t s);
+
+/// One fused AdamW step over n contiguous elements (scalars as the CPU kernel rounds them).
+struct AdamWScalars {
+  double b1, b2, one_b1, one_b2, keep, inv_sqrt_bc2, eps, step;
+  bool decay;
+};
+void launch_adamw(Dtype dt, int64_t n, const AdamWScalars& a, void* po, void* mo, void* vo,
+                  const void* p, const void* g, const void* m, const void* v, cudaStream_t s);
+
+}  // namespace hetrain::cuda

@@ -1,0 +1,528 @@
+// The CUDA backend. Every kernel test builds the same graph twice, on the CPU and pinned to
+// cuda:0, and compares the CUDA result with the CPU backend's at the tolerance of the dtype
+// (|got - want| <= tol + tol |want|):
+//   f64 1e-10   f32 1e-5   f16 2e-3   bf16 2e-2   ints, bool exact      (tests/parity)
+// loosened where the two backends legitimately differ: kLongSums (summation order over long
+// sums: GEMM, reductions, norms) makes f32 1e-4 and doubles f16/bf16; kGradients (several
+// rounded low-precision nodes in a row) makes f32 1e-4 and f16/bf16 four times the above. Without a
+// CUDA device (or without the backend) these tests skip with "no CUDA device"; the tests at the end
+// check what must hold on a machine without one.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hetrain/base/error.h"
+#include "hetrain/graph/autodiff.h"
+#include "hetrain/graph/ops.h"
+#include "hetrain/graph/primitive.h"
+#include "hetrain/interop/safetensors.h"
+#include "hetrain/memory/allocator.h"
+#include "hetrain/runtime/scheduler.h"
+
+using namespace hetrain;
+namespace rt = hetrain::runtime;
+
+namespace {
+
+const Device kCuda0{DeviceKind::cuda, 0};
+
+bool have_cuda() { return devices_found().find("cuda:0") != std::string::npos; }
+
+enum Slack { kExact, kLongSums, kGradients };
+
+double tolerance(Dtype dt, Slack slack) {
+  const double low = slack == kExact ? 1 : slack == kLongSums ? 2 : 4;
+  switch (dt) {
+    case Dtype::f64:
+      return slack == kExact ? 1e-10 : 1e-9;
+    case Dtype::f32:
+      return slack == kExact ? 1e-5 : 1e-4;
+    case Dtype::f16:
+      return 2e-3 * low;
+    case Dtype::bf16:
+      return 2e-2 * low;
+    default:
+      return 0;
+  }
+}
+
+/// Runs build() on the CPU and pinned to cuda:0 and compares every output.
+class Cuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+    rt::configure(
+        {.devices = rt::parse_devices("cpu,cuda:0"), .placement = rt::PlacementPolicy::pinned});
+  }
+  void TearDown() override { rt::configure({}); }
+
+  using Build = std::function<std::vector<Tensor>()>;
+  static void compare(const Build& build, Slack slack = kExact, const std::string& what = "") {
+    std::vector<Tensor> want = build();
+    std::vector<Tensor> got;
+    {
+      DeviceScope on(kCuda0);
+      got = build();
+    }
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < want.size(); ++k) {
+      ASSERT_EQ(got[k].dtype(), want[k].dtype()) << what << " output " << k;
+      ASSERT_EQ(got[k].shape(), want[k].shape()) << what << " output " << k;
+      const std::vector<double> g = got[k].to_vector<double>();
+      const std::vector<double> w = want[k].to_vector<double>();
+      const double tol = tolerance(want[k].dtype(), slack);
+      int bad = 0;
+      for (size_t i = 0; i < w.size() && bad < 5; ++i) {
+        const bool ok = std::isnan(w[i])   ? std::isnan(g[i])
+                        : std::isinf(w[i]) ? g[i] == w[i]
+                                           : std::abs(g[i] - w[i]) <= tol + tol * std::abs(w[i]);
+        if (!ok) {
+          ++bad;
+          ADD_FAILURE() << what << " output " << k << " (" << dtype_name(want[k].dtype()) << ") ["
+                        << i << "]: cuda " << g[i] << ", cpu " << w[i] << " (tol " << tol << ")";
+        }
+      }
+    }
+  }
+};
+
+/// Inputs in dtype dt: random normal values rounded to dt (so both backends see the same).
+Tensor input(const Shape& s, Dtype dt, uint64_t seed, double scale = 1) {
+  Generator gen(seed);
+  Tensor x = randn(s, Dtype::f64, gen) * scale;
+  if (!is_floating(dt)) x = x * 4.0;
+  return cast(x, dt).eval();
+}
+
+const Dtype kFloats[] = {Dtype::f32, Dtype::f16, Dtype::bf16, Dtype::f64};
+
+}  // namespace
+
+// ---- elementwise ---------------------------------------------------------------------------
+
+TEST_F(Cuda, UnaryOpsOnStridedInputs) {
+  using Fn = Tensor (*)(const Tensor&);
+  const std::vector<std::pair<const char*, Fn>> ops = {
+      {"neg", hetrain::neg},   {"abs", hetrain::abs},         {"exp", hetrain::exp},
+      {"tanh", hetrain::tanh}, {"sigmoid", hetrain::sigmoid}, {"relu", hetrain::relu},
+      {"silu", hetrain::silu}, {"square", hetrain::square},
+  };
+  for (Dtype dt : kFloats) {
+    Tensor x = input({7, 33}, dt, 1);
+    for (const auto& [name, f] : ops)
+      compare([&] { return std::vector<Tensor>{f(transpose(x, 0, 1))}; }, kExact,
+              std::string(name) + " " + std::string(dtype_name(dt)));
+    Tensor pos = abs(x).eval() + 0.5;
+    compare(
+        [&] {
+          return std::vector<Tensor>{log(pos), sqrt(pos), rsqrt(pos)};
+        },
+        kExact, "log/sqrt/rsqrt " + std::string(dtype_name(dt)));
+    compare(
+        [&] {
+          return std::vector<Tensor>{gelu(x), gelu(x, "tanh")};
+        },
+        kExact, "gelu " + std::string(dtype_name(dt)));
+  }
+  for (Dtype dt : {Dtype::i32, Dtype::i64}) {
+    Tensor x = input({5, 9}, dt, 2);
+    compare(
+        [&] {
+          return std::vector<Tensor>{neg(x), abs(x), square(x), relu(x)};
+        },
+        kExact, "integer unary " + std::string(dtype_name(dt)));
+  }
+}
+
+TEST_F(Cuda, BinaryOpsBroadcastAndCompare) {
+  for (Dtype dt : {Dtype::f32, Dtype::f16, Dtype::bf16, Dtype::f64, Dtype::i32, Dtype::i64}) {
+    Tensor a = input({3, 1, 5}, dt, 3);
+    Tensor b = input({4, 5}, dt, 4);
+    compare(
+        [&] {
+          return std::vector<Tensor>{a + b,         a - b,       a * b,      maximum(a, b),
+                                     minimum(a, b), equal(a, b), less(a, b), greater_equal(a, b)};
+        },
+        kExact, "binary " + std::string(dtype_name(dt)));
+    // Integer division by zero gives 0, as on the CPU.
+    compare([&] { return std::vector<Tensor>{a / b}; }, kExact,
+            "div " + std::string(dtype_name(dt)));
+  }
+  Tensor x = input({6, 8}, Dtype::f32, 5);
+  Tensor y = input({6, 8}, Dtype::f32, 6);
+  compare([&] { return std::vector<Tensor>{where(greater(x, y), x, y), pow(abs(x) + 0.1, y)}; });
+}
+
+TEST_F(Cuda, CastBetweenAllDtypes) {
+  const Dtype all[] = {Dtype::f64, Dtype::f32, Dtype::f16,    Dtype::bf16,
+                       Dtype::i32, Dtype::i64, Dtype::boolean};
+  for (Dtype from : all) {
+    Tensor x = from == Dtype::boolean ? greater(input({4, 6}, Dtype::f32, 7), scalar(0.0)).eval()
+                                      : input({4, 6}, from, 7, 3.0);
+    for (Dtype to : all)
+      compare([&] { return std::vector<Tensor>{cast(transpose(x, 0, 1), to)}; }, kExact,
+              std::string("cast ") + std::string(dtype_name(from)) + " -> " +
+                  std::string(dtype_name(to)));
+  }
+}
+
+TEST_F(Cuda, ConcatSliceAndReshapeOfAView) {
+  Tensor a = input({3, 4}, Dtype::f32, 8), b = input({3, 2}, Dtype::f32, 9);
+  compare([&] {
+    return std::vector<Tensor>{concat({a, b}, 1), reshape(transpose(a, 0, 1), {2, 6}),
+                               slice(a, 1, 1, 4, 2) * 2.0};
+  });
+  // slice's gradient is slice_scatter.
+  compare([&] {
+    auto [v, g] = value_and_grad(
+        [](const std::vector<Tensor>& in) { return sum(slice(in[0], 0, 1, 3) * 3.0); }, {a});
+    return std::vector<Tensor>{v, g[0]};
+  });
+}
+
+// ---- matmul --------------------------------------------------------------------------------
+
+TEST_F(Cuda, MatmulDtypesLayoutsAndBatches) {
+  for (Dtype dt : kFloats) {
+    const std::string d(dtype_name(dt));
+    Tensor a = input({37, 64}, dt, 10), b = input({64, 29}, dt, 11);
+    compare([&] { return std::vector<Tensor>{matmul(a, b)}; }, kLongSums, "2-D " + d);
+    // Transposed views go to cuBLASLt as transposes.
+    Tensor at = input({64, 37}, dt, 12), bt = input({29, 64}, dt, 13);
+    compare([&] { return std::vector<Tensor>{matmul(transpose(at, 0, 1), transpose(bt, 0, 1))}; },
+            kLongSums, "transposed " + d);
+    // Batched, strided-batched, and a weight broadcast over the batch (folded into M).
+    Tensor x = input({2, 3, 17, 32}, dt, 14), y = input({2, 3, 32, 9}, dt, 15);
+    compare([&] { return std::vector<Tensor>{matmul(x, y)}; }, kLongSums, "batched " + d);
+    Tensor w = input({32, 24}, dt, 16);
+    compare([&] { return std::vector<Tensor>{matmul(x, w)}; }, kLongSums, "broadcast weight " + d);
+    Tensor w2 = input({2, 1, 17, 32}, dt, 17);
+    compare([&] { return std::vector<Tensor>{matmul(w2, y)}; }, kLongSums, "broadcast left " + d);
+  }
+  Tensor ia = input({5, 6}, Dtype::i32, 18), ib = input({6, 3}, Dtype::i32, 19);
+  compare([&] { return std::vector<Tensor>{matmul(ia, ib)}; }, kExact, "i32");
+  Tensor e1 = zeros({4, 0}), e2 = zeros({0, 3});
+  compare([&] { return std::vector<Tensor>{matmul(e1, e2)}; }, kExact, "K = 0");
+}
+
+TEST_F(Cuda, LinearForwardAndBackward) {
+  for (Dtype dt : {Dtype::f32, Dtype::bf16}) {
+    Tensor x = input({4, 16, 48}, dt, 20), w = input({40, 48}, dt, 21), b = input({40}, dt, 22);
+    compare(
+        [&] {
+          auto [v, g] = value_and_grad(
+              [](const std::vector<Tensor>& in) {
+                return sum(square(linear(in[0], in[1], in[2])));
+              },
+              {x, w, b});
+          return std::vector<Tensor>{v, g[0], g[1], g[2]};
+        },
+        kGradients, "linear " + std::string(dtype_name(dt)));
+  }
+}
+
+// ---- reductions, softmax, norms ------------------------------------------------------------
+
+TEST_F(Cuda, Reductions) {
+  for (Dtype dt : {Dtype::f32, Dtype::bf16, Dtype::f64, Dtype::i64}) {
+    Tensor x = input({6, 5, 300}, dt, 23);
+    compare(
+        [&] {
+          return std::vector<Tensor>{sum(x, {2}),  sum(x, {0}),    sum(x, {0, 2}, true),
+                                     max(x, {1}),  min(x, {0, 1}), sum(x),
+                                     argmax(x, 2), argmax(x, 0),   sum(transpose(x, 0, 2), {1})};
+        },
+        kLongSums, "reduce " + std::string(dtype_name(dt)));
+  }
+  Tensor f = input({8, 1000}, Dtype::f32, 24);
+  compare([&] { return std::vector<Tensor>{mean(f, {1}), mean(f)}; }, kLongSums, "mean");
+}
+
+TEST_F(Cuda, SoftmaxAndLogSoftmax) {
+  for (Dtype dt : kFloats) {
+    Tensor x = input({4, 6, 130}, dt, 25, 3.0);
+    compare(
+        [&] {
+          return std::vector<Tensor>{softmax(x, -1), log_softmax(x, -1), softmax(x, 1),
+                                     log_softmax(x, 0)};
+        },
+        kLongSums, "softmax " + std::string(dtype_name(dt)));
+  }
+}
+
+TEST_F(Cuda, LayerNormAndRmsNormForwardBackward) {
+  for (Dtype dt : kFloats) {
+    Tensor x = input({3, 7, 96}, dt, 26, 2.0);
+    Tensor w = input({96}, dt, 27), b = input({96}, dt, 28);
+    compare(
+        [&] {
+          auto [v, g] = value_and_grad(
+              [](const std::vector<Tensor>& in) {
+                Tensor y = layer_norm(in[0], {96}, in[1], in[2]);
+                return sum(y * y * in[0]);
+              },
+              {x, w, b});
+          return std::vector<Tensor>{layer_norm(x, {96}, w, b), g[0], g[1], g[2]};
+        },
+        kGradients, "layer_norm " + std::string(dtype_name(dt)));
+    compare(
+        [&] {
+          auto [v, g] = value_and_grad(
+              [](const std::vector<Tensor>& in) {
+                Tensor y = rms_norm(in[0], {96}, in[1]);
+                return sum(y * in[0]);
+              },
+              {x, w});
+          return std::vector<Tensor>{rms_norm(x, {96}, w), rms_norm(x, {96}), g[0], g[1]};
+        },
+        kGradients, "rms_norm " + std::string(dtype_name(dt)));
+  }
+}
+
+TEST_F(Cuda, AttentionForwardBackward) {
+  for (Dtype dt : kFloats) {
+    for (bool causal : {true, false}) {
+      // 2 x 3 batch-heads, 70 queries, 45 keys (non-causal) or 70 (causal), head dim 40.
+      const int64_t lk = causal ? 70 : 45;
+      Tensor q = input({2, 3, 70, 40}, dt, 40), k = input({2, 3, lk, 40}, dt, 41),
+             v = input({2, 3, lk, 24}, dt, 42);
+      compare(
+          [&] {
+            auto [val, g] = value_and_grad(
+                [&](const std::vector<Tensor>& in) {
+                  Tensor o = scaled_dot_product_attention(in[0], in[1], in[2], causal);
+                  return sum(o * o);
+                },
+                {q, k, v});
+            return std::vector<Tensor>{scaled_dot_product_attention(q, k, v, causal), g[0], g[1],
+                                       g[2]};
+          },
+          kGradients,
+          std::string("sdpa ") + (causal ? "causal " : "") + std::string(dtype_name(dt)));
+    }
+  }
+}
+
+// ---- embedding, cross-entropy, adamw -------------------------------------------------------
+
+TEST_F(Cuda, EmbeddingForwardBackward) {
+  for (Dtype dt : {Dtype::f32, Dtype::bf16, Dtype::f16}) {
+    Tensor table = input({50, 24}, dt, 29);
+    Tensor ids = from_vector(std::vector<int64_t>{3, 7, 3, 49, 0, 7, 7, 12}, {2, 4});
+    compare(
+        [&] {
+          auto [v, g] = value_and_grad(
+              [&](const std::vector<Tensor>& in) { return sum(square(embedding(in[0], ids))); },
+              {table});
+          return std::vector<Tensor>{embedding(table, ids), g[0]};
+        },
+        kLongSums, "embedding " + std::string(dtype_name(dt)));
+  }
+}
+
+TEST_F(Cuda, CrossEntropyForwardBackward) {
+  for (Dtype dt : kFloats) {
+    Tensor logits = input({6, 11}, dt, 30, 3.0);
+    Tensor t = from_vector(std::vector<int64_t>{1, 0, 10, -100, 5, 5}, {6});
+    Tensor logits3 = input({2, 5, 3}, dt, 31, 3.0);
+    Tensor t3 = from_vector(std::vector<int32_t>{0, 4, 2, 1, -100, 3}, {2, 3});
+    compare(
+        [&] {
+          auto [v, g] = value_and_grad(
+              [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], t); }, {logits});
+          auto [v3, g3] = value_and_grad(
+              [&](const std::vector<Tensor>& in) { return cross_entropy(in[0], t3, -100, "sum"); },
+              {logits3});
+          return std::vector<Tensor>{v, g[0], v3, g3[0]};
+        },
+        kGradients, "cross_entropy " + std::string(dtype_name(dt)));
+  }
+}
+
+TEST_F(Cuda, CrossEntropyBadTargetIsAnError) {
+  Tensor logits = input({2, 4}, Dtype::f32, 32);
+  DeviceScope on(kCuda0);
+  // Targets computed on the GPU (not yet evaluated when the op is built): the CUDA kernel
+  // checks them and the error reaches the caller.
+  Tensor t =
+      from_vector(std::vector<int64_t>{1, 9}, {2}) + from_vector(std::vector<int64_t>{0, 0}, {2});
+  Tensor loss = cross_entropy(logits, t);
+  try {
+    loss.eval();
+    FAIL() << "expected a bounds error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cross_entropy"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Cuda, FusedAdamW) {
+  for (Dtype dt : kFloats) {
+    Tensor p = input({1000}, dt, 33), g = input({1000}, dt, 34), m = input({1000}, dt, 35, 0.1);
+    Tensor v = abs(input({1000}, dt, 36, 0.1)).eval();
+    AdamWStepArgs a;
+    a.lr = 1e-2;
+    a.weight_decay = 0.1;
+    a.bias_correction1 = 1 - 0.9 * 0.9;
+    a.bias_correction2 = 1 - 0.999 * 0.999;
+    compare([&] { return adamw_update(p, g, m, v, a); }, kExact,
+            "adamw " + std::string(dtype_name(dt)));
+  }
+}
+
+// ---- memory ----------------------------------------------------------------------------------
+
+TEST_F(Cuda, AllocatorCountsByTagAndCaches) {
+  Allocator& a = allocator_for(kCuda0);
+  const MemoryStats before = a.stats();
+  {
+    auto b1 = a.allocate(1 << 20, MemoryTag::parameters);
+    auto b2 = a.allocate(1000, MemoryTag::gradients);
+    const MemoryStats s = a.stats();
+    EXPECT_EQ(s.current[static_cast<size_t>(MemoryTag::parameters)] -
+                  before.current[static_cast<size_t>(MemoryTag::parameters)],
+              1 << 20);
+    EXPECT_EQ(s.current_total - before.current_total, (1 << 20) + 1000);
+    EXPECT_GE(s.reserved, s.current_total);
+    EXPECT_EQ(b1->device(), kCuda0);
+  }
+  EXPECT_EQ(a.stats().current_total, before.current_total);
+  auto again = a.allocate(1 << 20, MemoryTag::activations);
+  EXPECT_GT(a.stats().cache_hits, before.cache_hits) << "the freed block is reused";
+}
+
+TEST_F(Cuda, OutOfMemoryNamesDeviceRequestAndTags) {
+  Allocator& a = allocator_for(kCuda0);
+  try {
+    auto huge = a.allocate(size_t{1} << 50, MemoryTag::activations);  // 1 PiB
+    FAIL() << "expected an out-of-memory error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("out of memory on cuda:0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(size_t{1} << 50)), std::string::npos) << msg;
+    EXPECT_NE(msg.find("parameters"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("reserved"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(Cuda, RoundTripCopiesAndStridedViews) {
+  Tensor x = input({5, 7}, Dtype::f32, 37);
+  Array on_gpu = copy_to_device(x.array(), kCuda0);
+  EXPECT_EQ(on_gpu.device(), kCuda0);
+  Array back = copy_to_device(on_gpu, Device::cpu());
+  EXPECT_EQ(std::memcmp(back.raw(), x.array().raw(), x.array().nbytes()), 0);
+  // A strided view comes back with its strides.
+  compare([&] { return std::vector<Tensor>{transpose(x, 0, 1) * 1.0}; });
+}
+
+TEST_F(Cuda, CheckpointOfGpuTensorsAndIndicesOnTheGpu) {
+  // Tensors computed on the GPU (a strided one too) are saved from host copies.
+  Tensor x = input({4, 6}, Dtype::f32, 43);
+  Tensor y, yt;
+  {
+    DeviceScope on(kCuda0);
+    y = exp(x).eval();
+    yt = transpose(y, 0, 1).eval();
+  }
+  ASSERT_EQ(y.array().device(), kCuda0);
+  const std::string path = ::testing::TempDir() + "/cuda_checkpoint.safetensors";
+  safetensors::save(path, {{"y", y}, {"yt", yt}});
+  safetensors::File f = safetensors::load(path);
+  // The saved bytes are the GPU's results, read back exactly.
+  EXPECT_EQ(f.tensors.at("y").to_vector<float>(), y.to_vector<float>());
+  EXPECT_EQ(f.tensors.at("yt").to_vector<float>(), yt.to_vector<float>());
+  EXPECT_EQ(f.tensors.at("yt").shape(), (Shape{6, 4}));
+  // Ids that live on the GPU are bounds-checked from a host copy when an op is built.
+  Tensor ids;
+  {
+    DeviceScope on(kCuda0);
+    ids = (from_vector(std::vector<int64_t>{1, 2, 9}, {3}) +
+           from_vector(std::vector<int64_t>{0, 0, 0}, {3}))
+              .eval();
+  }
+  ASSERT_EQ(ids.array().device(), kCuda0);
+  ASSERT_EQ(ids.dtype(), Dtype::i64);
+  try {
+    (void)embedding(input({5, 2}, Dtype::f32, 44), ids);
+    FAIL() << "expected a bounds error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("9"), std::string::npos) << e.what();
+  }
+}
+
+// ---- without a device ------------------------------------------------------------------------
+
+TEST(CudaAbsent, DeviceParseNamesTheDevicesFound) {
+  if (have_cuda()) GTEST_SKIP() << "a CUDA device is present";
+  try {
+    (void)Device::parse("cuda:0");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(msg.find("no CUDA device") != std::string::npos ||
+                msg.find("no CUDA backend") != std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("devices found: cpu, sim:0"), std::string::npos) << msg;
+  }
+  try {
+    (void)rt::parse_devices("cpu,cuda:0");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device 'cuda:0' is not present"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW((void)allocator_for(kCuda0), Error);
+  EXPECT_EQ(Device::parse_name("cuda:3"), (Device{DeviceKind::cuda, 3})) << "syntax alone is fine";
+}
+
+TEST(CudaAbsent, NodePinnedToAbsentGpuIsAnError) {
+  if (have_cuda()) GTEST_SKIP() << "a CUDA device is present";
+  Tensor x = ones({4});
+  Tensor y;
+  {
+    DeviceScope on(kCuda0);
+    y = exp(x);
+  }
+  try {
+    y.eval();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaAbsent, PrimitiveWithoutKernelSaysSo) {
+  // The default eval_cuda of a primitive with no CUDA kernel (no device needed to call it).
+  Tensor x = ones({2, 3});
+  Tensor g = gather(x, 1, from_vector(std::vector<int64_t>{0, 1}, {2, 1}));
+  const Primitive* prim = g.node()->prim.get();
+  ASSERT_NE(prim, nullptr);
+  std::vector<const Array*> in;
+  std::vector<Array*> out;
+  try {
+    prim->eval_cuda(in, out);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA kernel for gather"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CudaAbsent, PlacementKnowsWhichPrimitivesHaveCudaKernels) {
+  // The scheduler never places a node on a CUDA device without its kernel.
+  Tensor x = ones({2, 3});
+  auto prim = [](const Tensor& t) { return t.node()->prim.get(); };
+  EXPECT_FALSE(prim(gather(x, 1, from_vector(std::vector<int64_t>{0, 1}, {2, 1})))
+                   ->has_kernel(DeviceKind::cuda));
+  EXPECT_TRUE(prim(transpose(x, 0, 1))->has_kernel(DeviceKind::cuda)) << "views run anywhere";
+  EXPECT_TRUE(prim(exp(x))->has_kernel(DeviceKind::cpu));
+#if HETRAIN_HAVE_CUDA
+  EXPECT_TRUE(prim(exp(x))->has_kernel(DeviceKind::cuda));
+  EXPECT_TRUE(prim(matmul(x, transpose(x, 0, 1)))->has_kernel(DeviceKind::cuda));
+#else
+  EXPECT_FALSE(prim(exp(x))->has_kernel(DeviceKind::cuda));
+#endif
+}

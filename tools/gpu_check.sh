@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# GPU check of the CUDA backend (issue 8), for a machine with an NVIDIA GPU. In order:
+#   1. builds Hetrain with HETRAIN_CUDA=ON into build-gpu/ (hetrain and test_cuda only);
+#   2. runs tests/cuda (every CUDA kernel against the CPU backend), then the kernels'
+#      micro-benchmarks (bench/bench_cuda.cpp, when Google Benchmark is installed);
+#   3. times training steps in bf16 of gpt-mini and of a GPT-2-124M-shaped model (12 layers,
+#      768 wide, 12 heads, context 1024; byte vocabulary as Hetrain's gpt preset) with
+#      `hetrain train --devices cpu,cuda:0`, then the same model under PyTorch on the same GPU
+#      (eager, and torch.compile if it works);
+#   4. prints a markdown table: step time, tokens/s, MFU against the measured bf16 GEMM rate,
+#      peak GPU memory.
+# Sized for under 8 minutes on one H200 (each timed run is cut off after GPU_CHECK_TIMEOUT s).
+#
+# Usage: tools/gpu_check.sh        Environment: GPU_CHECK_BATCH (124M model's batch, 8),
+#   GPU_CHECK_STEPS (timed steps, 8), GPU_CHECK_TIMEOUT (seconds per run, 150),
+#   GPU_CHECK_BUILD (build directory, build-gpu). Exit status 1 if the build or a CUDA test
+#   fails (the timings still run after a test failure, and say so).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${GPU_CHECK_BUILD:-build-gpu}
+BATCH=${GPU_CHECK_BATCH:-8}
+STEPS=${GPU_CHECK_STEPS:-8}
+RUN_TIMEOUT=${GPU_CHECK_TIMEOUT:-150}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+say() { printf '\n== %s\n' "$*" >&2; }
+die() {
+  printf 'gpu_check: %s\n' "$*" >&2
+  exit 1
+}
+status=0
+
+say "GPU"
+command -v nvidia-smi > /dev/null 2>&1 || die "nvidia-smi not found: no NVIDIA driver here"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >&2 ||
+  die "nvidia-smi found no usable GPU"
+
+say "build ($BUILD, HETRAIN_CUDA=ON)"
+for tool in cmake ninja; do
+  command -v "$tool" > /dev/null 2>&1 || die "$tool not found (tools/install_deps.sh installs the build tools)"
+done
+if ! command -v nvcc > /dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  die "nvcc not found: install the CUDA toolkit (or put its bin/ on PATH)"
+fi
+if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHETRAIN_CUDA=ON \
+  > "$tmp/configure.log" 2>&1; then
+  tail -30 "$tmp/configure.log" >&2
+  die "cmake configure failed (missing libraries? tools/install_deps.sh installs them)"
+fi
+t0=$(date +%s)
+targets=(hetrain test_cuda)
+grep -q 'build bench/bench_cuda:' "$BUILD/build.ninja" && targets+=(bench_cuda)
+if ! cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" > "$tmp/build.log" 2>&1; then
+  grep -E -A5 'error|FAILED' "$tmp/build.log" | head -60 >&2
+  die "build failed"
+fi
+echo "built in $(($(date +%s) - t0)) s" >&2
+"$BUILD/hetrain" version >&2
+
+say "CUDA kernels against the CPU backend (tests/cuda)"
+if "$BUILD/tests/test_cuda" --gtest_color=no > "$tmp/test_cuda.log" 2>&1; then
+  grep -E '^\[  (PASSED|SKIPPED) ' "$tmp/test_cuda.log" >&2 || true
+else
+  status=1
+  grep -E '^\[  FAILED|Failure|cuda .*, cpu ' "$tmp/test_cuda.log" | head -80 >&2 || true
+  echo "gpu_check: CUDA tests FAILED (full log above is cut; rerun $BUILD/tests/test_cuda)" >&2
+fi
+if grep -q 'Skipped.*no CUDA device\|no CUDA device' "$tmp/test_cuda.log"; then
+  grep -m1 'no CUDA device' "$tmp/test_cuda.log" >&2
+  die "the CUDA tests see no CUDA device (driver too old for CUDA 13? check $BUILD/hetrain version)"
+fi
+
+if [ -x "$BUILD/bench/bench_cuda" ]; then
+  say "kernel micro-benchmarks (bench/bench_cuda.cpp)"
+  timeout 120 "$BUILD/bench/bench_cuda" --benchmark_min_time=0.2 \
+    --benchmark_counters_tabular=true >&2 || echo "gpu_check: bench_cuda failed or timed out" >&2
+else
+  echo "bench_cuda not built (Google Benchmark missing): no kernel micro-benchmarks" >&2
+fi
+
+say "training steps (bf16)"
+# A corpus for the byte-level models (the default one is a Debian package that may be absent).
+head -c 3000000 /dev/urandom | base64 > "$tmp/corpus.txt"
+rows="$tmp/rows.jsonl"
+: > "$rows"
+# One JSON line per run: {"run", "model", "batch", "context", "layers", "width", ...result}.
+record() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(json.loads(sys.argv[2])); print(json.dumps(d))' "$1" "$2" >> "$rows"; }
+
+hetrain_run() {  # model-name layers width heads context batch
+  local name=$1 layers=$2 width=$3 heads=$4 context=$5 batch=$6
+  local meta="{\"run\": \"hetrain\", \"model\": \"$name\", \"layers\": $layers, \"width\": $width, \"context\": $context, \"batch\": $batch}"
+  echo "hetrain $name ..." >&2
+  local rc=0
+  timeout "$RUN_TIMEOUT" "$BUILD/hetrain" train --preset gpt-mini --layers "$layers" \
+    --width "$width" --heads "$heads" --context "$context" --batch-size "$batch" \
+    --steps "$((STEPS + 3))" --dropout 0 --precision bf16 --devices cpu,cuda:0 \
+    --placement heft --data "$tmp/corpus.txt" --eval-batches 1 --log-every 1000000 \
+    --no-progress --no-record --json-log "$tmp/$name.jsonl" > "$tmp/$name.out" 2> "$tmp/$name.err" || rc=$?
+  if [ "$rc" -ne 0 ] || ! grep -q '"final"' "$tmp/$name.jsonl" 2> /dev/null; then
+    local why="exit $rc"
+    [ "$rc" -eq 124 ] && why="timed out after $RUN_TIMEOUT s"
+    echo "  failed ($why): $(tail -2 "$tmp/$name.err" | tr '\n' ' ')" >&2
+    record "$meta" "{\"error\": \"$why\"}"
+    return 0
+  fi
+  local params
+  params=$(grep -o '[0-9]* parameters' "$tmp/$name.err" | head -1 | cut -d' ' -f1)
+  record "$meta" "$(grep '"final"' "$tmp/$name.jsonl" | python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+peak = sum(r.get("device_peak_memory_bytes", {}).values()) or None
+print(json.dumps({"step_time_s": r["step_time_s"], "params": int(sys.argv[1] or 0),
+                  "peak_gpu_bytes": peak, "loss": r.get("train_loss")}))' "$params")"
+}
+
+torch_run() {  # model-name layers width heads context batch [--compile]
+  local name=$1 layers=$2 width=$3 heads=$4 context=$5 batch=$6 mode=${7:-}
+  local label="pytorch eager"
+  [ -n "$mode" ] && label="pytorch compile"
+  local meta="{\"run\": \"$label\", \"model\": \"$name\", \"layers\": $layers, \"width\": $width, \"context\": $context, \"batch\": $batch}"
+  echo "$label $name ..." >&2
+  local out rc=0
+  out=$(timeout "$RUN_TIMEOUT" python3 tools/gpu_check_torch.py --layers "$layers" --width "$width" \
+    --heads "$heads" --context "$context" --batch "$batch" --steps "$STEPS" ${mode:+"$mode"} \
+    2> "$tmp/torch.err" | tail -1) || rc=$?
+  if [ "$rc" -ne 0 ] || [ -z "$out" ]; then
+    echo "  failed (exit $rc): $(tail -2 "$tmp/torch.err" | tr '\n' ' ')" >&2
+    record "$meta" "{\"error\": \"exit $rc\"}"
+    return 0
+  fi
+  record "$meta" "$out"
+}
+
+have_torch=0
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+  have_torch=1
+else
+  echo "PyTorch with CUDA not importable: the PyTorch rows are skipped" >&2
+fi
+gemm="null"
+if [ "$have_torch" -eq 1 ]; then
+  gemm=$(python3 tools/gpu_check_torch.py --gemm | python3 -c 'import json,sys; print(json.load(sys.stdin)["bf16_gemm_tflops"])') || gemm="null"
+  echo "measured bf16 GEMM rate (cuBLAS through PyTorch, 8192^3): $gemm TFLOP/s" >&2
+fi
+
+hetrain_run gpt-mini 4 128 4 64 32
+hetrain_run gpt2-124M-shape 12 768 12 1024 "$BATCH"
+if [ "$have_torch" -eq 1 ]; then
+  torch_run gpt-mini 4 128 4 64 32
+  torch_run gpt2-124M-shape 12 768 12 1024 "$BATCH"
+  torch_run gpt2-124M-shape 12 768 12 1024 "$BATCH" --compile
+fi
+
+say "table"
+python3 - "$rows" "$gemm" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+gemm = None if sys.argv[2] in ("", "null") else float(sys.argv[2])
+print(f"measured bf16 GEMM rate: {gemm:.0f} TFLOP/s" if gemm else "bf16 GEMM rate: not measured (no PyTorch)")
+print()
+print("| model | run | batch x context | step (ms) | tokens/s | MFU | peak GPU memory (MiB) |")
+print("|---|---|---|---|---|---|---|")
+for r in rows:
+    shape = f"{r['batch']} x {r['context']}"
+    if "error" in r:
+        print(f"| {r['model']} | {r['run']} | {shape} | {r['error']} | | | |")
+        continue
+    tokens = r["batch"] * r["context"]
+    t = r["step_time_s"]
+    # Training FLOPs per token: 6 N (weights, forward and backward) + 12 L d T (attention).
+    flops = 6 * r["params"] + 12 * r["layers"] * r["width"] * r["context"]
+    mfu = f"{100 * flops * tokens / t / (gemm * 1e12):.1f}%" if gemm and r["params"] else "n/a"
+    peak = f"{r['peak_gpu_bytes'] / 2**20:.0f}" if r.get("peak_gpu_bytes") else "n/a"
+    print(f"| {r['model']} | {r['run']} | {shape} | {1e3 * t:.1f} | {tokens / t:,.0f} | {mfu} | {peak} |")
+PY
+exit "$status"
