@@ -127,6 +127,11 @@ TEST_F(Cuda, UnaryOpsOnStridedInputs) {
           return std::vector<Tensor>{gelu(x), gelu(x, "tanh")};
         },
         kExact, "gelu " + std::string(dtype_name(dt)));
+    compare(
+        [&] {  // the fused tanh-GELU gradient (gelu_tanh_backward)
+          return std::vector<Tensor>{grad({sum(gelu(x, "tanh") * x)}, {x})[0]};
+        },
+        kExact, "gelu_tanh_backward " + std::string(dtype_name(dt)));
   }
   for (Dtype dt : {Dtype::i32, Dtype::i64}) {
     Tensor x = input({5, 9}, dt, 2);

@@ -63,6 +63,8 @@ constexpr BinaryOp binary_op() {
     return BinaryOp::minimum;
   else if constexpr (std::is_same_v<Op, ReluGradOp>)
     return BinaryOp::relu_backward;
+  else if constexpr (std::is_same_v<Op, GeluTanhGradOp>)
+    return BinaryOp::gelu_tanh_backward;
   else if constexpr (std::is_same_v<Op, EqualOp>)
     return BinaryOp::equal;
   else if constexpr (std::is_same_v<Op, NotEqualOp>)
@@ -138,6 +140,7 @@ HETRAIN_CUDA_BINARY(PowOp)
 HETRAIN_CUDA_BINARY(MaximumOp)
 HETRAIN_CUDA_BINARY(MinimumOp)
 HETRAIN_CUDA_BINARY(ReluGradOp)
+HETRAIN_CUDA_BINARY(GeluTanhGradOp)
 HETRAIN_CUDA_BINARY(EqualOp)
 HETRAIN_CUDA_BINARY(NotEqualOp)
 HETRAIN_CUDA_BINARY(LessOp)

@@ -113,6 +113,15 @@ __device__ __forceinline__ C binary_f(BinaryOp op, C a, C b) {
       return a <= b ? a : b;
     case BinaryOp::relu_backward:
       return a > C(0) ? b : C(0);
+    case BinaryOp::gelu_tanh_backward:  // as GeluTanhGradOp::f (graph/prims/elementwise.h)
+      if constexpr (std::is_floating_point_v<C>) {
+        const C k = C(0.79788456080286535588), c = C(0.044715);
+        const C u = k * (a + c * a * a * a), du = k * (C(1) + C(3) * c * a * a);
+        const C e = exp(C(-2) * fabs(u)), p = C(1) / (C(1) + e), q = e * p;
+        return b * ((u >= C(0) ? p : q) + C(2) * a * p * q * du);
+      } else {
+        return a;  // unreachable: float-only
+      }
     default:
       return a;
   }

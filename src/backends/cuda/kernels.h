@@ -53,6 +53,7 @@ enum class BinaryOp : uint8_t {
   maximum,
   minimum,
   relu_backward,
+  gelu_tanh_backward,
   equal,
   not_equal,
   less,
