@@ -182,6 +182,14 @@ void Binary<Op>::eval_cpu(const std::vector<const Array*>& in, const std::vector
                           return;
                         }
                       }
+                      if constexpr (FastF32Binary<Op>::has && std::is_same_v<compute_t<T>, float>) {
+                        if (step[0] == 1 && step[1] == 1 && step[2] == 1) {  // f16, bf16
+                          for (int64_t i = 0; i < len; ++i)
+                            o[i] = from_compute<T>(
+                                FastF32Binary<Op>::f(to_compute(x0[i]), to_compute(x1[i])));
+                          return;
+                        }
+                      }
                       if (step[1] == 1 && step[2] == 1) {
                         for (int64_t i = 0; i < len; ++i)
                           o[i] = from_compute<O>(Op::f(to_compute(x0[i]), to_compute(x1[i])));
