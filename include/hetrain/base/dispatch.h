@@ -36,4 +36,19 @@ void dispatch_all(Dtype dt, const char* op, F&& f) {
   dispatch_numeric(dt, op, std::forward<F>(f));
 }
 
+/// Integer index dtypes (i32, i64): dispatch_index(dt, "op", [&]<class I>() { ... }).
+template <class F>
+void dispatch_index(Dtype dt, const char* op, F&& f) {
+  switch (dt) {
+    case Dtype::i32:
+      f.template operator()<int32_t>();
+      return;
+    case Dtype::i64:
+      f.template operator()<int64_t>();
+      return;
+    default:
+      fail("[", op, "] indices must be i32 or i64, got ", dtype_name(dt));
+  }
+}
+
 }  // namespace hetrain

@@ -189,7 +189,7 @@ void launch_attention(Dtype dt, const AttentionDims& g, double scale, void* o, v
                       const void* q, const void* k, const void* v, cudaStream_t s) {
   check_dims(g);
   if (g.B * g.Lq == 0) return;
-  dispatch_float(dt, "sdpa", [&]<class T>() {
+  dispatch_device_float(dt, "sdpa", [&]<class T>() {
     using C = compute_of<T>;
     attention_forward_kernel<T><<<warp_blocks(g.B * g.Lq), 32 * kWarpsPerBlock, 0, s>>>(
         g, static_cast<C>(scale), static_cast<T*>(o), static_cast<C*>(lse),
@@ -202,7 +202,7 @@ void launch_attention_backward(Dtype dt, const AttentionDims& g, double scale, v
                                void* dv, void* d_rows, const void* q, const void* k, const void* v,
                                const void* o, const void* dout, const void* lse, cudaStream_t s) {
   check_dims(g);
-  dispatch_float(dt, "sdpa_backward", [&]<class T>() {
+  dispatch_device_float(dt, "sdpa_backward", [&]<class T>() {
     using C = compute_of<T>;
     const auto* qp = static_cast<const T*>(q);
     const auto* kp = static_cast<const T*>(k);

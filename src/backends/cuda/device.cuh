@@ -11,6 +11,7 @@
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/kernels.h"
+#include "hetrain/base/dispatch.h"  // dispatch_index
 #include "hetrain/base/error.h"
 
 namespace hetrain::cuda {
@@ -77,9 +78,10 @@ __device__ __forceinline__ T store(C v) {
   }
 }
 
-/// Calls f.template operator()<T>() for the storage type of dt.
+/// Calls f.template operator()<T>() for the device storage type of dt (F16 and BF16 for the
+/// half types; the host dispatch_* in hetrain/base/dispatch.h pick the host types).
 template <class F>
-void dispatch(Dtype dt, const char* op, F&& f) {
+void dispatch_device(Dtype dt, const char* op, F&& f) {
   switch (dt) {
     case Dtype::f64:
       f.template operator()<double>();
@@ -106,7 +108,7 @@ void dispatch(Dtype dt, const char* op, F&& f) {
   fail("[", op, "] unknown dtype");
 }
 template <class F>
-void dispatch_float(Dtype dt, const char* op, F&& f) {
+void dispatch_device_float(Dtype dt, const char* op, F&& f) {
   switch (dt) {
     case Dtype::f64:
       f.template operator()<double>();
@@ -122,19 +124,6 @@ void dispatch_float(Dtype dt, const char* op, F&& f) {
       return;
     default:
       fail("[", op, "] CUDA kernel needs a floating-point dtype, got ", dtype_name(dt));
-  }
-}
-template <class F>
-void dispatch_index(Dtype dt, const char* op, F&& f) {
-  switch (dt) {
-    case Dtype::i32:
-      f.template operator()<int32_t>();
-      return;
-    case Dtype::i64:
-      f.template operator()<int64_t>();
-      return;
-    default:
-      fail("[", op, "] indices must be i32 or i64, got ", dtype_name(dt));
   }
 }
 

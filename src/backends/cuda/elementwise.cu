@@ -199,7 +199,7 @@ constexpr int kThreads = 256;
 
 void launch_unary(UnaryOp op, Dtype dt, const Iter& it, void* y, const void* x, cudaStream_t s) {
   if (it.numel == 0) return;
-  dispatch(dt, "unary", [&]<class T>() {
+  dispatch_device(dt, "unary", [&]<class T>() {
     if constexpr (std::is_same_v<T, bool>) {
       fail("[unary] no CUDA kernel for bool tensors");
     } else {
@@ -213,7 +213,7 @@ void launch_unary(UnaryOp op, Dtype dt, const Iter& it, void* y, const void* x, 
 void launch_binary(BinaryOp op, Dtype dt, const Iter& it, void* y, const void* a, const void* b,
                    cudaStream_t s) {
   if (it.numel == 0) return;
-  dispatch(dt, "binary", [&]<class T>() {
+  dispatch_device(dt, "binary", [&]<class T>() {
     if (is_compare(op)) {
       compare_kernel<T><<<grid_for(it.numel, kThreads), kThreads, 0, s>>>(
           op, it, static_cast<bool*>(y), static_cast<const T*>(a), static_cast<const T*>(b));
@@ -233,7 +233,7 @@ void launch_binary(BinaryOp op, Dtype dt, const Iter& it, void* y, const void* a
 void launch_where(Dtype dt, const Iter& it, void* y, const void* c, const void* a, const void* b,
                   cudaStream_t s) {
   if (it.numel == 0) return;
-  dispatch(dt, "where", [&]<class T>() {
+  dispatch_device(dt, "where", [&]<class T>() {
     where_kernel<T><<<grid_for(it.numel, kThreads), kThreads, 0, s>>>(
         it, static_cast<T*>(y), static_cast<const bool*>(c), static_cast<const T*>(a),
         static_cast<const T*>(b));
@@ -243,8 +243,8 @@ void launch_where(Dtype dt, const Iter& it, void* y, const void* c, const void* 
 
 void launch_cast(Dtype dx, Dtype dy, const Iter& it, void* y, const void* x, cudaStream_t s) {
   if (it.numel == 0) return;
-  dispatch(dx, "cast", [&]<class S>() {
-    dispatch(dy, "cast", [&]<class D>() {
+  dispatch_device(dx, "cast", [&]<class S>() {
+    dispatch_device(dy, "cast", [&]<class D>() {
       cast_kernel<S, D><<<grid_for(it.numel, kThreads), kThreads, 0, s>>>(it, static_cast<D*>(y),
                                                                           static_cast<const S*>(x));
       HT_CUDA_CHECK_LAUNCH("cast_kernel");

@@ -306,7 +306,7 @@ unsigned row_blocks(int64_t rows) {
 void launch_softmax(Dtype dt, bool log, int64_t O, int64_t R, int64_t I, void* y, const void* x,
                     cudaStream_t s) {
   if (O * R * I == 0) return;
-  dispatch_float(dt, log ? "log_softmax" : "softmax", [&]<class T>() {
+  dispatch_device_float(dt, log ? "log_softmax" : "softmax", [&]<class T>() {
     if (I == 1) {
       softmax_rows_kernel<T><<<row_blocks(O), kRowThreads, 0, s>>>(log, O, R, static_cast<T*>(y),
                                                                    static_cast<const T*>(x));
@@ -322,7 +322,7 @@ void launch_softmax(Dtype dt, bool log, int64_t O, int64_t R, int64_t I, void* y
 void launch_norm(Dtype dt, bool center, int64_t rows, int64_t n, double eps, void* y, void* stats,
                  const void* x, const void* w, const void* b, cudaStream_t s) {
   if (rows * n == 0) return;
-  dispatch_float(dt, center ? "layer_norm" : "rms_norm", [&]<class T>() {
+  dispatch_device_float(dt, center ? "layer_norm" : "rms_norm", [&]<class T>() {
     using C = compute_of<T>;
     norm_kernel<T><<<row_blocks(rows), kRowThreads, 0, s>>>(
         center, rows, n, static_cast<C>(eps), static_cast<T*>(y), static_cast<C*>(stats),
@@ -336,7 +336,7 @@ int64_t norm_backward_chunks(int64_t rows) { return rows < 256 ? (rows < 1 ? 1 :
 void launch_norm_backward(Dtype dt, bool center, int64_t rows, int64_t n, void* dx, void* dw,
                           void* db, void* partial, const void* x, const void* stats, const void* g,
                           const void* w, cudaStream_t s) {
-  dispatch_float(dt, center ? "layer_norm_backward" : "rms_norm_backward", [&]<class T>() {
+  dispatch_device_float(dt, center ? "layer_norm_backward" : "rms_norm_backward", [&]<class T>() {
     using C = compute_of<T>;
     if (rows * n > 0) {
       norm_dx_kernel<T><<<row_blocks(rows), kRowThreads, 0, s>>>(
@@ -364,7 +364,7 @@ void launch_cross_entropy(Dtype dt, Dtype it, int64_t O, int64_t R, int64_t I, i
                           void* loss, void* lse, const void* x, const void* target,
                           cudaStream_t s) {
   if (O * I == 0) return;
-  dispatch_float(dt, "cross_entropy", [&]<class T>() {
+  dispatch_device_float(dt, "cross_entropy", [&]<class T>() {
     using C = compute_of<T>;
     dispatch_index(it, "cross_entropy", [&]<class Ix>() {
       if (I == 1) {
@@ -386,7 +386,7 @@ void launch_cross_entropy_backward(Dtype dt, Dtype it, int64_t O, int64_t R, int
                                    int64_t ignore, void* dx, const void* x, const void* target,
                                    const void* lse, const void* g, cudaStream_t s) {
   if (O * R * I == 0) return;
-  dispatch_float(dt, "cross_entropy_backward", [&]<class T>() {
+  dispatch_device_float(dt, "cross_entropy_backward", [&]<class T>() {
     using C = compute_of<T>;
     dispatch_index(it, "cross_entropy_backward", [&]<class Ix>() {
       ce_backward_kernel<T, Ix><<<grid_for(O * R * I, 256), 256, 0, s>>>(
@@ -400,7 +400,7 @@ void launch_cross_entropy_backward(Dtype dt, Dtype it, int64_t O, int64_t R, int
 void launch_take(Dtype dt, Dtype it, int64_t O, int64_t V, int64_t I, int64_t K, void* y,
                  const void* x, const void* idx, cudaStream_t s) {
   if (O * K * I == 0) return;
-  dispatch(dt, "take", [&]<class T>() {
+  dispatch_device(dt, "take", [&]<class T>() {
     dispatch_index(it, "take", [&]<class Ix>() {
       take_kernel<T, Ix><<<grid_for(O * K * I, 256), 256, 0, s>>>(
           O, V, I, K, static_cast<T*>(y), static_cast<const T*>(x), static_cast<const Ix*>(idx));
@@ -411,7 +411,7 @@ void launch_take(Dtype dt, Dtype it, int64_t O, int64_t V, int64_t I, int64_t K,
 
 void launch_index_add(Dtype dt, Dtype it, int64_t O, int64_t V, int64_t I, int64_t K, void* y,
                       void* acc, const void* g, const void* idx, cudaStream_t s) {
-  dispatch_float(dt, "index_add", [&]<class T>() {
+  dispatch_device_float(dt, "index_add", [&]<class T>() {
     using C = compute_of<T>;
     if (O * K * I > 0) {
       dispatch_index(it, "index_add", [&]<class Ix>() {
@@ -434,7 +434,7 @@ void launch_index_add(Dtype dt, Dtype it, int64_t O, int64_t V, int64_t I, int64
 void launch_adamw(Dtype dt, int64_t n, const AdamWScalars& a, void* po, void* mo, void* vo,
                   const void* p, const void* g, const void* m, const void* v, cudaStream_t s) {
   if (n == 0) return;
-  dispatch_float(dt, "adamw_update", [&]<class T>() {
+  dispatch_device_float(dt, "adamw_update", [&]<class T>() {
     using C = compute_of<T>;
     adamw_kernel<T><<<grid_for(n, 256), 256, 0, s>>>(
         n, static_cast<C>(a.b1), static_cast<C>(a.b2), static_cast<C>(a.one_b1),

@@ -134,7 +134,7 @@ void launch_reduce(ReduceOp op, Dtype dt, const ReduceDims& d, void* y, const vo
   // block per output; the rest a thread per output.
   const bool inner_reduced = d.red_ndim > 0 && d.red_strides[d.red_ndim - 1] == 1;
   const bool rows = d.reduced >= 128 && (inner_reduced || d.outputs < 8192);
-  dispatch(dt, "reduce", [&]<class T>() {
+  dispatch_device(dt, "reduce", [&]<class T>() {
     if constexpr (std::is_same_v<T, bool>) {
       fail("[reduce] does not support dtype bool");
     } else {
@@ -168,7 +168,7 @@ void launch_reduce(ReduceOp op, Dtype dt, const ReduceDims& d, void* y, const vo
 void launch_argmax(Dtype dt, int64_t O, int64_t R, int64_t I, int64_t* y, const void* x,
                    cudaStream_t s) {
   if (O * I == 0) return;
-  dispatch(dt, "argmax", [&]<class T>() {
+  dispatch_device(dt, "argmax", [&]<class T>() {
     if constexpr (std::is_same_v<T, bool>) {
       fail("[argmax] does not support dtype bool");
     } else {

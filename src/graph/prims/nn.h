@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include "hetrain/base/dispatch.h"
 #include "hetrain/graph/primitive.h"
 
 namespace hetrain {
@@ -198,20 +199,6 @@ class CrossEntropyBackward final : public Primitive {
   int64_t ignore_;
 };
 
-/// Integer index dtypes (i32, i64): dispatch_index(dt, "op", [&]<class I>() { ... }).
-template <class F>
-void dispatch_index(Dtype dt, const char* op, F&& f) {
-  switch (dt) {
-    case Dtype::i32:
-      f.template operator()<int32_t>();
-      return;
-    case Dtype::i64:
-      f.template operator()<int64_t>();
-      return;
-    default:
-      fail("[", op, "] indices must be i32 or i64, got ", dtype_name(dt));
-  }
-}
 
 /// The first value of an integer index array outside [0, bound), other than skip (an array
 /// in a GPU's memory is read through a host copy).
