@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/kernels.h"
@@ -78,35 +79,8 @@ __device__ __forceinline__ T store(C v) {
   }
 }
 
-/// Calls f.template operator()<T>() for the device storage type of dt (F16 and BF16 for the
-/// half types; the host dispatch_* in hetrain/base/dispatch.h pick the host types).
-template <class F>
-void dispatch_device(Dtype dt, const char* op, F&& f) {
-  switch (dt) {
-    case Dtype::f64:
-      f.template operator()<double>();
-      return;
-    case Dtype::f32:
-      f.template operator()<float>();
-      return;
-    case Dtype::f16:
-      f.template operator()<F16>();
-      return;
-    case Dtype::bf16:
-      f.template operator()<BF16>();
-      return;
-    case Dtype::i32:
-      f.template operator()<int32_t>();
-      return;
-    case Dtype::i64:
-      f.template operator()<int64_t>();
-      return;
-    case Dtype::boolean:
-      f.template operator()<bool>();
-      return;
-  }
-  fail("[", op, "] unknown dtype");
-}
+/// Calls f.template operator()<T>() for the device storage type of a floating dtype (F16 and
+/// BF16 for the half types; the host dispatch_* in hetrain/base/dispatch.h pick host types).
 template <class F>
 void dispatch_device_float(Dtype dt, const char* op, F&& f) {
   switch (dt) {
@@ -124,6 +98,23 @@ void dispatch_device_float(Dtype dt, const char* op, F&& f) {
       return;
     default:
       fail("[", op, "] CUDA kernel needs a floating-point dtype, got ", dtype_name(dt));
+  }
+}
+/// The same for every dtype: integers and bool as themselves.
+template <class F>
+void dispatch_device(Dtype dt, const char* op, F&& f) {
+  switch (dt) {
+    case Dtype::i32:
+      f.template operator()<int32_t>();
+      return;
+    case Dtype::i64:
+      f.template operator()<int64_t>();
+      return;
+    case Dtype::boolean:
+      f.template operator()<bool>();
+      return;
+    default:
+      dispatch_device_float(dt, op, std::forward<F>(f));
   }
 }
 
