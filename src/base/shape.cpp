@@ -12,6 +12,17 @@ int64_t numel(const Shape& s) {
   return n;
 }
 
+int64_t numel(const Shape& s, size_t b, size_t e) {
+  int64_t n = 1;
+  for (size_t i = b; i < e; ++i) n *= s[i];
+  return n;
+}
+
+ORI split_at(const Shape& s, int axis) {
+  const auto a = static_cast<size_t>(axis);
+  return {numel(s, 0, a), s[a], numel(s, a + 1, s.size())};
+}
+
 Strides contiguous_strides(const Shape& s) {
   Strides st(s.size());
   int64_t acc = 1;

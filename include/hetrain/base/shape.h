@@ -11,6 +11,13 @@ using Shape = std::vector<int64_t>;
 using Strides = std::vector<int64_t>;
 
 int64_t numel(const Shape& s);
+/// Elements of the dimensions s[b..e).
+int64_t numel(const Shape& s, size_t b, size_t e);
+/// Sizes of a shape viewed as (outer, axis, inner) around one axis.
+struct ORI {
+  int64_t O = 1, R = 1, I = 1;
+};
+ORI split_at(const Shape& s, int axis);
 Strides contiguous_strides(const Shape& s);
 /// "(2, 3)"; "()" for a scalar.
 std::string shape_str(const Shape& s);

@@ -17,12 +17,6 @@ namespace hetrain {
 
 namespace {
 
-int64_t prod(const Shape& s, size_t b, size_t e) {
-  int64_t p = 1;
-  for (size_t i = b; i < e; ++i) p *= s[i];
-  return p;
-}
-
 /// Accumulates into T's compute type: a workspace for f16/bf16, out itself otherwise.
 template <class T>
 struct Accumulator {
@@ -60,7 +54,7 @@ void Take::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array
   Array x = contiguous_array(*in[0]);
   Array idx = contiguous_array(*in[1]);
   const size_t a = static_cast<size_t>(axis_);
-  const int64_t O = prod(x.shape, 0, a), V = x.shape[a], I = prod(x.shape, a + 1, x.shape.size());
+  const int64_t O = numel(x.shape, 0, a), V = x.shape[a], I = numel(x.shape, a + 1, x.shape.size());
   const int64_t K = idx.numel();
   if (auto bad = find_bad_index(idx, V)) fail_bad_index(op_, *bad, V, axis_);
   Array& y = *out[0];
@@ -88,7 +82,7 @@ void IndexAdd::eval_cpu(const std::vector<const Array*>& in, const std::vector<A
   Array g = contiguous_array(*in[0]);
   Array idx = contiguous_array(*in[1]);
   const size_t a = static_cast<size_t>(axis_);
-  const int64_t O = prod(full_, 0, a), V = full_[a], I = prod(full_, a + 1, full_.size());
+  const int64_t O = numel(full_, 0, a), V = full_[a], I = numel(full_, a + 1, full_.size());
   const int64_t K = idx.numel();
   if (auto bad = find_bad_index(idx, V)) fail_bad_index("index_add", *bad, V, axis_);
   Array& y = *out[0];

@@ -27,24 +27,6 @@ using cpu::vexp;
 
 namespace {
 
-/// Sizes of x viewed as (outer, axis, inner) around one axis.
-struct ORI {
-  int64_t O = 1, R = 1, I = 1;
-};
-ORI split_at(const Shape& s, int axis) {
-  ORI d;
-  for (size_t i = 0; i < s.size(); ++i) {
-    int ii = static_cast<int>(i);
-    if (ii < axis)
-      d.O *= s[i];
-    else if (ii == axis)
-      d.R = s[i];
-    else
-      d.I *= s[i];
-  }
-  return d;
-}
-
 constexpr int64_t kColBlock = 64;
 
 // ---- softmax ------------------------------------------------------------------------------

@@ -14,10 +14,6 @@ namespace hetrain {
 
 namespace {
 
-struct ORI {
-  int64_t O = 1, R = 1, I = 1;
-};
-
 /// Returns x contiguous with the reduced axes forming one block, and its (O, R, I).
 Array prepare(const Array& x, const std::vector<int>& axes, ORI& ori) {
   const int nd = static_cast<int>(x.shape.size());

@@ -11,32 +11,6 @@
 
 namespace hetrain {
 
-namespace {
-/// Sizes of a shape viewed as (outer, axis, inner) around one axis.
-struct ORI {
-  int64_t O = 1, R = 1, I = 1;
-};
-ORI split_at(const Shape& s, int axis) {
-  ORI d;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const int ii = static_cast<int>(i);
-    if (ii < axis)
-      d.O *= s[i];
-    else if (ii == axis)
-      d.R = s[i];
-    else
-      d.I *= s[i];
-  }
-  return d;
-}
-
-int64_t prod(const Shape& s, size_t b, size_t e) {
-  int64_t p = 1;
-  for (size_t i = b; i < e; ++i) p *= s[i];
-  return p;
-}
-}  // namespace
-
 // ---- reductions ---------------------------------------------------------------------------
 
 void Reduce::eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
@@ -124,7 +98,7 @@ void Take::eval_cuda(const std::vector<const Array*>& in, const std::vector<Arra
   const Array x = cuda::contiguous(*in[0]);
   const Array idx = cuda::contiguous(*in[1]);
   const size_t a = static_cast<size_t>(axis_);
-  const int64_t O = prod(x.shape, 0, a), V = x.shape[a], I = prod(x.shape, a + 1, x.shape.size());
+  const int64_t O = numel(x.shape, 0, a), V = x.shape[a], I = numel(x.shape, a + 1, x.shape.size());
   // Bounds are checked on a host copy of the indices (a sync), so the error reaches the
   // caller as on the CPU (find_bad_index copies device arrays).
   if (auto bad = find_bad_index(idx, V)) fail_bad_index(op_, *bad, V, axis_);
@@ -139,7 +113,7 @@ void IndexAdd::eval_cuda(const std::vector<const Array*>& in,
   const Array g = cuda::contiguous(*in[0]);
   const Array idx = cuda::contiguous(*in[1]);
   const size_t a = static_cast<size_t>(axis_);
-  const int64_t O = prod(full_, 0, a), V = full_[a], I = prod(full_, a + 1, full_.size());
+  const int64_t O = numel(full_, 0, a), V = full_[a], I = numel(full_, a + 1, full_.size());
   if (auto bad = find_bad_index(idx, V)) fail_bad_index("index_add", *bad, V, axis_);
   Array& y = *out[0];
   y.allocate();
