@@ -29,7 +29,7 @@ int RooflineModel::shared_cores() const {
   return sharing > 1 ? cores : 0;
 }
 
-double RooflineModel::core_share(double seconds, int d) const {
+double RooflineModel::core_seconds(double seconds, int d) const {
   const DeviceModel& m = devices_[static_cast<size_t>(d)];
   return m.host_cores > 0 ? seconds / m.slowdown : 0.0;
 }
@@ -76,10 +76,9 @@ class ListScheduler {
     return static_cast<size_t>(std::min_element(w.begin(), w.end()) - w.begin());
   }
 
-  /// The shared core free first, or none when node v on device d holds none.
-  std::optional<size_t> core_for(int v, int d) const {
-    if (core_free_.empty() || m_.core_seconds(g_[static_cast<size_t>(v)], d) <= 0)
-      return std::nullopt;
+  /// The shared core free first, or none when a node holding one for `hold` seconds needs none.
+  std::optional<size_t> core_for(double hold) const {
+    if (core_free_.empty() || hold <= 0) return std::nullopt;
     return static_cast<size_t>(std::min_element(core_free_.begin(), core_free_.end()) -
                                core_free_.begin());
   }
@@ -111,10 +110,11 @@ class ListScheduler {
       link = std::max(link, avail) + m_.copy_seconds(in.bytes, d);
       ready = std::max(ready, link);
     }
+    const double dur = m_.node_seconds(n, d);
     double st = std::max(ready, worker_free_[static_cast<size_t>(d)][first_free(d)]);
-    if (auto c = core_for(v, d)) st = std::max(st, core_free_[*c]);
+    if (auto c = core_for(m_.core_seconds(dur, d))) st = std::max(st, core_free_[*c]);
     if (start_out) *start_out = st;
-    return st + m_.node_seconds(n, d);
+    return st + dur;
   }
 
   /// Places v on d: records its copies (each once), the worker's and the link's time.
@@ -150,10 +150,10 @@ class ListScheduler {
     const double dur = m_.node_seconds(n, d);
     const size_t w = first_free(d);
     double st = std::max(ready, worker_free_[static_cast<size_t>(d)][w]);
-    const std::optional<size_t> core = core_for(v, d);
-    if (core) {
+    const double hold = m_.core_seconds(dur, d);
+    if (const std::optional<size_t> core = core_for(hold)) {
       st = std::max(st, core_free_[*core]);
-      core_free_[*core] = st + m_.core_seconds(n, d);
+      core_free_[*core] = st + hold;
     }
     s_.device[static_cast<size_t>(v)] = d;
     s_.start[static_cast<size_t>(v)] = st;
@@ -330,7 +330,7 @@ double makespan_lower_bound(const std::vector<TaskNode>& g, const DurationModel&
     for (const TaskNode& n : g) {
       double least = kInf;
       for (int d = 0; d < nd; ++d)
-        if (allowed(n, d)) least = std::min(least, m.core_seconds(n, d));
+        if (allowed(n, d)) least = std::min(least, m.core_seconds(m.node_seconds(n, d), d));
       core_work += least;
     }
     core_work /= cores;

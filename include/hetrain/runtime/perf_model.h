@@ -102,8 +102,8 @@ class CalibratedModel : public DurationModel {
   }
   int workers(int d) const override { return roofline_.workers(d); }
   int shared_cores() const override { return roofline_.shared_cores(); }
-  double core_seconds(const TaskNode& node, int d) const override {
-    return roofline_.core_share(node_seconds(node, d), d);
+  double core_seconds(double seconds, int d) const override {
+    return roofline_.core_seconds(seconds, d);
   }
   /// The estimate behind node_seconds (for explain).
   PerfEstimate estimate(const TaskNode& node, int d) const;

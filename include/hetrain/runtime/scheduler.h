@@ -95,9 +95,10 @@ class DurationModel {
   virtual int workers(int d) const { return 1; }
   /// Cores shared by the devices whose nodes hold one while they run (0: none are shared).
   virtual int shared_cores() const { return 0; }
-  /// Seconds from its start that node holds a shared core on device d (0: it holds none). A sim
-  /// device's kernel holds one for its own run time; its declared slowdown is spent asleep.
-  virtual double core_seconds(const TaskNode& node, int d) const { return 0; }
+  /// Of a node that runs `seconds` on device d, the seconds from its start that it holds a shared
+  /// core (0: none). A sim device's kernel holds one for its own run time; its declared slowdown
+  /// is spent asleep.
+  virtual double core_seconds(double seconds, int d) const { return 0; }
 };
 
 /// Roofline durations from the device models: max(flops / rate, bytes / bandwidth) plus the
@@ -109,11 +110,7 @@ class RooflineModel : public DurationModel {
   double copy_seconds(double bytes, int d) const override;
   int workers(int d) const override { return devices_[static_cast<size_t>(d)].workers; }
   int shared_cores() const override;
-  double core_seconds(const TaskNode& node, int d) const override {
-    return core_share(node_seconds(node, d), d);
-  }
-  /// The part of a node's seconds on device d that holds a shared core.
-  double core_share(double seconds, int d) const;
+  double core_seconds(double seconds, int d) const override;
   const std::vector<DeviceModel>& devices() const { return devices_; }
 
  private:
