@@ -17,6 +17,7 @@
 #include "hetrain/base/cpu_time.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
+#include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/runtime/eval.h"
 
@@ -231,6 +232,143 @@ void measure_triad(DeviceProfile& p, bool quick) {
                     p.cache_bw_gbs, "GB/s", t, "L2 x threads"});
 }
 
+// ---- the engine's own kernels, forward and backward: what the planner charges on `local`
+// for convolutions, the attention core and elementwise work. Each case is sized to about
+// `flops` forward FLOPs so that small shapes are not all fixed cost; best of `reps`.
+template <class F>
+double best_eval(int reps, F&& build) {
+  eval(build());  // warm-up: primitive creation, buffer cache
+  return best_time(reps, [&] { eval(build()); });
+}
+
+double measure_conv(DeviceProfile& p, planning::ConvRate r, double flops, int reps) {
+  Generator gen(11);
+  const double per_image = 2.0 * r.out_hw * r.out_hw * r.out * r.in * r.kernel * r.kernel;
+  const int64_t batch =
+      std::clamp<int64_t>(std::llround(flops / per_image), std::max(8, 2 * p.threads), 256);
+  const int64_t in_hw = r.out_hw * r.stride, pad = r.kernel / 2;
+  Tensor x = randn({batch, r.in, in_hw, in_hw}, Dtype::f32, gen).eval();
+  Tensor w = randn({r.out, r.in, r.kernel, r.kernel}, Dtype::f32, gen).eval();
+  Tensor cot = randn({batch, r.out, r.out_hw, r.out_hw}, Dtype::f32, gen).eval();
+  const double t = best_eval(reps, [&] {
+    Tensor y = conv2d(x, w, {}, {r.stride, r.stride}, {pad, pad});
+    std::vector<Tensor> g = grad({y}, {x, w}, {cot});
+    return std::vector<Tensor>{y, g[0], g[1]};
+  });
+  const double gflops = 3 * per_image * static_cast<double>(batch) / t * 1e-9;
+  p.rows.push_back({"conv " + std::to_string(r.kernel) + "x" + std::to_string(r.kernel) + "/" +
+                        std::to_string(r.stride) + " " + std::to_string(r.in) + "->" +
+                        std::to_string(r.out) + " at " + std::to_string(r.out_hw) + "^2",
+                    gflops, "GFLOP/s", t, "forward + both gradients, batch " + std::to_string(batch)});
+  return gflops;
+}
+
+// f32 GEMMs of every (m, n, k) on a grid: thin and flat shapes (a layer's small batch or
+// width) run well below a square GEMM of the same size.
+void measure_gemm_grid(DeviceProfile& p, bool quick) {
+  planning::GemmGrid& g = p.gemm_f32_grid;
+  g.m = g.n = g.k = quick ? std::vector<double>{128, 1024} : std::vector<double>{128, 512, 2048};
+  Generator gen(10);
+  for (double m : g.m)
+    for (double n : g.n)
+      for (double k : g.k) {
+        const auto mi = static_cast<int64_t>(m), ni = static_cast<int64_t>(n),
+                   ki = static_cast<int64_t>(k);
+        Tensor a = randn({mi, ki}, Dtype::f32, gen).eval(), b = randn({ki, ni}, Dtype::f32, gen).eval();
+        const double t = best_eval(quick ? 2 : 4, [&] { return std::vector<Tensor>{matmul(a, b)}; });
+        g.rates.push_back(2 * m * n * k / t * 1e-9);
+      }
+  p.rows.push_back({"gemm f32 grid, " + std::to_string(g.rates.size()) + " shapes", 
+                    *std::min_element(g.rates.begin(), g.rates.end()), "GFLOP/s", 0,
+                    "slowest shape; all in the profile's gemm_f32_grid"});
+}
+
+void measure_convs(DeviceProfile& p, bool quick) {
+  std::vector<planning::ConvRate> cases;
+  const std::vector<int64_t> widths = quick ? std::vector<int64_t>{16, 64}
+                                            : std::vector<int64_t>{16, 32, 64, 128};
+  for (int64_t hw : quick ? std::vector<int64_t>{28, 7} : std::vector<int64_t>{28, 14, 7})
+    for (int64_t c : widths) cases.push_back({3, 1, c, c, hw, 0});
+  // Downsampling: a stride-2 3x3 and its 1x1 shortcut, doubling the channels.
+  for (int64_t k : {3, 1})
+    for (int64_t hw : quick ? std::vector<int64_t>{14} : std::vector<int64_t>{14, 7})
+      for (int64_t c : widths)
+        if (c < 128) cases.push_back({k, 2, c, 2 * c, hw, 0});
+  for (auto r : cases) {
+    r.gflops = measure_conv(p, r, quick ? 15e6 : 50e6, quick ? 2 : 3);
+    p.conv_f32_rates.push_back(r);
+  }
+}
+
+void measure_attention(DeviceProfile& p, bool quick) {
+  Generator gen(12);
+  const std::vector<std::pair<int64_t, int64_t>> shapes =
+      quick ? std::vector<std::pair<int64_t, int64_t>>{{64, 32}, {256, 64}}
+            : std::vector<std::pair<int64_t, int64_t>>{{32, 32},  {64, 32},  {128, 32},
+                                                        {128, 64}, {256, 32}, {256, 64}};
+  for (auto [s, d] : shapes) {
+    const double per_head = 4.0 * s * s * d;  // scores and scores @ V, as if not causal
+    const int64_t heads = std::clamp<int64_t>(std::llround((quick ? 15e6 : 50e6) / per_head),
+                                              2 * p.threads, 1024);
+    Tensor q = randn({heads, s, d}, Dtype::f32, gen).eval();
+    Tensor k = randn({heads, s, d}, Dtype::f32, gen).eval();
+    Tensor v = randn({heads, s, d}, Dtype::f32, gen).eval();
+    Tensor cot = randn({heads, s, d}, Dtype::f32, gen).eval();
+    const double t = best_eval(quick ? 2 : 3, [&] {
+      Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
+      std::vector<Tensor> g = grad({y}, {q, k, v}, {cot});
+      return std::vector<Tensor>{y, g[0], g[1], g[2]};
+    });
+    const double gflops = 3 * per_head * static_cast<double>(heads) / t * 1e-9;
+    p.attention_f32_curve.emplace_back(std::cbrt(static_cast<double>(s * s * d)), gflops);
+    p.rows.push_back({"causal attention s=" + std::to_string(s) + " d=" + std::to_string(d),
+                      gflops, "GFLOP/s", t,
+                      "forward + gradients, " + std::to_string(heads) + " heads, 4 s^2 d each"});
+  }
+  std::sort(p.attention_f32_curve.begin(), p.attention_f32_curve.end());
+}
+
+// Batch norm (training statistics) and ReLU, forward and gradients: 32 channels at 14x14,
+// batches giving 0.5 to 16 MiB tensors.
+void measure_norm(DeviceProfile& p, bool quick) {
+  Generator gen(14);
+  constexpr int64_t c = 32, hw = 14;
+  Tensor w = randn({c}, Dtype::f32, gen).eval(), b = randn({c}, Dtype::f32, gen).eval();
+  for (int64_t batch : quick ? std::vector<int64_t>{64} : std::vector<int64_t>{16, 64, 256, 512}) {
+    Tensor x = randn({batch, c, hw, hw}, Dtype::f32, gen).eval();
+    Tensor cot = randn({batch, c, hw, hw}, Dtype::f32, gen).eval();
+    const double t = best_eval(quick ? 2 : 5, [&] {
+      Tensor y = relu(batch_norm2d(x, w, b)[0]);
+      std::vector<Tensor> g = grad({y}, {x, w, b}, {cot});
+      return std::vector<Tensor>{y, g[0], g[1], g[2]};
+    });
+    const double bytes = 4.0 * static_cast<double>(x.numel());
+    p.norm_f32_curve.emplace_back(bytes, bytes / t * 1e-9);
+    p.rows.push_back({"batch norm + relu, " + std::to_string(static_cast<int64_t>(bytes) >> 10) +
+                          " KiB",
+                      bytes / t * 1e-9, "GB/s", t, "forward + gradients, per tensor byte"});
+  }
+}
+
+// Eight chained adds of n floats: 12 n bytes moved per node, node costs included.
+void measure_stream(DeviceProfile& p, bool quick) {
+  Generator gen(13);
+  constexpr int kOps = 8;
+  for (int64_t n : quick ? std::vector<int64_t>{1 << 12, 1 << 20}
+                         : std::vector<int64_t>{1 << 10, 1 << 13, 1 << 16, 1 << 19, 1 << 22}) {
+    Tensor x = randn({n}, Dtype::f32, gen).eval();
+    const double t = best_eval(quick ? 3 : 10, [&] {
+      Tensor y = x;
+      for (int i = 0; i < kOps; ++i) y = add(y, x);
+      return std::vector<Tensor>{y};
+    });
+    const double bytes = 12.0 * static_cast<double>(n);
+    p.stream_f32_curve.emplace_back(bytes, kOps * bytes / t * 1e-9);
+    p.rows.push_back({"elementwise add, " + std::to_string(n * 4 >> 10) + " KiB operands",
+                      kOps * bytes / t * 1e-9, "GB/s", t / kOps, "per node, 8 chained nodes"});
+  }
+}
+
 std::string today_utc() {
   std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -245,6 +383,14 @@ std::string today_utc() {
 json DeviceProfile::to_json() const {
   json curve = json::array();
   for (const auto& [n, gflops] : gemm_f32_curve) curve.push_back({n, gflops});
+  json convs = json::array();
+  for (const auto& r : conv_f32_rates)
+    convs.push_back({{"kernel", r.kernel},
+                     {"stride", r.stride},
+                     {"in", r.in},
+                     {"out", r.out},
+                     {"out_hw", r.out_hw},
+                     {"gflops", r.gflops}});
   json detail = json::array();
   for (const auto& r : rows)
     detail.push_back({{"what", r.what},
@@ -261,6 +407,15 @@ json DeviceProfile::to_json() const {
           {"mem_bw_cpu_gbs", mem_bw_cpu_gbs},
           {"gemm_f32_cpu_gflops", gemm_f32_cpu_gflops},
           {"gemm_f32_curve", curve},
+          {"gemm_f32_grid",
+           {{"m", gemm_f32_grid.m},
+            {"n", gemm_f32_grid.n},
+            {"k", gemm_f32_grid.k},
+            {"gflops", gemm_f32_grid.rates}}},
+          {"conv_f32_rates", convs},
+          {"attention_f32_curve", attention_f32_curve},
+          {"stream_f32_curve", stream_f32_curve},
+          {"norm_f32_curve", norm_f32_curve},
           {"cache_bw_gbs", cache_bw_gbs},
           {"cache_bytes", cache_bytes},
           {"mem_bytes", mem_bytes},
@@ -303,6 +458,11 @@ DeviceProfile measure_device(const BenchOptions& opts) {
   p.rows.push_back({"gemm f32 per CPU second x threads", p.gemm_f32_cpu_gflops, "GFLOP/s", 0,
                     "best size; the rate were the cores ours"});
   measure_triad(p, opts.quick);
+  measure_gemm_grid(p, opts.quick);
+  measure_convs(p, opts.quick);
+  measure_attention(p, opts.quick);
+  measure_stream(p, opts.quick);
+  measure_norm(p, opts.quick);
   return p;
 }
 
@@ -342,6 +502,26 @@ DeviceProfile DeviceProfile::from_json(const json& j) {
     for (const auto& pt : j["gemm_f32_curve"])
       if (pt.is_array() && pt.size() == 2 && pt[0].is_number() && pt[1].is_number())
         p.gemm_f32_curve.emplace_back(pt[0].get<int64_t>(), pt[1].get<double>());
+  auto pairs = [&](const char* key, std::vector<std::pair<double, double>>& out) {
+    if (j.contains(key) && j[key].is_array())
+      for (const auto& pt : j[key])
+        if (pt.is_array() && pt.size() == 2 && pt[0].is_number() && pt[1].is_number())
+          out.emplace_back(pt[0].get<double>(), pt[1].get<double>());
+  };
+  if (j.contains("gemm_f32_grid") && j["gemm_f32_grid"].is_object()) {
+    const json& g = j["gemm_f32_grid"];
+    p.gemm_f32_grid = {g.value("m", std::vector<double>{}), g.value("n", std::vector<double>{}),
+                       g.value("k", std::vector<double>{}), g.value("gflops", std::vector<double>{})};
+  }
+  pairs("attention_f32_curve", p.attention_f32_curve);
+  pairs("stream_f32_curve", p.stream_f32_curve);
+  pairs("norm_f32_curve", p.norm_f32_curve);
+  if (j.contains("conv_f32_rates") && j["conv_f32_rates"].is_array())
+    for (const auto& r : j["conv_f32_rates"])
+      if (r.is_object())
+        p.conv_f32_rates.push_back({r.value("kernel", int64_t{0}), r.value("stride", int64_t{0}),
+                                    r.value("in", int64_t{0}), r.value("out", int64_t{0}),
+                                    r.value("out_hw", int64_t{0}), r.value("gflops", 0.0)});
   if (j.contains("measurements") && j["measurements"].is_array())
     for (const auto& r : j["measurements"])
       p.rows.push_back({r.value("what", std::string()), r.value("value", 0.0),

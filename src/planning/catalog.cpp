@@ -1,6 +1,8 @@
 #include "hetrain/planning/catalog.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -183,6 +185,87 @@ std::string Catalog::device_profile_path() {
   return base + "/hetrain/device_profile.json";
 }
 
+namespace {
+
+// A profile's [x, rate] curve, sorted by x, rates times `scale`; absent: empty.
+std::vector<std::pair<double, double>> profile_curve(const json& j, const char* key,
+                                                     const char* pair, double scale) {
+  std::vector<std::pair<double, double>> out;
+  if (!j.contains(key)) return out;
+  const json& c = j[key];
+  if (!c.is_array()) fail("'", key, "' must be an array of [", pair, "] pairs");
+  for (const auto& e : c) {
+    if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_number() ||
+        e[0].get<double>() <= 0 || e[1].get<double>() <= 0)
+      fail("'", key, "' entries must be [", pair, "] with both positive");
+    out.emplace_back(e[0].get<double>(), e[1].get<double>() * scale);
+  }
+  std::sort(out.begin(), out.end());
+  for (size_t i = 1; i < out.size(); ++i)
+    if (out[i].first == out[i - 1].first) fail("'", key, "' has two entries at ", out[i].first);
+  return out;
+}
+
+// {"m": [..], "n": [..], "k": [..], "gflops": [m-major, then n, then k]}: increasing
+// positive sizes, one positive rate per combination.
+GemmGrid profile_grid(const json& g) {
+  if (!g.is_object()) fail("'gemm_f32_grid' must be an object with m, n, k and gflops");
+  GemmGrid out;
+  for (auto [key, v] : {std::pair{"m", &out.m}, {"n", &out.n}, {"k", &out.k}, {"gflops", &out.rates}}) {
+    if (!g.contains(key) || !g[key].is_array() || g[key].empty())
+      fail("'gemm_f32_grid' field '", key, "' must be a non-empty array of numbers");
+    for (const auto& e : g[key]) {
+      if (!e.is_number() || e.get<double>() <= 0)
+        fail("'gemm_f32_grid' field '", key, "' must hold positive numbers");
+      v->push_back(e.get<double>());
+    }
+    if (v != &out.rates && !std::is_sorted(v->begin(), v->end(), std::less_equal<double>()))
+      fail("'gemm_f32_grid' field '", key, "' must be strictly increasing");
+  }
+  if (out.rates.size() != out.m.size() * out.n.size() * out.k.size())
+    fail("'gemm_f32_grid' has ", out.rates.size(), " rates for ", out.m.size(), " x ",
+         out.n.size(), " x ", out.k.size(), " shapes");
+  for (double& r : out.rates) r *= 1e-3;
+  return out;
+}
+
+}  // namespace
+
+double GemmGrid::at(double mm, double nn, double kk) const {
+  // Per dimension: the bracketing indices, the weight of the upper one, and the factor
+  // below the smallest size.
+  struct Axis {
+    size_t lo = 0, hi = 0;
+    double t = 0, below = 1;
+  };
+  auto axis = [](const std::vector<double>& v, double x) {
+    Axis a;
+    if (x <= v.front()) {
+      a.below = x / v.front();
+    } else if (x >= v.back()) {
+      a.lo = a.hi = v.size() - 1;
+    } else {
+      a.hi = 1;
+      while (v[a.hi] < x) ++a.hi;
+      a.lo = a.hi - 1;
+      a.t = std::log(x / v[a.lo]) / std::log(v[a.hi] / v[a.lo]);
+    }
+    return a;
+  };
+  const Axis am = axis(m, mm), an = axis(n, nn), ak = axis(k, kk);
+  double log_rate = 0;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j)
+      for (int l = 0; l < 2; ++l) {
+        const double w = (i ? am.t : 1 - am.t) * (j ? an.t : 1 - an.t) * (l ? ak.t : 1 - ak.t);
+        if (w == 0) continue;
+        const size_t idx = ((i ? am.hi : am.lo) * n.size() + (j ? an.hi : an.lo)) * k.size() +
+                           (l ? ak.hi : ak.lo);
+        log_rate += w * std::log(rates[idx]);
+      }
+  return std::exp(log_rate) * am.below * an.below * ak.below;
+}
+
 bool Catalog::load_device_profile(const std::string& path, std::string* warning) {
   if (warning) warning->clear();
   std::ifstream in(path, std::ios::binary);
@@ -218,16 +301,27 @@ bool Catalog::load_device_profile(const std::string& path, std::string* warning)
     h.gpus_per_node = 1;
     h.price_per_hour = j.value("price_usd_per_hour", 0.0);
     h.gemm_efficiency = 1.0;  // measured rates are already achieved rates
-    if (j.contains("gemm_f32_curve")) {
-      const json& c = j["gemm_f32_curve"];
-      if (!c.is_array()) fail("'gemm_f32_curve' must be an array of [n, GFLOP/s] pairs");
+    h.gemm_curve = profile_curve(j, "gemm_f32_curve", "n, GFLOP/s", 1e-3);
+    if (j.contains("gemm_f32_grid")) h.gemm_grid = profile_grid(j["gemm_f32_grid"]);
+    h.attention_curve = profile_curve(j, "attention_f32_curve", "size, GFLOP/s", 1e-3);
+    h.stream_curve = profile_curve(j, "stream_f32_curve", "bytes, GB/s", 1);
+    h.norm_curve = profile_curve(j, "norm_f32_curve", "bytes, GB/s", 1);
+    if (j.contains("conv_f32_rates")) {
+      const json& c = j["conv_f32_rates"];
+      if (!c.is_array()) fail("'conv_f32_rates' must be an array of objects");
       for (const auto& e : c) {
-        if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_number() ||
-            e[0].get<double>() <= 0 || e[1].get<double>() <= 0)
-          fail("'gemm_f32_curve' entries must be [n, GFLOP/s] with both positive");
-        h.gemm_curve.emplace_back(e[0].get<double>(), e[1].get<double>() * 1e-3);
+        if (!e.is_object()) fail("'conv_f32_rates' entries must be objects");
+        ConvRate r;
+        for (auto [key, field] : {std::pair{"kernel", &r.kernel}, {"stride", &r.stride},
+                                  {"in", &r.in}, {"out", &r.out}, {"out_hw", &r.out_hw}}) {
+          if (!e.contains(key) || !e[key].is_number_integer() || e[key].get<int64_t>() < 1)
+            fail("'conv_f32_rates' entry field '", key, "' must be a positive integer");
+          *field = e[key].get<int64_t>();
+        }
+        r.gflops = number(e, "gflops", "conv_f32_rates entry");
+        if (r.gflops <= 0) fail("'conv_f32_rates' entry field 'gflops' must be positive");
+        h.conv_rates.push_back(r);
       }
-      std::sort(h.gemm_curve.begin(), h.gemm_curve.end());
     }
     h.cache_bw_gbs = j.value("cache_bw_gbs", 0.0);
     h.cache_bytes = j.value("cache_bytes", 0.0);

@@ -85,7 +85,38 @@ double gemm_time(double m, double n, double k, double peak, double eff, double b
   return std::max(flops / (peak * eff), bytes / (bw * 0.8));
 }
 
+double conv_rate_gflops(const std::vector<ConvRate>& rates, const ConvLayer& l) {
+  bool same_stride = false, same_kernel = false;
+  for (const auto& r : rates)
+    if (r.kernel == l.kernel) same_kernel = true, same_stride |= r.stride == l.stride;
+  if (!same_kernel) return 0;
+  auto channels = [](double in, double out) { return std::log(std::sqrt(in * out)); };
+  const double c = channels(static_cast<double>(l.in), static_cast<double>(l.out));
+  const double s = std::log(static_cast<double>(std::max<int64_t>(l.out_w, 1)));
+  double wsum = 0, lsum = 0;
+  for (const auto& r : rates) {
+    if (r.kernel != l.kernel || (same_stride && r.stride != l.stride)) continue;
+    const double dc = channels(static_cast<double>(r.in), static_cast<double>(r.out)) - c;
+    const double ds = std::log(static_cast<double>(r.out_hw)) - s;
+    const double d2 = dc * dc + ds * ds;
+    if (d2 < 1e-12) return r.gflops;
+    wsum += 1 / d2, lsum += std::log(r.gflops) / d2;
+  }
+  return std::exp(lsum / wsum);
+}
+
 namespace {
+
+// A measured curve of (size, rate) at x: log-log interpolation inside; below the first
+// point the rate falls in proportion to size (fixed costs dominate), above the last it stays.
+double curve_at(const std::vector<std::pair<double, double>>& c, double x) {
+  if (x <= c.front().first) return c.front().second * x / c.front().first;
+  if (x >= c.back().first) return c.back().second;
+  size_t i = 1;
+  while (c[i].first < x) ++i;
+  double t = std::log(x / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
+  return std::exp(std::log(c[i - 1].second) * (1 - t) + std::log(c[i].second) * t);
+}
 
 // What one device offers a job's precision. GEMMs: the catalog's constant efficiency with
 // tile quantisation, or, for a measured device, the rate its profile measured at that GEMM
@@ -107,31 +138,42 @@ struct Rates {
   double scale(TimePart p) const { return hw.part_scale[static_cast<size_t>(p)]; }
 
   double gemm(double m, double n, double k, TimePart part = TimePart::gemm) const {
-    return scale(part) * gemm_unscaled(m, n, k);
+    return scale(part) * gemm_unscaled(m, n, k, part);
   }
-  double gemm_unscaled(double m, double n, double k) const {
+  double gemm_unscaled(double m, double n, double k, TimePart part = TimePart::gemm) const {
     if (hw.gemm_curve.empty()) return gemm_time(m, n, k, peak, eff, bw, elem);
     if (m <= 0 || n <= 0 || k <= 0) return 0;
-    const auto& c = hw.gemm_curve;
-    double size = std::cbrt(m * n * k), tflops;
-    if (size <= c.front().first) {
-      tflops = c.front().second * size / c.front().first;  // fixed costs dominate below
-    } else if (size >= c.back().first) {
-      tflops = c.back().second;
-    } else {
-      size_t i = 1;
-      while (c[i].first < size) ++i;
-      double t = std::log(size / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
-      tflops = std::exp(std::log(c[i - 1].second) * (1 - t) + std::log(c[i].second) * t);
-    }
+    // The attention core at the rate the engine's own attention kernel reached at that size.
+    const double tflops = part == TimePart::attention && !hw.attention_curve.empty()
+                              ? curve_at(hw.attention_curve, std::cbrt(m * n * k))
+                          : !hw.gemm_grid.empty() ? hw.gemm_grid.at(m, n, k)
+                                                  : curve_at(hw.gemm_curve, std::cbrt(m * n * k));
     double bytes = elem * (m * k + k * n + m * n);
     return std::max(2 * m * n * k / (tflops * 1e12 * dtype_scale), stream_unscaled(bytes, bytes));
+  }
+  /// Forward time of a convolution over `px` output pixels: the measured rate of the
+  /// nearest measured convolution where the device has them, else an implicit GEMM.
+  double conv(const ConvLayer& l, double px) const {
+    const double k = static_cast<double>(l.in * l.kernel * l.kernel);
+    const double gflops = conv_rate_gflops(hw.conv_rates, l);
+    if (gflops <= 0) return gemm(px, static_cast<double>(l.out), k, TimePart::conv);
+    return scale(TimePart::conv) * 2 * px * static_cast<double>(l.out) * k /
+           (gflops * 1e9 * dtype_scale);
+  }
+  /// Forward time of a batch norm and the ReLU after it over `elements` values held in
+  /// `tensor` bytes: a third of the engine's measured forward + backward, else three passes.
+  double norm(double elements, double tensor) const {
+    if (hw.norm_curve.empty()) return stream(3 * tensor, 2 * tensor);
+    const double f32 = 4 * elements;  // the norm runs in f32 whatever the precision
+    return scale(TimePart::memory) * f32 / (curve_at(hw.norm_curve, f32) * 1e9) / 3;
   }
   /// Time to move `bytes` whose working set is `working_set` bytes.
   double stream(double bytes, double working_set) const {
     return scale(TimePart::memory) * stream_unscaled(bytes, working_set);
   }
   double stream_unscaled(double bytes, double working_set) const {
+    // The engine's elementwise rate for ops of that size, per-node costs included.
+    if (!hw.stream_curve.empty()) return bytes / (curve_at(hw.stream_curve, working_set) * 1e9);
     if (hw.cache_bw_gbs > 0 && working_set <= hw.cache_bytes)
       return bytes / (hw.cache_bw_gbs * 1e9);
     return bytes / (bw * 0.8);
@@ -257,14 +299,14 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
     for (const auto& l : m.conv.layers) {
       double px = b * l.out_h * l.out_w, tensor = elem * px * l.out;
       if (l.kind == ConvLayer::Kind::conv) {
-        double t = r.gemm(px, l.out, l.in * l.kernel * l.kernel, TimePart::conv);
+        double t = r.conv(l, px);
         c.fwd += t, c.bwd += 2 * t;
       } else if (l.kind == ConvLayer::Kind::linear) {
         double t = r.gemm(b, l.out, l.in);
         c.fwd += t, c.bwd += 2 * t;
       } else if (l.kind == ConvLayer::Kind::batchnorm) {
         // batch norm + ReLU: read and write the tensor, twice as much backward
-        double t = r.stream(3 * tensor, 2 * tensor);
+        double t = r.norm(px * static_cast<double>(l.out), tensor);
         c.fwd += t, c.bwd += 2 * t;
       } else {  // activation: read and write; backward reads the gradient and the mask
         double t = r.stream(2 * tensor, 2 * tensor);

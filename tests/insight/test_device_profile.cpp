@@ -28,6 +28,19 @@ TEST(DeviceProfile, QuickMeasurementIsPlausibleAndPlannerReadsIt) {
   EXPECT_LE(p.gemm_f32_tflops * 1e3, p.fma_peak_gflops * 1.1);
   EXPECT_LE(p.gemm_bf16_tflops * 1e3, p.fma_peak_gflops * 1.1);
   EXPECT_FALSE(p.rows.empty());
+  // The engine's own kernels: every rate positive and under the FMA ceiling (the attention
+  // rate counts the masked half of a causal product as done, so it gets twice the ceiling).
+  ASSERT_EQ(p.gemm_f32_grid.rates.size(), 8u);
+  for (double r : p.gemm_f32_grid.rates) EXPECT_LE(r, p.fma_peak_gflops * 1.1);
+  ASSERT_FALSE(p.conv_f32_rates.empty());
+  for (const auto& r : p.conv_f32_rates) {
+    EXPECT_GT(r.gflops, 0.0);
+    EXPECT_LE(r.gflops, p.fma_peak_gflops * 1.1) << r.kernel << "x" << r.kernel << " " << r.in;
+  }
+  ASSERT_EQ(p.attention_f32_curve.size(), 2u);
+  for (auto [size, r] : p.attention_f32_curve) EXPECT_LE(r, p.fma_peak_gflops * 2.2) << size;
+  ASSERT_EQ(p.stream_f32_curve.size(), 2u);
+  ASSERT_EQ(p.norm_f32_curve.size(), 1u);
 
   const std::string dir =
       std::filesystem::temp_directory_path() / ("hetrain_profile_" + std::to_string(getpid()));
@@ -41,6 +54,11 @@ TEST(DeviceProfile, QuickMeasurementIsPlausibleAndPlannerReadsIt) {
   EXPECT_NEAR(h.tflops_bf16, p.gemm_bf16_tflops, 1e-12);
   EXPECT_NEAR(h.mem_bw_gbs, p.mem_bw_gbs, 1e-9);
   EXPECT_TRUE(h.measured);
+  EXPECT_EQ(h.conv_rates.size(), p.conv_f32_rates.size());
+  EXPECT_NEAR(h.gemm_grid.rates[3] * 1e3, p.gemm_f32_grid.rates[3], 1e-9);
+  EXPECT_EQ(h.attention_curve.size(), 2u);
+  EXPECT_NEAR(h.stream_curve[1].second, p.stream_f32_curve[1].second, 1e-9);
+  EXPECT_NEAR(h.norm_curve[0].second, p.norm_f32_curve[0].second, 1e-9);
   std::filesystem::remove_all(dir);
 }
 

@@ -294,3 +294,105 @@ TEST(PlanCalibration, FitsPartScales) {
   Catalog cal = calibrated(c, rep);
   EXPECT_NEAR(cal.get("a100-80gb-sxm").part_scale[3], sc[3], 1e-12);
 }
+
+// The `local` device's engine-measured rates: a GEMM grid, convolutions by shape, the attention
+// core, elementwise and batch-norm curves (hetrain bench writes them; docs/PLANNING.md).
+TEST(PlanLocal, GemmGridInterpolatesInLogSpaceAndExtrapolatesAsDocumented) {
+  GemmGrid g;
+  g.m = g.n = {100, 400};
+  g.k = {100, 400};
+  // m-major: the first four shapes have m = 100 and run at 1, the last four (m = 400) at 4.
+  g.rates = {1, 1, 1, 1, 4, 4, 4, 4};
+  EXPECT_DOUBLE_EQ(g.at(100, 100, 100), 1.0);
+  EXPECT_DOUBLE_EQ(g.at(400, 100, 400), 4.0);
+  EXPECT_NEAR(g.at(200, 250, 300), 2.0, 1e-12);  // halfway in log m: geometric mean of 1 and 4
+  EXPECT_NEAR(g.at(800, 100, 100), 4.0, 1e-12);  // above the grid: the largest size's rate
+  EXPECT_NEAR(g.at(25, 100, 50), 1.0 / 4 / 2, 1e-12);  // below: in proportion to each dim
+}
+
+TEST(PlanLocal, ConvRateIsTheNearestMeasuredShapeOfThatKernel) {
+  std::vector<ConvRate> rates = {{3, 1, 16, 16, 28, 40}, {3, 1, 64, 64, 7, 60},
+                                 {3, 2, 16, 32, 14, 30}, {1, 2, 16, 32, 14, 10}};
+  ConvLayer l{ConvLayer::Kind::conv, 16, 16, 3, 1, 28, 28, false, 0};
+  EXPECT_DOUBLE_EQ(conv_rate_gflops(rates, l), 40);  // a measured shape: its rate
+  l = {ConvLayer::Kind::conv, 16, 32, 3, 2, 14, 14, false, 0};
+  EXPECT_DOUBLE_EQ(conv_rate_gflops(rates, l), 30);  // stride 2 uses the stride-2 entry only
+  // Halfway (in log channels and log size) between the two stride-1 entries: their geometric mean.
+  l = {ConvLayer::Kind::conv, 32, 32, 3, 1, 14, 14, false, 0};
+  EXPECT_NEAR(conv_rate_gflops(rates, l), std::sqrt(40.0 * 60.0), 1e-9);
+  l = {ConvLayer::Kind::conv, 16, 16, 7, 2, 14, 14, false, 0};
+  EXPECT_EQ(conv_rate_gflops(rates, l), 0);  // no 7x7 measured: the GEMM model stands in
+  l = {ConvLayer::Kind::conv, 16, 32, 1, 1, 28, 28, false, 0};
+  EXPECT_DOUBLE_EQ(conv_rate_gflops(rates, l), 10);  // 1x1 stride 1: the 1x1 entry of stride 2
+}
+
+TEST(PlanLocal, ProfileRatesReachTheStepTime) {
+  const std::string base =
+      R"({"version": 1, "gemm_tflops": {"f32": 0.1}, "mem_bw_gbs": 10, "mem_bytes": 16e9,
+          "gemm_f32_curve": [[64, 20], [2048, 100]])";
+  auto load = [&](const std::string& extra) {
+    std::string path = write_temp("local_profile.json", base + extra + "}");
+    Catalog c;
+    std::string warning;
+    EXPECT_TRUE(c.load_device_profile(path, &warning)) << warning;
+    fs::remove(path);
+    return c.get("local");
+  };
+  Job job;
+  job.model = small_resnet(1, 28, {16, 32}, 1, 10);
+  job.global_batch = 64;
+  job.tokens = 6400;
+  job.precision = Precision::fp32;
+  Strategy s;
+  s.micro_batch = 64;
+  auto compute = [&](const Hardware& h) {
+    Plan p = evaluate(job, h, 1, s);
+    return p.time.compute;
+  };
+  // Every conv measured at 50 GFLOP/s, the norms at 1 GB/s, elementwise work at 10 GB/s.
+  const std::string convs =
+      R"(, "conv_f32_rates": [{"kernel": 3, "stride": 1, "in": 16, "out": 16, "out_hw": 28, "gflops": 50},
+                              {"kernel": 3, "stride": 2, "in": 16, "out": 32, "out_hw": 14, "gflops": 50},
+                              {"kernel": 1, "stride": 2, "in": 16, "out": 32, "out_hw": 14, "gflops": 50}],
+         "norm_f32_curve": [[1e3, 1], [1e9, 1]], "stream_f32_curve": [[1e3, 10], [1e9, 10]])";
+  const Hardware measured = load(convs);
+  // Expected: conv FLOPs x 3 at 50 GFLOP/s + batch-norm tensors (f32) x 1 s/GB + the residual
+  // add/ReLU (2 tensors forward, 1.5x that backward) at 10 GB/s + the linear head from the curve.
+  double conv_flops = 0, norm_bytes = 0, act_bytes = 0;
+  for (const auto& l : job.model.conv.layers) {
+    const double px = 64.0 * l.out_h * l.out_w;
+    if (l.kind == ConvLayer::Kind::conv) conv_flops += 2 * px * l.out * l.in * l.kernel * l.kernel;
+    if (l.kind == ConvLayer::Kind::batchnorm) norm_bytes += 4 * px * l.out;
+    if (l.kind == ConvLayer::Kind::activation) act_bytes += 2 * 4 * px * l.out;
+  }
+  const double head = compute(load(R"(, "conv_f32_rates": [{"kernel": 3, "stride": 1, "in": 16, "out": 16, "out_hw": 28, "gflops": 1e12},
+       {"kernel": 1, "stride": 1, "in": 16, "out": 16, "out_hw": 28, "gflops": 1e12}],
+       "norm_f32_curve": [[1e3, 1e12]], "stream_f32_curve": [[1e3, 1e12]])"));
+  const double expected = 3 * conv_flops / 50e9 + norm_bytes / 1e9 + 2.5 * act_bytes / 10e9 + head;
+  EXPECT_NEAR(compute(measured), expected, 1e-3 * expected);
+  // Twice the conv rate: the conv share halves.
+  std::string faster = convs;
+  for (size_t at; (at = faster.find("\"gflops\": 50")) != std::string::npos;)
+    faster.replace(at, 12, "\"gflops\": 100");
+  EXPECT_NEAR(compute(measured) - compute(load(faster)), 1.5 * conv_flops / 50e9,
+              1e-3 * expected);
+}
+
+TEST(PlanLocal, MalformedMeasuredRatesAreNamedAndTheProfileSkipped) {
+  const std::string base =
+      R"({"version": 1, "gemm_tflops": {"f32": 0.1}, "mem_bw_gbs": 10, "mem_bytes": 16e9, )";
+  for (auto [extra, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"("gemm_f32_grid": {"m": [1, 2], "n": [1], "k": [1], "gflops": [5]})", "gemm_f32_grid"},
+           {R"("gemm_f32_grid": {"m": [2, 1], "n": [1], "k": [1], "gflops": [5, 5]})", "strictly increasing"},
+           {R"("conv_f32_rates": [{"kernel": 3, "stride": 0, "in": 1, "out": 1, "out_hw": 1, "gflops": 1}])", "'stride'"},
+           {R"("stream_f32_curve": [[1, 2], [1, 3]])", "two entries"},
+           {R"("norm_f32_curve": [[1, -2]])", "norm_f32_curve"}}) {
+    std::string path = write_temp("bad_local.json", base + extra + "}");
+    Catalog c;
+    std::string warning;
+    EXPECT_FALSE(c.load_device_profile(path, &warning)) << extra;
+    EXPECT_NE(warning.find(field), std::string::npos) << warning;
+    EXPECT_FALSE(c.contains("local"));
+    fs::remove(path);
+  }
+}

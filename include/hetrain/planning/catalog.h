@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -26,6 +27,26 @@ struct Source {
 /// convolutions, the attention core, and memory-bound work (elementwise, norms, optimizer).
 enum class TimePart { gemm = 0, conv = 1, attention = 2, memory = 3 };
 const char* to_string(TimePart p);
+
+/// A convolution's measured rate on the `local` device: forward, input gradient and weight
+/// gradient of a kernel x kernel conv with that stride (padding kernel/2), in -> out
+/// channels and an out_hw x out_hw output, run by the engine; GFLOP/s on three times the
+/// forward FLOPs.
+struct ConvRate {
+  int64_t kernel = 3, stride = 1, in = 0, out = 0, out_hw = 0;
+  double gflops = 0;
+};
+
+/// The engine's f32 GEMM rate measured on a grid of shapes (the `local` profile): every
+/// combination of the m, n and k values, rates[(i * n.size() + j) * k.size() + l]: TFLOP/s
+/// in the planner, GFLOP/s in a device profile (as the profile's JSON has them).
+struct GemmGrid {
+  std::vector<double> m, n, k, rates;
+  bool empty() const { return rates.empty(); }
+  /// Trilinear in log size and log rate inside the grid; below its smallest size a
+  /// dimension's rate falls in proportion (fixed costs dominate), above its largest it stays.
+  double at(double m, double n, double k) const;
+};
 
 struct Hardware {
   std::string id, name, vendor;
@@ -54,6 +75,15 @@ struct Hardware {
   // efficiency; and the bandwidth of operands that fit in the last-level cache.
   std::vector<std::pair<double, double>> gemm_curve;
   double cache_bw_gbs = 0, cache_bytes = 0;
+  // Measured devices only: the engine's own kernels, forward and backward, at the profile's
+  // thread count. Convolutions by shape (looked up by kernel and stride, then nearest in
+  // output size and channels); the causal attention core as (cube root of s*s*d, TFLOP/s on
+  // 4 s^2 d FLOPs per head forward); elementwise work as (bytes one op moves, GB/s) with the
+  // per-node cost inside; batch norm + ReLU, forward and backward, as (f32 tensor bytes,
+  // GB/s of that tensor). Empty: the GEMM curve and triad bandwidths stand in.
+  GemmGrid gemm_grid;  // replaces gemm_curve for matmul-shaped GEMMs when present
+  std::vector<ConvRate> conv_rates;
+  std::vector<std::pair<double, double>> attention_curve, stream_curve, norm_curve;
   bool measured = false;  // from this machine's device profile
   std::map<std::string, Source> sources;
 

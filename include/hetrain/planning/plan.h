@@ -92,6 +92,11 @@ double reduce_scatter_time(double bytes, int p, double bw, double alpha);  // = 
 /// Time of an (m x k) @ (k x n) GEMM: roofline with 128x128 tile quantisation.
 double gemm_time(double m, double n, double k, double peak_flops, double efficiency, double mem_bw,
                  double bytes_per_elem);
+/// A measured device's rate for a convolution layer (GFLOP/s, forward and both gradients):
+/// among its measured convolutions of the same kernel (and the same stride where it has
+/// them), the geometric mean weighted by inverse squared distance in log output size and log
+/// channels (the one at distance 0 exactly). 0 when none has that kernel size.
+double conv_rate_gflops(const std::vector<ConvRate>& rates, const ConvLayer& l);
 
 /// Model-state bytes per device (weights, gradients, optimizer incl. master weights) for
 /// `params` parameters on this device: the ZeRO paper's accounting, K = 12 for mixed
