@@ -1,8 +1,8 @@
 // CUDA kernel micro-benchmarks (issue 8): each primitive's CUDA kernel on data already in GPU
 // memory, timed from eval() to the end of the device's queued work (graph building included,
-// a few microseconds per node). Counters: TFLOP/s for GEMM and attention, GB/s (bytes read
-// plus written once) for the memory-bound kernels. Without a CUDA device (or backend) every
-// benchmark reports "no CUDA device".
+// a few microseconds per node). Counters: TFLOP/s for GEMM, convolution and attention, GB/s
+// (bytes read plus written once) for the memory-bound kernels. Without a CUDA device (or
+// backend) every benchmark reports "no CUDA device".
 //
 //   build/bench/bench_cuda --benchmark_counters_tabular=true
 //   build/bench/bench_cuda --benchmark_filter='Matmul'
@@ -12,6 +12,7 @@
 #include <functional>
 #include <string>
 
+#include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/memory/allocator.h"
 #include "hetrain/runtime/eval.h"
@@ -139,6 +140,64 @@ void BM_Attention(benchmark::State& state) {
       4.0 * 8 * 12 * 1024 * 1024 * 64 / 2, 0);
 }
 BENCHMARK(BM_Attention)->UseManualTime();
+
+// A ResNet-50 stage-1 3x3 layer: batch 32, 64 -> 64 channels, 56 x 56, stride 1, padding 1.
+constexpr int64_t kConvN = 32, kConvC = 64, kConvHW = 56;
+constexpr double kConvFlops = 2.0 * kConvN * kConvC * kConvHW * kConvHW * kConvC * 9;
+
+void BM_Conv2d(benchmark::State& state, Dtype dt) {
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  Tensor x = on_gpu({kConvN, kConvC, kConvHW, kConvHW}, dt, 19),
+         w = on_gpu({kConvC, kConvC, 3, 3}, dt, 20), b = on_gpu({kConvC}, dt, 21);
+  run(
+      state, [&] { return std::vector<Tensor>{conv2d(x, w, b, {1}, {1})}; }, kConvFlops, 0);
+}
+BENCHMARK_CAPTURE(BM_Conv2d, bf16, Dtype::bf16)->UseManualTime();
+BENCHMARK_CAPTURE(BM_Conv2d, f32, Dtype::f32)->UseManualTime();
+
+/// The input and weight gradients of the same layer from a given output gradient.
+void BM_Conv2dBackward(benchmark::State& state, Dtype dt) {
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  Tensor x = on_gpu({kConvN, kConvC, kConvHW, kConvHW}, dt, 22),
+         w = on_gpu({kConvC, kConvC, 3, 3}, dt, 23),
+         g = on_gpu({kConvN, kConvC, kConvHW, kConvHW}, dt, 24);
+  run(
+      state,
+      [&] {
+        return grad({conv2d(x, w, {}, {1}, {1})}, {x, w}, {g});
+      },
+      2 * kConvFlops, 0);
+}
+BENCHMARK_CAPTURE(BM_Conv2dBackward, bf16, Dtype::bf16)->UseManualTime();
+
+void BM_MaxPool2d(benchmark::State& state) {
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  // ResNet's stem pool: 3x3, stride 2, padding 1 on (32, 64, 112, 112); y and the i64 indices.
+  Tensor x = on_gpu({32, 64, 112, 112}, Dtype::bf16, 25);
+  run(
+      state, [&] { return std::vector<Tensor>{max_pool2d(x, {3}, {2}, {1})}; }, 0,
+      2.0 * 32 * 64 * 112 * 112 + (2.0 + 8.0) * 32 * 64 * 56 * 56);
+}
+BENCHMARK(BM_MaxPool2d)->UseManualTime();
+
+void BM_BatchNorm2d(benchmark::State& state) {
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  // Training-mode forward and backward on (32, 64, 112, 112) bf16: x read and y written
+  // (forward), x and g read and dx written (backward).
+  const Shape s{32, 64, 112, 112};
+  Tensor x = on_gpu(s, Dtype::bf16, 26), w = on_gpu({64}, Dtype::bf16, 27),
+         b = on_gpu({64}, Dtype::bf16, 28), g = on_gpu(s, Dtype::bf16, 29);
+  run(
+      state,
+      [&] {
+        Tensor y = batch_norm2d(x, w, b)[0];
+        std::vector<Tensor> outs = grad({y}, {x, w, b}, {g});
+        outs.push_back(y);
+        return outs;
+      },
+      0, 2.0 * 5 * static_cast<double>(numel(s)));
+}
+BENCHMARK(BM_BatchNorm2d)->UseManualTime();
 
 void BM_AdamW(benchmark::State& state) {
   if (!have_cuda()) return run(state, {}, 0, 0);

@@ -225,7 +225,7 @@ std::vector<TensorMeta> MaxPool2d::infer(const std::vector<TensorMeta>& in) cons
 std::vector<Tensor> MaxPool2d::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                                    const std::vector<Tensor>& g, const std::vector<int>&) const {
   return {make_node1(
-      std::make_shared<MaxPool2dBackward>(std::array<int64_t, 2>{x[0].size(2), x[0].size(3)}),
+      std::make_shared<MaxPool2dBackward>(win_, std::array<int64_t, 2>{x[0].size(2), x[0].size(3)}),
       {g[0], y[1]})};
 }
 

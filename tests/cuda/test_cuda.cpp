@@ -9,7 +9,9 @@
 // check what must hold on a machine without one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -22,6 +24,7 @@
 #include "hetrain/interop/safetensors.h"
 #include "hetrain/memory/allocator.h"
 #include "hetrain/runtime/scheduler.h"
+#include "hetrain/training/nn.h"
 
 using namespace hetrain;
 namespace rt = hetrain::runtime;
@@ -312,6 +315,145 @@ TEST_F(Cuda, AttentionForwardBackward) {
   }
 }
 
+// ---- convolution, pooling, batch norm -------------------------------------------------------
+
+namespace {
+
+/// One conv2d geometry: input (N, C, H, W), weight (O, C, kh, kw), stride, padding, bias.
+struct ConvCase {
+  const char* what;
+  Shape x, w;
+  std::vector<int64_t> stride, padding;
+  bool bias;
+};
+// Batch 3, channel counts that are not multiples of 32, remainders, strides 1 and 2, padding,
+// non-square windows, the 1x1 GEMM-only path and a window larger than the image.
+const ConvCase kConvCases[] = {
+    {"3x3 stride 2 pad 1", {3, 5, 11, 9}, {7, 5, 3, 3}, {2}, {1}, true},
+    {"2x3 stride (1, 2) pad (0, 1)", {3, 33, 8, 7}, {6, 33, 2, 3}, {1, 2}, {0, 1}, false},
+    {"1x1 pointwise", {3, 35, 6, 5}, {9, 35, 1, 1}, {1}, {0}, true},
+    {"1x1 stride 2", {3, 6, 7, 5}, {4, 6, 1, 1}, {2}, {0}, false},
+    {"5x5 pad 2 on 4x4", {3, 2, 4, 4}, {3, 2, 5, 5}, {1}, {2}, true},
+};
+
+/// conv2d and the gradients of sum(conv2d * r) (r fixed, so both backends' backward kernels
+/// see the same cotangent) with respect to x, w and the bias.
+std::vector<Tensor> conv_and_grads(const ConvCase& c, const Tensor& x, const Tensor& w,
+                                   const Tensor& b, const Tensor& r) {
+  std::vector<Tensor> in{x, w};
+  if (c.bias) in.push_back(b);
+  auto [v, g] = value_and_grad(
+      [&](const std::vector<Tensor>& t) {
+        return sum(conv2d(t[0], t[1], c.bias ? t[2] : Tensor(), c.stride, c.padding) * r);
+      },
+      in);
+  std::vector<Tensor> outs{conv2d(x, w, c.bias ? b : Tensor(), c.stride, c.padding)};
+  outs.insert(outs.end(), g.begin(), g.end());
+  return outs;
+}
+
+}  // namespace
+
+TEST_F(Cuda, Conv2dForwardAndBothGradients) {
+  for (Dtype dt : kFloats) {
+    for (const ConvCase& c : kConvCases) {
+      Tensor x = input(c.x, dt, 50), w = input(c.w, dt, 51), b = input({c.w[0]}, dt, 52);
+      Tensor r = input(conv2d(x, w, {}, c.stride, c.padding).shape(), dt, 53);
+      compare([&] { return conv_and_grads(c, x, w, b, r); }, kLongSums,
+              std::string("conv2d ") + c.what + " " + std::string(dtype_name(dt)));
+    }
+  }
+}
+
+TEST_F(Cuda, Conv2dInImageChunks) {
+  // A column budget of one byte forces one image per chunk (the weight gradient then
+  // accumulates over three GEMMs).
+  ASSERT_EQ(setenv("HETRAIN_CUDA_CONV_COLUMN_BYTES", "1", 1), 0);
+  for (Dtype dt : {Dtype::f32, Dtype::bf16}) {
+    for (const ConvCase& c : {kConvCases[0], kConvCases[1]}) {
+      Tensor x = input(c.x, dt, 54), w = input(c.w, dt, 55), b = input({c.w[0]}, dt, 56);
+      Tensor r = input(conv2d(x, w, {}, c.stride, c.padding).shape(), dt, 57);
+      compare([&] { return conv_and_grads(c, x, w, b, r); }, kLongSums,
+              std::string("chunked conv2d ") + c.what + " " + std::string(dtype_name(dt)));
+    }
+  }
+  unsetenv("HETRAIN_CUDA_CONV_COLUMN_BYTES");
+}
+
+TEST_F(Cuda, MaxAndAvgPoolForwardBackward) {
+  struct PoolCase {
+    const char* what;
+    std::vector<int64_t> kernel, stride, padding;
+  };
+  const PoolCase cases[] = {
+      {"3x3 stride 2 pad 1 (overlapping)", {3}, {2}, {1}},
+      {"2x3 stride (2, 1) pad 1", {2, 3}, {2, 1}, {1}},
+      {"2x2 stride 2", {2}, {2}, {0}},
+  };
+  for (Dtype dt : kFloats) {
+    Tensor x = input({3, 37, 11, 9}, dt, 58);
+    for (const PoolCase& c : cases) {
+      Tensor r = input(max_pool2d(x, c.kernel, c.stride, c.padding).shape(), dt, 59);
+      compare(
+          [&] {
+            Tensor ym = max_pool2d(x, c.kernel, c.stride, c.padding);
+            Tensor ya = avg_pool2d(x, c.kernel, c.stride, c.padding);
+            return std::vector<Tensor>{ym, ya, grad({sum(ym * r)}, {x})[0],
+                                       grad({sum(ya * r)}, {x})[0]};
+          },
+          kExact, std::string("pool ") + c.what + " " + std::string(dtype_name(dt)));
+    }
+  }
+  // A NaN is the maximum of its windows (the first NaN wins) and takes their gradient.
+  const double nan = std::nan("");
+  Tensor xn =
+      from_vector(std::vector<double>{1, nan, 3, -4, nan, 2, -1, 0, 5, 7, -2, 1}, {1, 1, 3, 4});
+  compare([&] {
+    auto [v, g] = value_and_grad(
+        [](const std::vector<Tensor>& t) { return sum(max_pool2d(t[0], {2}, {1}) * 2.0); }, {xn});
+    return std::vector<Tensor>{max_pool2d(xn, {2}, {1}), g[0]};
+  });
+}
+
+TEST_F(Cuda, BatchNorm2dForwardBackward) {
+  for (Dtype dt : kFloats) {
+    // The second shape has 9699 values per channel: several blocks per channel.
+    for (const Shape& s : {Shape{3, 37, 5, 7}, Shape{3, 5, 61, 53}}) {
+      // A mean far from zero checks the two-pass variance.
+      Tensor x = cast(input(s, Dtype::f64, 60, 2.0) + 3.0, dt).eval();
+      Tensor w = input({s[1]}, dt, 61), b = input({s[1]}, dt, 62), r = input(s, dt, 63);
+      Tensor rm = input({s[1]}, Dtype::f32, 64);
+      compare(
+          [&] {
+            auto [y, mu, var] = batch_norm2d(x, w, b);
+            // The statistics are outputs too: their cotangents reach dx.
+            auto [v, g] = value_and_grad(
+                [&](const std::vector<Tensor>& t) {
+                  auto [y2, m2, v2] = batch_norm2d(t[0], t[1], t[2]);
+                  return cast(sum(y2 * r), Dtype::f32) + sum(m2 * rm) + sum(v2);
+                },
+                {x, w, b});
+            return std::vector<Tensor>{y, mu, var, g[0], g[1], g[2]};
+          },
+          kGradients, "batch_norm2d " + shape_str(s) + " " + std::string(dtype_name(dt)));
+    }
+  }
+}
+
+TEST_F(Cuda, BatchNormModuleTrainThenEval) {
+  // Training mode runs the fused kernels and updates the running statistics; eval mode
+  // normalises with them (elementwise kernels).
+  Tensor x = cast(input({3, 37, 5, 7}, Dtype::f64, 65, 2.0) + 1.0, Dtype::f32).eval();
+  compare(
+      [&] {
+        nn::BatchNorm2d bn(37);
+        Tensor y_train = bn.forward(x);
+        bn.eval();
+        return std::vector<Tensor>{y_train, bn.forward(x)};
+      },
+      kLongSums, "BatchNorm2d module");
+}
+
 // ---- embedding, cross-entropy, adamw -------------------------------------------------------
 
 TEST_F(Cuda, EmbeddingForwardBackward) {
@@ -527,6 +669,29 @@ TEST(CudaAbsent, PlacementKnowsWhichPrimitivesHaveCudaKernels) {
 #if HETRAIN_HAVE_CUDA
   EXPECT_TRUE(prim(exp(x))->has_kernel(DeviceKind::cuda));
   EXPECT_TRUE(prim(matmul(x, transpose(x, 0, 1)))->has_kernel(DeviceKind::cuda));
+  // Convolution, pooling and batch norm, forward and backward.
+  Tensor img = ones({2, 3, 5, 5}), w = ones({4, 3, 3, 3});
+  auto [v, g] = value_and_grad(
+      [](const std::vector<Tensor>& t) {
+        Tensor y = conv2d(t[0], t[1], {}, {1}, {1});
+        y = batch_norm2d(y)[0];
+        return sum(max_pool2d(y, {2})) + sum(avg_pool2d(y, {2}));
+      },
+      {img, w});
+  std::vector<std::string> with_kernel;  // names of the graph's primitives with a CUDA kernel
+  std::vector<const Node*> visited;
+  std::function<void(const Tensor&)> visit = [&](const Tensor& t) {
+    const Node* nd = t.node();
+    if (std::find(visited.begin(), visited.end(), nd) != visited.end()) return;
+    visited.push_back(nd);
+    if (nd->prim && nd->prim->has_kernel(DeviceKind::cuda)) with_kernel.push_back(nd->prim->name());
+    for (const Tensor& i : nd->inputs) visit(i);
+  };
+  for (const Tensor& t : g) visit(t);
+  for (const char* name :
+       {"conv2d", "conv2d_backward_input", "conv2d_backward_weight", "batch_norm2d",
+        "batch_norm2d_backward", "max_pool2d", "max_pool2d_backward", "avg_pool2d_backward"})
+    EXPECT_NE(std::find(with_kernel.begin(), with_kernel.end(), name), with_kernel.end()) << name;
 #else
   EXPECT_FALSE(prim(exp(x))->has_kernel(DeviceKind::cuda));
 #endif

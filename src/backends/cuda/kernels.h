@@ -142,6 +142,60 @@ void launch_attention_backward(Dtype dt, const AttentionDims& g, double scale, v
                                void* dv, void* d_rows, const void* q, const void* k, const void* v,
                                const void* o, const void* dout, const void* lse, cudaStream_t s);
 
+/// Geometry of a 2-D convolution or pooling window over contiguous NCHW planes: C channels of
+/// H x W in, Ho x Wo out, a kh x kw window with strides (sh, sw) and zero padding (ph, pw).
+struct ConvDims {
+  int64_t C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw;
+};
+/// Where im2col puts column entry (image n, row r = (c * kh + i) * kw + j, output pixel p):
+/// at n * image_stride + r * row_stride + p. Per image (C*kh*kw, Ho*Wo) matrices are
+/// {C*kh*kw*Ho*Wo, Ho*Wo}; one (C*kh*kw, nb*Ho*Wo) matrix over nb images is {Ho*Wo, nb*Ho*Wo}.
+struct ColumnLayout {
+  int64_t image_stride, row_stride;
+};
+/// col from images [0, nb) of contiguous x (nb, C, H, W): zero where the window hits padding.
+void launch_im2col(Dtype dt, const ConvDims& d, int64_t nb, const ColumnLayout& l, void* col,
+                   const void* x, cudaStream_t s);
+/// Its adjoint: dx (nb, C, H, W) = for each input pixel, the sum of the entries of col (the
+/// compute type of dt: f32 for f16/bf16) that read it, in (i, j) order, rounded once. A
+/// gather (no atomics): deterministic.
+void launch_col2im(Dtype dt, const ConvDims& d, int64_t nb, const ColumnLayout& l, void* dx,
+                   const void* col, cudaStream_t s);
+
+/// Max pooling over `planes` contiguous (H, W) planes (-inf padding): y and the flat index
+/// ih * W + iw of each window's first maximum (a NaN is the maximum, the first one wins).
+void launch_max_pool(Dtype dt, const ConvDims& d, int64_t planes, void* y, int64_t* idx,
+                     const void* x, cudaStream_t s);
+/// dx: each input pixel gathers g from the outputs whose window covers it and whose saved
+/// index is that pixel, in output order (f32 sums for f16/bf16).
+void launch_max_pool_backward(Dtype dt, const ConvDims& d, int64_t planes, void* dx,
+                              const int64_t* idx, const void* g, cudaStream_t s);
+/// Average pooling, the zero padding counted in the divisor (kh * kw).
+void launch_avg_pool(Dtype dt, const ConvDims& d, int64_t planes, void* y, const void* x,
+                     cudaStream_t s);
+/// dx: each input pixel gathers g / (kh * kw) from the outputs whose window covers it.
+void launch_avg_pool_backward(Dtype dt, const ConvDims& d, int64_t planes, void* dx, const void* g,
+                              cudaStream_t s);
+
+/// Batch norm over (N, H, W) of contiguous NCHW arrays, per channel in the stats type (f32,
+/// f64 for f64): each channel's N * HW values are split into chunks, reduced by one block
+/// each, and the chunks' partial sums added in order (deterministic).
+struct BatchNormDims {
+  int64_t N, C, HW;
+};
+/// Workspace elements (of the stats type) the batch-norm launchers need.
+int64_t batch_norm_workspace(const BatchNormDims& d);
+/// Training forward: mean and biased var (C, stats type) by two passes (mean, then squared
+/// deviations), y = (x - mean) * w / sqrt(var + eps) + b.
+void launch_batch_norm(Dtype dt, const BatchNormDims& d, double eps, void* y, void* mean, void* var,
+                       void* workspace, const void* x, const void* w, const void* b,
+                       cudaStream_t s);
+/// Its backward: db = sum(g), dw = sum(g * xhat), dx = w * invstd * (g - db / M - xhat * dw /
+/// M) with M = N * HW (dw, db, dx of dtype dt; mean, var of the stats type).
+void launch_batch_norm_backward(Dtype dt, const BatchNormDims& d, double eps, void* dx, void* dw,
+                                void* db, void* workspace, const void* x, const void* mean,
+                                const void* var, const void* g, const void* w, cudaStream_t s);
+
 /// One fused AdamW step over n contiguous elements (scalars as the CPU kernel rounds them).
 struct AdamWScalars {
   double b1, b2, one_b1, one_b2, keep, inv_sqrt_bc2, eps, step;
