@@ -13,7 +13,10 @@ namespace {
 
 // The policy, in one place. Primitives not listed follow their inputs: elementwise ops,
 // views, max/min, pooling, dropout masks, embedding lookups and the like, whose results are
-// exact or as accurate in the inputs' dtype. Every listed f32 primitive accumulates (or
+// exact or as accurate in the inputs' dtype. batch_norm2d follows too, as under PyTorch's CPU
+// autocast: its kernel computes the statistics and the normalisation in f32 and returns the
+// statistics in f32, so only its input and output are 16-bit, and a conv net's activations
+// stay 16-bit from conv to conv. Every listed f32 primitive accumulates (or
 // amplifies relative error: exp, log, pow, rsqrt) where f16/bf16 would lose accuracy.
 constexpr std::array kTable{
     // Matrix products: the work that low precision speeds up (AMX/AVX512-BF16 via oneDNN).
@@ -25,7 +28,6 @@ constexpr std::array kTable{
     PolicyEntry{"log_softmax", CastPolicy::f32},
     PolicyEntry{"layer_norm", CastPolicy::f32},
     PolicyEntry{"rms_norm", CastPolicy::f32},
-    PolicyEntry{"batch_norm2d", CastPolicy::f32},
     PolicyEntry{"cross_entropy", CastPolicy::f32},
     PolicyEntry{"sum", CastPolicy::f32},
     PolicyEntry{"exp", CastPolicy::f32},

@@ -51,10 +51,12 @@ TEST(Autocast, PolicyTable) {
   EXPECT_EQ(amp::cast_policy("matmul"), CastPolicy::low_precision);
   EXPECT_EQ(amp::cast_policy("conv2d"), CastPolicy::low_precision);
   EXPECT_EQ(amp::cast_policy("sdpa"), CastPolicy::low_precision);
-  for (const char* f32 : {"softmax", "log_softmax", "layer_norm", "rms_norm", "batch_norm2d",
-                          "cross_entropy", "sum", "exp", "log"})
+  for (const char* f32 : {"softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy",
+                          "sum", "exp", "log"})
     EXPECT_EQ(amp::cast_policy(f32), CastPolicy::f32) << f32;
-  for (const char* follow : {"add", "mul", "relu", "gelu_tanh", "reshape", "max", "cast"})
+  // batch_norm2d follows: its kernel computes in f32 whatever its input (below).
+  for (const char* follow :
+       {"add", "mul", "relu", "gelu_tanh", "reshape", "max", "cast", "batch_norm2d"})
     EXPECT_EQ(amp::cast_policy(follow), CastPolicy::follow) << follow;
   // One entry per primitive.
   auto table = amp::autocast_table();
@@ -164,6 +166,29 @@ TEST(Autocast, ReductionsAccumulateInF32) {
     Autocast scope(dt == Dtype::bf16 ? Precision::bf16 : Precision::fp16);
     EXPECT_EQ(sum(x).dtype(), Dtype::f32);
     EXPECT_EQ(sum(x).item<float>(), 4096.0f);
+  }
+}
+
+// Batch norm under autocast keeps a conv's 16-bit output 16-bit, with f32 statistics: its
+// output is the f32 batch norm of the same (16-bit) values, rounded once.
+TEST(Autocast, BatchNormComputesInF32WithLowPrecisionInputAndOutput) {
+  Generator gen(5);
+  Tensor x32 = add(mul(randn({4, 3, 5, 7}, Dtype::f32, gen), full({}, 3.0)), full({}, 10.0));
+  Tensor w = randn({3}, Dtype::f32, gen), b = randn({3}, Dtype::f32, gen);
+  for (auto [p, dt, ulp] : {std::tuple{Precision::bf16, Dtype::bf16, 1.0 / 256},
+                            std::tuple{Precision::fp16, Dtype::f16, 1.0 / 2048}}) {
+    Tensor x = cast(x32, dt).eval();
+    auto ref = batch_norm2d(cast(x, Dtype::f32), cast(cast(w, dt), Dtype::f32),
+                            cast(cast(b, dt), Dtype::f32));
+    Autocast scope(p);
+    auto [y, mean, var] = batch_norm2d(x, w, b);
+    ASSERT_EQ(y.dtype(), dt);
+    ASSERT_EQ(mean.dtype(), Dtype::f32);
+    EXPECT_NEAR(mean.to_vector<double>()[1], ref[1].to_vector<double>()[1], 1e-5);
+    EXPECT_NEAR(var.to_vector<double>()[2], ref[2].to_vector<double>()[2], 1e-4);
+    const auto got = y.to_vector<double>(), want = ref[0].to_vector<double>();
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], ulp * std::abs(want[i]) + 1e-6) << dtype_name(dt) << " " << i;
   }
 }
 
