@@ -33,6 +33,40 @@ TEST(Dtype, HalfRoundTripAllFinite) {
   }
 }
 
+// Every half against its value from the definition, and float -> half at, just above and just
+// below every midpoint between neighbouring halves (ties to even).
+TEST(Dtype, HalfConversionsMatchTheDefinitionEverywhere) {
+  auto value = [](uint32_t b) {
+    const int e = static_cast<int>((b >> 10) & 0x1f), m = static_cast<int>(b & 0x3ff);
+    const double mag = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+    return (b & 0x8000) ? -mag : mag;
+  };
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float f = half_to_float(static_cast<uint16_t>(b));
+    if (((b >> 10) & 0x1f) == 0x1f) {
+      EXPECT_EQ(std::isnan(f), (b & 0x3ff) != 0) << b;
+      continue;
+    }
+    ASSERT_EQ(static_cast<double>(f), value(b)) << "bits " << b;
+  }
+  for (uint32_t b = 0; b < 0x7bff; ++b) {
+    const float lo = half_to_float(static_cast<uint16_t>(b));
+    const float hi = half_to_float(static_cast<uint16_t>(b + 1));
+    const float mid = static_cast<float>((static_cast<double>(lo) + hi) / 2);  // exact
+    const uint16_t even = (b & 1) ? static_cast<uint16_t>(b + 1) : static_cast<uint16_t>(b);
+    for (float sign : {1.0f, -1.0f}) {
+      const uint16_t s = sign < 0 ? 0x8000 : 0;
+      ASSERT_EQ(float_to_half(sign * mid), s | even) << "bits " << b;
+      ASSERT_EQ(float_to_half(sign * std::nextafter(mid, 1e9f)), s | (b + 1)) << "bits " << b;
+      ASSERT_EQ(float_to_half(sign * std::nextafter(mid, 0.0f)), s | b) << "bits " << b;
+    }
+  }
+  // Between the largest half and 65520 rounds down; from 65520 up overflows to inf.
+  EXPECT_EQ(float_to_half(65519.99f), 0x7bff);
+  EXPECT_EQ(float_to_half(-1e10f), 0xfc00);
+  EXPECT_EQ(float_to_half(-0.0f), 0x8000);
+}
+
 TEST(Dtype, Bf16RoundsToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
   // 1 + 2^-8 is halfway between 1 and 1+2^-7: ties to even -> 1.

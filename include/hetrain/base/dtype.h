@@ -45,8 +45,41 @@ inline uint16_t float_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
   return static_cast<uint16_t>(u >> 16);
 }
-float half_to_float(uint16_t h);
-uint16_t float_to_half(float f);
+// IEEE half <-> float, exact (round to nearest even), inline and nearly branch-free so that
+// elementwise loops over f16 compile to straight-line code (no F16C needed: any x86-64).
+inline float half_to_float(uint16_t h) {
+  // Exponent and mantissa moved to a float's place, then rebiased by multiplying by 2^112:
+  // exact for normals and subnormals alike (the float is subnormal exactly when the half is).
+  const uint32_t em = static_cast<uint32_t>(h & 0x7fffu) << 13;
+  float f;
+  std::memcpy(&f, &em, 4);
+  f *= 0x1p112f;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((h & 0x7c00u) == 0x7c00u) u = em | 0x7f800000u;  // inf and NaN keep their payload
+  u |= static_cast<uint32_t>(h & 0x8000u) << 16;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t float_to_half(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = u & 0x80000000u;
+  u ^= sign;
+  uint32_t o;
+  if (u >= 0x47800000u) {  // |f| >= 2^16, inf or NaN
+    o = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (u < 0x38800000u) {  // below the smallest normal half: the FPU rounds for us
+    float a;
+    std::memcpy(&a, &u, 4);
+    a += 0.5f;  // aligns the value's units of 2^-24 with the float's last mantissa bit
+    std::memcpy(&o, &a, 4);
+    o -= 0x3f000000u;
+  } else {  // rebias, round the mantissa from 23 to 10 bits (a carry bumps the exponent)
+    o = (u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13;
+  }
+  return static_cast<uint16_t>(o | (sign >> 16));
+}
 
 /// Loads any storage type as its compute type; stores back with rounding.
 template <class T>
