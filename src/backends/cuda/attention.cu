@@ -11,7 +11,6 @@
 // max(E, Ev)) and strided D + 1 against bank conflicts. A block is 16 x 16 threads; thread
 // (ty, tx) owns tile rows ty + 16a and, of a (kB, kB) score tile, columns tx + 16c; of a
 // (kB, D) result tile, dims tx + 16c. SIMT FMAs in registers: no Tensor Cores (yet).
-// A numpy model of exactly this tiling checked it against direct attention and its gradients.
 #include <algorithm>
 
 #include "backends/cuda/device.cuh"
