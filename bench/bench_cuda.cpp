@@ -10,8 +10,10 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
+#include "graph/prims/attention.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/memory/allocator.h"
@@ -28,14 +30,16 @@ const Device kCuda0{DeviceKind::cuda, 0};
 
 bool have_cuda() { return devices_found().find("cuda:0") != std::string::npos; }
 
+/// x (evaluated on the CPU) as a leaf resident on cuda:0.
+Tensor to_gpu(const Tensor& x) { return make_leaf(copy_to_device(x.eval().array(), kCuda0)); }
+
 /// Random normal data (its absolute value when positive) of shape s and dtype dt, resident
 /// on cuda:0.
 Tensor on_gpu(const Shape& s, Dtype dt, uint64_t seed, bool positive = false) {
   Generator gen(seed);
   Tensor x = randn(s, Dtype::f32, gen);
   if (positive) x = abs(x);
-  x = cast(x, dt).eval();
-  return make_leaf(copy_to_device(x.array(), kCuda0));
+  return to_gpu(cast(x, dt));
 }
 
 /// Times build() evaluated on cuda:0 until its kernels finished; sets the rate counters.
@@ -129,17 +133,41 @@ void BM_CrossEntropy(benchmark::State& state) {
 }
 BENCHMARK(BM_CrossEntropy)->UseManualTime();
 
+// GPT-2 124M's attention: 8 x 12 heads, context 1024, head dim 64, causal, bf16. Forward
+// FLOPs: q k^T and p v over the visible half of the scores.
+const Shape kGpt2Heads{8, 12, 1024, 64};
+constexpr double kGpt2AttentionFlops = 4.0 * 8 * 12 * 1024 * 1024 * 64 / 2;
+
 void BM_Attention(benchmark::State& state) {
   if (!have_cuda()) return run(state, {}, 0, 0);
-  // GPT-2 124M shape: 8 x 12 heads, context 1024, head dim 64, causal.
-  Tensor q = on_gpu({8, 12, 1024, 64}, Dtype::bf16, 12),
-         k = on_gpu({8, 12, 1024, 64}, Dtype::bf16, 13),
-         v = on_gpu({8, 12, 1024, 64}, Dtype::bf16, 14);
+  Tensor q = on_gpu(kGpt2Heads, Dtype::bf16, 12), k = on_gpu(kGpt2Heads, Dtype::bf16, 13),
+         v = on_gpu(kGpt2Heads, Dtype::bf16, 14);
   run(
       state, [&] { return std::vector<Tensor>{scaled_dot_product_attention(q, k, v, true)}; },
-      4.0 * 8 * 12 * 1024 * 1024 * 64 / 2, 0);
+      kGpt2AttentionFlops, 0);
 }
 BENCHMARK(BM_Attention)->UseManualTime();
+
+/// The backward kernels alone (sdpa_backward: D, dq, then dk and dv) from the forward's o and
+/// lse, computed once on the CPU: q k^T recomputed plus four products, 2.5x the forward FLOPs.
+void BM_AttentionBackward(benchmark::State& state) {
+  if (!have_cuda()) return run(state, {}, 0, 0);
+  const double scale = 0.125;  // 1 / sqrt(64)
+  Generator gen(30);
+  std::vector<Tensor> in;
+  for (int i = 0; i < 4; ++i) in.push_back(cast(randn(kGpt2Heads, Dtype::f32, gen), Dtype::bf16));
+  std::vector<Tensor> fwd =
+      make_node(std::make_shared<SdpaForward>(true, scale), {in[0], in[1], in[2]});
+  Tensor q = to_gpu(in[0]), k = to_gpu(in[1]), v = to_gpu(in[2]), g = to_gpu(in[3]),
+         o = to_gpu(fwd[0]), lse = to_gpu(fwd[1]);
+  run(
+      state,
+      [&] {
+        return make_node(std::make_shared<SdpaBackward>(true, scale), {q, k, v, o, g, lse});
+      },
+      2.5 * kGpt2AttentionFlops, 0);
+}
+BENCHMARK(BM_AttentionBackward)->UseManualTime();
 
 // A ResNet-50 stage-1 3x3 layer: batch 32, 64 -> 64 channels, 56 x 56, stride 1, padding 1.
 constexpr int64_t kConvN = 32, kConvC = 64, kConvHW = 56;

@@ -291,27 +291,63 @@ TEST_F(Cuda, LayerNormAndRmsNormForwardBackward) {
   }
 }
 
+namespace {
+
+/// One attention geometry: q (2, 3, lq, e), k (2, 3, lk, e), v (2, 3, lk, ev).
+struct AttentionCase {
+  int64_t lq, lk, e, ev;
+};
+// The CUDA kernels tile 64 rows for head dims up to 64 (32 in f64), 32 up to 128 (16 in f64)
+// and 16 up to 256, and bucket the head dim to 32, 64, 128 or 256: lengths one short of, on
+// and one past a tile, Lq < Lk and Lq > Lk (the causal mask is top-left aligned), head dims
+// 32, 64, 80, 128 and 200 with Ev != E, a single key, and a length over several tiles.
+const AttentionCase kAttentionCases[] = {
+    {70, 45, 40, 24},   {45, 70, 32, 32},  {129, 129, 64, 64},
+    {63, 65, 64, 48},   {97, 130, 80, 80}, {65, 33, 128, 128},
+    {33, 17, 200, 136}, {5, 1, 16, 16},    {300, 200, 64, 64},
+};
+
+/// o and the gradients of sum(o * o) with respect to q, k and v.
+std::vector<Tensor> attention_and_grads(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        bool causal) {
+  auto [val, g] = value_and_grad(
+      [&](const std::vector<Tensor>& in) {
+        Tensor o = scaled_dot_product_attention(in[0], in[1], in[2], causal);
+        return sum(o * o);
+      },
+      {q, k, v});
+  return {scaled_dot_product_attention(q, k, v, causal), g[0], g[1], g[2]};
+}
+
+}  // namespace
+
 TEST_F(Cuda, AttentionForwardBackward) {
   for (Dtype dt : kFloats) {
-    for (bool causal : {true, false}) {
-      // 2 x 3 batch-heads, 70 queries, 45 keys (non-causal) or 70 (causal), head dim 40.
-      const int64_t lk = causal ? 70 : 45;
-      Tensor q = input({2, 3, 70, 40}, dt, 40), k = input({2, 3, lk, 40}, dt, 41),
-             v = input({2, 3, lk, 24}, dt, 42);
-      compare(
-          [&] {
-            auto [val, g] = value_and_grad(
-                [&](const std::vector<Tensor>& in) {
-                  Tensor o = scaled_dot_product_attention(in[0], in[1], in[2], causal);
-                  return sum(o * o);
-                },
-                {q, k, v});
-            return std::vector<Tensor>{scaled_dot_product_attention(q, k, v, causal), g[0], g[1],
-                                       g[2]};
-          },
-          kGradients,
-          std::string("sdpa ") + (causal ? "causal " : "") + std::string(dtype_name(dt)));
+    for (const AttentionCase& c : kAttentionCases) {
+      Tensor q = input({2, 3, c.lq, c.e}, dt, 40), k = input({2, 3, c.lk, c.e}, dt, 41),
+             v = input({2, 3, c.lk, c.ev}, dt, 42);
+      for (bool causal : {true, false})
+        compare([&] { return attention_and_grads(q, k, v, causal); }, kGradients,
+                "sdpa " + std::string(causal ? "causal " : "") + std::string(dtype_name(dt)) +
+                    " Lq=" + std::to_string(c.lq) + " Lk=" + std::to_string(c.lk) +
+                    " E=" + std::to_string(c.e) + " Ev=" + std::to_string(c.ev));
     }
+  }
+}
+
+TEST_F(Cuda, AttentionStridedAndBatchDims) {
+  // GPT-2's layout: q, k, v split from (N, L, H, E) and transposed to (N, H, L, E), strided;
+  // and a single leading dim of batch-heads.
+  for (Dtype dt : {Dtype::f32, Dtype::bf16}) {
+    Tensor q = transpose(input({2, 77, 3, 64}, dt, 43), 1, 2),
+           k = transpose(input({2, 77, 3, 64}, dt, 44), 1, 2),
+           v = transpose(input({2, 77, 3, 64}, dt, 45), 1, 2);
+    compare([&] { return attention_and_grads(q, k, v, true); }, kGradients,
+            "sdpa strided " + std::string(dtype_name(dt)));
+    Tensor q1 = input({5, 50, 32}, dt, 46), k1 = input({5, 70, 32}, dt, 47),
+           v1 = input({5, 70, 32}, dt, 48);
+    compare([&] { return attention_and_grads(q1, k1, v1, false); }, kGradients,
+            "sdpa 3-d " + std::string(dtype_name(dt)));
   }
 }
 

@@ -126,8 +126,9 @@ void launch_index_add(Dtype dt, Dtype it, int64_t O, int64_t V, int64_t I, int64
 
 /// Scaled-dot-product attention over B batch-heads of contiguous q (B, Lq, E), k (B, Lk, E),
 /// v (B, Lk, Ev): o (B, Lq, Ev) and the row logsumexp lse (B, Lq) in f32 (f64 for f64).
-/// causal: query i sees keys j <= i. One warp per query row with an online softmax (memory
-/// linear in L); E and Ev at most kMaxAttentionDim.
+/// causal: query i sees keys j <= i. Flash-attention-2 tiling: blocks of query rows walk
+/// key/value tiles in shared memory with an online softmax (memory linear in L). E and Ev at
+/// most kMaxAttentionDim (kernels for head-dim buckets 32, 64, 128, 256).
 inline constexpr int64_t kMaxAttentionDim = 256;
 struct AttentionDims {
   int64_t B, Lq, Lk, E, Ev;
@@ -135,9 +136,9 @@ struct AttentionDims {
 };
 void launch_attention(Dtype dt, const AttentionDims& g, double scale, void* o, void* lse,
                       const void* q, const void* k, const void* v, cudaStream_t s);
-/// Its backward: dq, dk, dv from q, k, v, o, do, lse, recomputing the probabilities (a warp
-/// per query row for dq, per key row for dk and dv: no atomics, deterministic). d_rows is a
-/// workspace of B * Lq values of lse's type.
+/// Its backward: dq, dk, dv from q, k, v, o, do, lse, recomputing the probabilities tile by
+/// tile: D = rowsum(dO * O) into d_rows (a workspace of B * Lq values of lse's type), then dq
+/// by blocks of query rows and dk, dv by blocks of keys (no atomics: deterministic).
 void launch_attention_backward(Dtype dt, const AttentionDims& g, double scale, void* dq, void* dk,
                                void* dv, void* d_rows, const void* q, const void* k, const void* v,
                                const void* o, const void* dout, const void* lse, cudaStream_t s);
