@@ -498,16 +498,14 @@ DeviceProfile DeviceProfile::from_json(const json& j) {
   p.gemm_f32_cpu_gflops = j.value("gemm_f32_cpu_gflops", 0.0);
   p.cache_bw_gbs = j.value("cache_bw_gbs", 0.0);
   p.cache_bytes = j.value("cache_bytes", 0.0);
-  if (j.contains("gemm_f32_curve") && j["gemm_f32_curve"].is_array())
-    for (const auto& pt : j["gemm_f32_curve"])
-      if (pt.is_array() && pt.size() == 2 && pt[0].is_number() && pt[1].is_number())
-        p.gemm_f32_curve.emplace_back(pt[0].get<int64_t>(), pt[1].get<double>());
-  auto pairs = [&](const char* key, std::vector<std::pair<double, double>>& out) {
+  // The [x, rate] curves; malformed points are skipped (the planner's reader is the strict one).
+  auto pairs = [&]<class X>(const char* key, std::vector<std::pair<X, double>>& out) {
     if (j.contains(key) && j[key].is_array())
       for (const auto& pt : j[key])
         if (pt.is_array() && pt.size() == 2 && pt[0].is_number() && pt[1].is_number())
-          out.emplace_back(pt[0].get<double>(), pt[1].get<double>());
+          out.emplace_back(pt[0].get<X>(), pt[1].get<double>());
   };
+  pairs("gemm_f32_curve", p.gemm_f32_curve);
   if (j.contains("gemm_f32_grid") && j["gemm_f32_grid"].is_object()) {
     const json& g = j["gemm_f32_grid"];
     p.gemm_f32_grid = {g.value("m", std::vector<double>{}), g.value("n", std::vector<double>{}),
