@@ -2,7 +2,7 @@
 # Installs every Debian package Hetrain builds, tests and trains with.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
-      libdnnl-dev libopenblas-dev zlib1g-dev nlohmann-json3-dev libtomlplusplus-dev
+      libdnnl-dev ocl-icd-opencl-dev libopenblas-dev zlib1g-dev nlohmann-json3-dev libtomlplusplus-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       chromium
       dataset-fashion-mnist fortunes)
