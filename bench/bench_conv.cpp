@@ -3,7 +3,7 @@
 // stage). The last argument of the conv and step benchmarks picks the conv path: 0 = im2col + GEMM
 // (the path before oneDNN), 1 = oneDNN, 2 = the direct stride-1 kernels where they apply (oneDNN
 // for the other shapes); BM_BatchNorm's: 1 = fused batch_norm2d, 0 = the composite of
-// mean/var/elementwise ops it replaced.
+// mean/var/elementwise ops it replaced, 2 = fused with relu, 3 = fused then a separate relu.
 //   cmake -S . -B build -G Ninja -DHETRAIN_BUILD_BENCH=ON && cmake --build build -j2
 //   [THREADS=N] ./build/bench/bench_conv --benchmark_filter=Step
 // "Time" is wall clock, "CPU" the whole process's CPU time (a steadier measure of work on a shared
@@ -86,15 +86,19 @@ void conv_args(benchmark::internal::Benchmark* b) {
       for (int64_t path : {0, 1, 2}) b->Args({i, pass, path});
 }
 
-/// Batch norm on (128, 16, 28, 28): forward and the gradients of x, weight and bias.
+/// Batch norm on (128, 16, 28, 28): forward and the gradients of x, weight and bias. Arg 2: with
+/// relu fused into the kernels; 3: the same relu as a separate op after the fused batch norm.
 void BM_BatchNorm(benchmark::State& st) {
-  const bool fused = st.range(0) == 1;
+  const bool fused = st.range(0) >= 1;
+  const bool with_relu = st.range(0) >= 2, relu_fused = st.range(0) == 2;
   Generator gen(2);
   const int64_t C = 16;
   Tensor x = randn({kBatch, C, 28, 28}, Dtype::f32, gen), gy = randn(x.shape(), Dtype::f32, gen);
   Tensor w = ones({C}), b = zeros({C});
   eval({x, gy, w, b});
   auto f = [&](const std::vector<Tensor>& in) {
+    if (with_relu && relu_fused) return batch_norm2d(in[0], in[1], in[2], 1e-5, true)[0];
+    if (with_relu) return relu(batch_norm2d(in[0], in[1], in[2])[0]);
     if (fused) return batch_norm2d(in[0], in[1], in[2])[0];
     const Shape bs{1, C, 1, 1};
     Tensor mu = mean(in[0], {0, 2, 3}, true);
@@ -141,6 +145,8 @@ BENCHMARK(BM_Conv)->Apply(conv_args)->MeasureProcessCPUTime()->UseRealTime()->Un
 BENCHMARK(BM_BatchNorm)
     ->Arg(0)
     ->Arg(1)
+    ->Arg(2)
+    ->Arg(3)
     ->MeasureProcessCPUTime()
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);

@@ -28,8 +28,8 @@ std::vector<Tensor> BatchNorm2d::vjp(const std::vector<Tensor>& x, const std::ve
                                      const std::vector<Tensor>& g,
                                      const std::vector<int>& argnums) const {
   Tensor gy = g[0].defined() ? g[0] : zeros_like(y[0]);
-  auto grads = make_node(std::make_shared<BatchNorm2dBackward>(eps_),
-                         {x[0], y[1], y[2], gy, x[1]});  // dx, dweight, dbias
+  auto grads = make_node(std::make_shared<BatchNorm2dBackward>(eps_, relu_),
+                         {x[0], y[1], y[2], gy, x[1], x[2]});  // dx, dweight, dbias
   std::vector<Tensor> r;
   for (int a : argnums) {
     Tensor d = grads[static_cast<size_t>(a)];
@@ -51,7 +51,8 @@ std::vector<Tensor> BatchNorm2d::vjp(const std::vector<Tensor>& x, const std::ve
 
 std::vector<TensorMeta> BatchNorm2dBackward::infer(const std::vector<TensorMeta>& in) const {
   const Shape& x = in[0].shape;
-  HT_ASSERT(x.size() == 4 && in[3].shape == x && in[4].shape == Shape{x[1]});
+  HT_ASSERT(x.size() == 4 && in[3].shape == x && in[4].shape == Shape{x[1]} &&
+            in[5].shape == Shape{x[1]});
   const TensorMeta per_channel{{x[1]}, in[0].dtype};
   return {in[0], per_channel, per_channel};
 }
@@ -64,7 +65,7 @@ Cost BatchNorm2dBackward::cost(const std::vector<TensorMeta>& in,
 }
 
 std::array<Tensor, 3> batch_norm2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                   double eps) {
+                                   double eps, bool relu) {
   if (!x.defined() || x.ndim() != 4)
     fail("[batch_norm2d] input must be 4-D (N, C, H, W), got ",
          x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
@@ -88,7 +89,7 @@ std::array<Tensor, 3> batch_norm2d(const Tensor& x, const Tensor& weight, const 
            ", got ", shape_str(t.shape()));
     in.push_back(t.dtype() == x.dtype() ? t : cast(t, x.dtype()));
   }
-  auto out = make_node(std::make_shared<BatchNorm2d>(eps), std::move(in));
+  auto out = make_node(std::make_shared<BatchNorm2d>(eps, relu), std::move(in));
   return {out[0], out[1], out[2]};
 }
 

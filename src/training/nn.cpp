@@ -154,7 +154,10 @@ BatchNorm2d::BatchNorm2d(int64_t c, double eps, double momentum) : eps_(eps), mo
   running_var_ = &register_buffer("running_var", ones({c}));
   num_batches_ = &register_buffer("num_batches_tracked", zeros({}, Dtype::i64));
 }
-Tensor BatchNorm2d::forward(const Tensor& x) {
+Tensor BatchNorm2d::forward(const Tensor& x) { return normalize(x, false); }
+Tensor BatchNorm2d::forward_relu(const Tensor& x) { return normalize(x, true); }
+
+Tensor BatchNorm2d::normalize(const Tensor& x, bool relu) {
   if (x.ndim() != 4 || x.shape()[1] != weight_->shape()[0])
     fail("[BatchNorm2d] expected input (N, ", weight_->shape()[0], ", H, W), got ",
          shape_str(x.shape()));
@@ -163,11 +166,12 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
     Shape bshape{1, c, 1, 1};
     Tensor w = reshape(*weight_, bshape), b = reshape(*bias_, bshape);
     Tensor scale = rsqrt(reshape(*running_var_, bshape) + eps_);
-    return (x - reshape(*running_mean_, bshape)) * scale * w + b;
+    Tensor y = (x - reshape(*running_mean_, bshape)) * scale * w + b;
+    return relu ? hetrain::relu(y) : y;
   }
   // One fused kernel each way (batch_norm2d and its backward) instead of ~15 elementwise and
   // reduction passes.
-  auto [y, mu, v] = batch_norm2d(x, *weight_, *bias_, eps_);
+  auto [y, mu, v] = batch_norm2d(x, *weight_, *bias_, eps_, relu);
   {
     // Running statistics: evaluated by the trainer after the step (Module buffers).
     NoGradScope ng;
@@ -276,7 +280,7 @@ struct ResNet::Block : Module {
     }
   }
   Tensor forward(const Tensor& x) override {
-    Tensor h = relu(b1->forward(c1->forward(x)));
+    Tensor h = b1->forward_relu(c1->forward(x));
     h = b2->forward(c2->forward(h));
     Tensor s = shortcut ? bs->forward(shortcut->forward(x)) : x;
     return relu(h + s);
@@ -287,9 +291,9 @@ ResNet::ResNet(int64_t in_channels, int64_t classes, std::vector<int64_t> widths
                int64_t blocks_per_stage, Generator& gen) {
   if (widths.empty()) fail("[ResNet] needs at least one stage width");
   stem_ = register_module("stem", std::make_shared<Sequential>());
-  stem_->add(std::make_shared<Conv2d>(in_channels, widths[0], 3, 1, 1, false, gen));
-  stem_->add(std::make_shared<BatchNorm2d>(widths[0]));
-  stem_->add(std::make_shared<ReLU>());
+  stem_conv_ = std::make_shared<Conv2d>(in_channels, widths[0], 3, 1, 1, false, gen);
+  stem_bn_ = std::make_shared<BatchNorm2d>(widths[0]);
+  stem_->add(stem_conv_).add(stem_bn_);
   int64_t prev = widths[0];
   for (size_t s = 0; s < widths.size(); ++s) {
     for (int64_t b = 0; b < blocks_per_stage; ++b) {
@@ -303,7 +307,7 @@ ResNet::ResNet(int64_t in_channels, int64_t classes, std::vector<int64_t> widths
   head_ = register_module("head", std::make_shared<Linear>(prev, classes, true, gen));
 }
 Tensor ResNet::forward(const Tensor& x) {
-  Tensor h = stem_->forward(x);
+  Tensor h = stem_bn_->forward_relu(stem_conv_->forward(x));
   for (auto& b : blocks_) h = b->forward(h);
   h = mean(h, {2, 3});  // global average pooling
   return head_->forward(h);

@@ -2,6 +2,7 @@
 // through the returned statistics) against finite differences in f64, dtypes, errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "hetrain/base/error.h"
@@ -81,6 +82,37 @@ TEST(BatchNorm2d, GradientsMatchFiniteDifferences) {
   // A 1x1 image and a single image per batch.
   check_grad_fd(y_only, {seq({4, 2, 1, 1}, 7), seq({2}, 8), seq({2}, 9)}, 1e-6, 1e-6);
   check_grad_fd(y_only, {seq({1, 2, 3, 3}, 7), seq({2}, 8), seq({2}, 9)}, 1e-6, 1e-6);
+}
+
+TEST(BatchNorm2d, FusedReluEqualsReluOfBatchNorm) {
+  // The fused kernel must give relu(batch_norm2d) bit for bit, forward and every gradient (the
+  // mask is recomputed from x in the backward), in f64 and f32; and match finite differences.
+  for (Dtype dt : {Dtype::f64, Dtype::f32}) {
+    Tensor x = cast(seq({3, 4, 5, 6}, 1) * 3.0 + 0.5, dt), w = seq({4}, 2, dt), b = seq({4}, 3, dt);
+    Tensor r = seq({3, 4, 5, 6}, 11, dt);
+    auto fused = [&](const std::vector<Tensor>& in) {
+      return sum(batch_norm2d(in[0], in[1], in[2], 1e-5, true)[0] * r);
+    };
+    auto composite = [&](const std::vector<Tensor>& in) {
+      return sum(relu(batch_norm2d(in[0], in[1], in[2], 1e-5)[0]) * r);
+    };
+    Tensor yf = batch_norm2d(x, w, b, 1e-5, true)[0];
+    Tensor yc = relu(batch_norm2d(x, w, b, 1e-5)[0]);
+    const auto vf = yf.to_vector<double>(), vc = yc.to_vector<double>();
+    ASSERT_EQ(vf, vc) << dtype_name(dt);
+    // Some of each side of the relu, so that the mask matters.
+    const auto zeros = std::count(vf.begin(), vf.end(), 0.0);
+    EXPECT_GT(zeros, 60);
+    EXPECT_LT(zeros, 300);
+    auto gf = value_and_grad(fused, {x, w, b}).second;
+    auto gc = value_and_grad(composite, {x, w, b}).second;
+    for (size_t k = 0; k < 3; ++k)
+      EXPECT_EQ(gf[k].to_vector<double>(), gc[k].to_vector<double>()) << dtype_name(dt) << " " << k;
+  }
+  auto y_relu = [](const std::vector<Tensor>& in) {
+    return batch_norm2d(in[0], in[1], in[2], 1e-4, true)[0];
+  };
+  check_grad_fd(y_relu, {seq({3, 2, 3, 4}, 1), seq({2}, 2), seq({2}, 3)}, 1e-6, 1e-6);
 }
 
 TEST(BatchNorm2d, LowerPrecisionAndOptionalAffine) {

@@ -155,9 +155,10 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
 /// Batch normalisation of x (N, C, H, W) with its own batch statistics (training mode), one
 /// fused kernel each way: y = (x - mean) / sqrt(var + eps) * weight + bias. Returns y, the
 /// batch mean (C) and the biased batch variance (C), the statistics in f32 (f64 for f64 x).
-/// weight/bias (C) optional. Running statistics are the caller's (nn::BatchNorm2d).
+/// weight/bias (C) optional. Running statistics are the caller's (nn::BatchNorm2d). With `relu`,
+/// y is relu of that, fused into the same passes each way (the backward recomputes the mask).
 std::array<Tensor, 3> batch_norm2d(const Tensor& x, const Tensor& weight = {},
-                                   const Tensor& bias = {}, double eps = 1e-5);
+                                   const Tensor& bias = {}, double eps = 1e-5, bool relu = false);
 /// Rows of weight (V, D) picked by integer ids of any shape: result ids.shape + (D).
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 /// torch.index_select.

@@ -88,8 +88,11 @@ class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1);
   Tensor forward(const Tensor& x) override;
+  /// relu(forward(x)), one fused pass each way in training.
+  Tensor forward_relu(const Tensor& x);
 
  private:
+  Tensor normalize(const Tensor& x, bool relu);
   Tensor *weight_, *bias_, *running_mean_, *running_var_, *num_batches_;
   double eps_, momentum_;
 };
@@ -210,7 +213,9 @@ class ResNet : public Module {
 
  private:
   struct Block;
-  std::shared_ptr<Sequential> stem_;
+  std::shared_ptr<Sequential> stem_;  // names its conv and bn stem.0 and stem.1, as in PyTorch
+  std::shared_ptr<Conv2d> stem_conv_;
+  std::shared_ptr<BatchNorm2d> stem_bn_;  // with the stem's relu fused in
   std::vector<std::shared_ptr<Module>> blocks_;
   std::shared_ptr<Linear> head_;
 };

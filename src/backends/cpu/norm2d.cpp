@@ -3,7 +3,11 @@
 // (n, c) plane sums use eight partial sums in the compute type and planes are added in f64.
 #include "graph/prims/norm2d.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "backends/cpu/vec_math.h"
 #include "graph/prims/elementwise.h"
@@ -16,21 +20,38 @@ using cpu::row_sum;
 
 namespace {
 
-/// sum(g) and sum(g * (x - mu)) over n elements.
-template <class T, class C>
-void plane_sums(const T* g, const T* x, int64_t n, C mu, double& sg, double& sgx) {
+/// g, or 0 where the forward's relu was off (its pre-activation x * scale + shift <= 0). A bit
+/// mask rather than `? g : 0`, which GCC leaves as a branch per element; unlike g * (pre > 0), an
+/// infinite g where the relu was off still gives 0, as torch's threshold_backward.
+template <bool Relu, class C>
+inline C masked(C g, C x, C scale, C shift) {
+  if constexpr (Relu) {
+    using U = std::conditional_t<sizeof(C) == 8, uint64_t, uint32_t>;
+    const U keep = U(0) - static_cast<U>(x * scale + shift > C(0));
+    return std::bit_cast<C>(std::bit_cast<U>(g) & keep);
+  }
+  return g;
+}
+
+/// sum(g') and sum(g' * (x - mu)) over n elements, g' = g masked by the relu when Relu.
+template <bool Relu, class T, class C>
+void plane_sums(const T* g, const T* x, int64_t n, C mu, const BnAffine<C>& aff, double& sg,
+                double& sgx) {
   C a[8] = {}, b[8] = {};
+  const C scale = aff.scale, shift = aff.shift;
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
     for (int j = 0; j < 8; ++j) {
-      const C gv = to_compute(g[i + j]);
+      const C xv = to_compute(x[i + j]);
+      const C gv = masked<Relu>(to_compute(g[i + j]), xv, scale, shift);
       a[j] += gv;
-      b[j] += gv * (to_compute(x[i + j]) - mu);
+      b[j] += gv * (xv - mu);
     }
   for (; i < n; ++i) {
-    const C gv = to_compute(g[i]);
+    const C xv = to_compute(x[i]);
+    const C gv = masked<Relu>(to_compute(g[i]), xv, scale, shift);
     a[0] += gv;
-    b[0] += gv * (to_compute(x[i]) - mu);
+    b[0] += gv * (xv - mu);
   }
   sg += ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
   sgx += ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
@@ -64,13 +85,17 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
         const double v = ss / M;
         mp[c] = mu;
         vp[c] = static_cast<A>(v);
-        const A scale = static_cast<A>(to_compute(wp[c]) / std::sqrt(v + eps_));
-        const A shift = to_compute(bp[c]) - mu * scale;
+        const BnAffine<A> a(static_cast<double>(to_compute(wp[c])), to_compute(bp[c]), mu, vp[c],
+                            eps_);
         for (int64_t n = 0; n < N; ++n) {
           const T* xr = xp + (n * C + c) * HW;
           T* yr = yp + (n * C + c) * HW;
-          for (int64_t i = 0; i < HW; ++i)
-            yr[i] = from_compute<T>(to_compute(xr[i]) * scale + shift);
+          if (relu_)
+            for (int64_t i = 0; i < HW; ++i)
+              yr[i] = from_compute<T>(std::max(to_compute(xr[i]) * a.scale + a.shift, A(0)));
+          else
+            for (int64_t i = 0; i < HW; ++i)
+              yr[i] = from_compute<T>(to_compute(xr[i]) * a.scale + a.shift);
         }
       }
     });
@@ -81,7 +106,7 @@ void BatchNorm2dBackward::eval_cpu(const std::vector<const Array*>& in,
                                    const std::vector<Array*>& out) const {
   Array x = contiguous_array(*in[0]), mean = contiguous_array(*in[1]);
   Array var = contiguous_array(*in[2]), g = contiguous_array(*in[3]);
-  Array w = contiguous_array(*in[4]);
+  Array w = contiguous_array(*in[4]), b = contiguous_array(*in[5]);
   Array &dx = *out[0], &dw = *out[1], &db = *out[2];
   dx.allocate();
   dw.allocate();
@@ -90,16 +115,23 @@ void BatchNorm2dBackward::eval_cpu(const std::vector<const Array*>& in,
   const double M = static_cast<double>(N * HW);
   dispatch_float(x.dtype, name(), [&]<class T>() {
     using A = compute_t<T>;
-    const T *xp = x.data<T>(), *gp = g.data<T>(), *wp = w.data<T>();
+    const T *xp = x.data<T>(), *gp = g.data<T>(), *wp = w.data<T>(), *bp = b.data<T>();
     const A *mp = mean.data<A>(), *vp = var.data<A>();
     T *dxp = dx.data<T>(), *dwp = dw.data<T>(), *dbp = db.data<T>();
     parallel_for(C, 1, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
         const A mu = mp[c];
         const double invstd = 1.0 / std::sqrt(static_cast<double>(vp[c]) + eps_);
+        const BnAffine<A> a(static_cast<double>(to_compute(wp[c])), to_compute(bp[c]), mu, vp[c],
+                            eps_);
         double sg = 0, sgx = 0;
-        for (int64_t n = 0; n < N; ++n)
-          plane_sums(gp + (n * C + c) * HW, xp + (n * C + c) * HW, HW, mu, sg, sgx);
+        for (int64_t n = 0; n < N; ++n) {
+          const T *gr = gp + (n * C + c) * HW, *xr = xp + (n * C + c) * HW;
+          if (relu_)
+            plane_sums<true>(gr, xr, HW, mu, a, sg, sgx);
+          else
+            plane_sums<false>(gr, xr, HW, mu, a, sg, sgx);
+        }
         dbp[c] = from_compute<T>(static_cast<A>(sg));
         dwp[c] = from_compute<T>(static_cast<A>(sgx * invstd));
         // dx = w * invstd * (g - sg / M - (x - mu) * invstd^2 * sgx / M)
@@ -110,9 +142,16 @@ void BatchNorm2dBackward::eval_cpu(const std::vector<const Array*>& in,
           const T* xr = xp + (n * C + c) * HW;
           const T* gr = gp + (n * C + c) * HW;
           T* dxr = dxp + (n * C + c) * HW;
-          for (int64_t i = 0; i < HW; ++i)
-            dxr[i] =
-                from_compute<T>(k * (to_compute(gr[i]) - gmean - (to_compute(xr[i]) - mu) * proj));
+          if (relu_)
+            for (int64_t i = 0; i < HW; ++i) {
+              const A xv = to_compute(xr[i]);
+              const A gv = masked<true>(to_compute(gr[i]), xv, a.scale, a.shift);
+              dxr[i] = from_compute<T>(k * (gv - gmean - (xv - mu) * proj));
+            }
+          else
+            for (int64_t i = 0; i < HW; ++i)
+              dxr[i] = from_compute<T>(k * (to_compute(gr[i]) - gmean -
+                                            (to_compute(xr[i]) - mu) * proj));
         }
       }
     });

@@ -187,15 +187,17 @@ struct BatchNormDims {
 /// Workspace elements (of the stats type) the batch-norm launchers need.
 int64_t batch_norm_workspace(const BatchNormDims& d);
 /// Training forward: mean and biased var (C, stats type) by two passes (mean, then squared
-/// deviations), y = (x - mean) * w / sqrt(var + eps) + b.
-void launch_batch_norm(Dtype dt, const BatchNormDims& d, double eps, void* y, void* mean, void* var,
-                       void* workspace, const void* x, const void* w, const void* b,
-                       cudaStream_t s);
+/// deviations), y = (x - mean) * w / sqrt(var + eps) + b, or relu of it when `relu`.
+void launch_batch_norm(Dtype dt, const BatchNormDims& d, double eps, bool relu, void* y,
+                       void* mean, void* var, void* workspace, const void* x, const void* w,
+                       const void* b, cudaStream_t s);
 /// Its backward: db = sum(g), dw = sum(g * xhat), dx = w * invstd * (g - db / M - xhat * dw /
-/// M) with M = N * HW (dw, db, dx of dtype dt; mean, var of the stats type).
-void launch_batch_norm_backward(Dtype dt, const BatchNormDims& d, double eps, void* dx, void* dw,
-                                void* db, void* workspace, const void* x, const void* mean,
-                                const void* var, const void* g, const void* w, cudaStream_t s);
+/// M) with M = N * HW (dw, db, dx of dtype dt; mean, var of the stats type). With `relu`, g is
+/// zeroed where the forward's pre-activation (recomputed from x, w, b, mean, var) was <= 0.
+void launch_batch_norm_backward(Dtype dt, const BatchNormDims& d, double eps, bool relu, void* dx,
+                                void* dw, void* db, void* workspace, const void* x,
+                                const void* mean, const void* var, const void* g, const void* w,
+                                const void* b, cudaStream_t s);
 
 /// One fused AdamW step over n contiguous elements (scalars as the CPU kernel rounds them).
 struct AdamWScalars {

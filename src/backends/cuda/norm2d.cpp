@@ -26,24 +26,24 @@ void BatchNorm2d::eval_cuda(const std::vector<const Array*>& in,
   var.allocate();
   const cuda::BatchNormDims d = bn_dims(x.shape);
   Array ws = bn_workspace(d, mean.dtype);
-  cuda::launch_batch_norm(x.dtype, d, eps_, y.raw(), mean.raw(), var.raw(), ws.raw(), x.raw(),
-                          w.raw(), b.raw(), cuda::stream());
+  cuda::launch_batch_norm(x.dtype, d, eps_, relu_, y.raw(), mean.raw(), var.raw(), ws.raw(),
+                          x.raw(), w.raw(), b.raw(), cuda::stream());
 }
 
 void BatchNorm2dBackward::eval_cuda(const std::vector<const Array*>& in,
                                     const std::vector<Array*>& out) const {
   const Array x = cuda::contiguous(*in[0]), mean = cuda::contiguous(*in[1]),
               var = cuda::contiguous(*in[2]), g = cuda::contiguous(*in[3]),
-              w = cuda::contiguous(*in[4]);
+              w = cuda::contiguous(*in[4]), b = cuda::contiguous(*in[5]);
   Array &dx = *out[0], &dw = *out[1], &db = *out[2];
   dx.allocate();
   dw.allocate();
   db.allocate();
   const cuda::BatchNormDims d = bn_dims(x.shape);
   Array ws = bn_workspace(d, mean.dtype);
-  cuda::launch_batch_norm_backward(x.dtype, d, eps_, dx.raw(), dw.raw(), db.raw(), ws.raw(),
-                                   x.raw(), mean.raw(), var.raw(), g.raw(), w.raw(),
-                                   cuda::stream());
+  cuda::launch_batch_norm_backward(x.dtype, d, eps_, relu_, dx.raw(), dw.raw(), db.raw(),
+                                   ws.raw(), x.raw(), mean.raw(), var.raw(), g.raw(), w.raw(),
+                                   b.raw(), cuda::stream());
 }
 
 }  // namespace hetrain
