@@ -1,0 +1,533 @@
+// Winograd F(2x2, 3x3) convolution on AVX2 + FMA (see conv_winograd.h).
+//
+// Forward, per 2x2 output tile: Y = A^T [U ⊙ V] A with U = G g G^T (4x4, per output and input
+// channel) and V = B^T d B (d the tile's 4x4 input patch; patches overlap by 2). Summed over input
+// channels this is, for each of the 16 positions p of a 4x4 tile, a GEMM M_p = U_p V_p with U_p
+// (O, C) and V_p (C, tiles). The input gradient is the same on the output gradient with the kernel
+// rotated 180 degrees, O and C swapped and padding 2 - p. The weight gradient is
+// dg = G^T dU G with dU_p = sum over tiles of (A dY A^T)_p V_p^T.
+//
+// The work runs in blocks of whole tile rows (a tile row is the tw tiles of one image that share
+// output rows; a block may hold the end of one image and the start of the next), sized so that a
+// block's transformed arrays stay in L2. Transforms are vectorised across 8 tiles of a row: each
+// input row is split once into its even and odd columns, so that the four columns a tile reads
+// are plain unaligned loads. A row's last vector spills into the next tile row's columns, which
+// that row overwrites; the arrays have room for the last row's spill. The forward GEMM's
+// register tile is 4 output channels by 24 tiles (12 accumulators) like conv_direct.cpp; the
+// weight-gradient GEMM reduces over tiles with 4 x 3 (o, c) tiles of vector partial sums.
+//
+// Forward and input gradient: each output element comes from one block, computed in a fixed
+// order, so results do not depend on the thread count. Weight gradient: blocks are grouped into a
+// fixed number of chunks, each with its own sums, added in chunk order; also independent of the
+// thread count.
+#include "backends/cpu/conv_winograd.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/compute_buffers.h"
+#include "hetrain/base/cpu_features.h"
+#include "hetrain/base/thread_pool.h"
+
+namespace hetrain::cpu {
+
+namespace {
+
+constexpr int64_t kPos = 16;     // positions of a transformed 4x4 tile
+constexpr int kRows = 4;         // output channels per forward register tile
+constexpr int kVecs = 3;         // 8-tile vectors per forward register tile
+constexpr int kCols = 3;         // input channels per weight-gradient register tile
+constexpr int64_t kChunks = 16;  // weight-gradient partial sums (more than threads, to balance)
+
+/// A 3x3 stride-1 convolution from C to O channels as 2x2 output tiles, in blocks of tile rows.
+struct Tiling {
+  int64_t N, C, O, H, W, ph, pw, Ho, Wo;
+  int64_t th, tw;  // tile rows and tiles per row of one image
+  int64_t lanes;   // tiles a row's transforms compute: tw rounded up to whole vectors
+  int64_t L;       // floats in each half of a split row: the transforms read one past `lanes`
+  int64_t rows;    // tile rows per block
+  int64_t ld;      // floats between rows of the transformed arrays
+  int64_t blocks() const { return (N * th + rows - 1) / rows; }
+};
+
+/// target_tiles: about how many tiles a block should hold.
+Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_t ph, int64_t pw,
+                   int64_t target_tiles) {
+  Tiling t{N, C, O, H, W, ph, pw, H + 2 * ph - 2, W + 2 * pw - 2, 0, 0, 0, 0, 0, 0};
+  t.th = (t.Ho + 1) / 2;
+  t.tw = (t.Wo + 1) / 2;
+  t.lanes = (t.tw + 7) / 8 * 8;
+  t.L = t.lanes + 8;
+  t.rows = std::clamp<int64_t>((target_tiles + t.tw / 2) / t.tw, 1, N * t.th);
+  // The GEMMs run over whole vectors; the last tile row spills up to (rows - 1) tw + lanes.
+  t.ld = std::max((t.rows * t.tw + 7) / 8 * 8, (t.rows - 1) * t.tw + t.lanes);
+  return t;
+}
+
+/// Splits a padded row (2 L floats) into its even and odd columns, L each.
+__attribute__((target("avx2,fma"))) void split_row(const float* padded, int64_t L, float* even,
+                                                   float* odd) {
+  for (int64_t j = 0; j < L; j += 8) {
+    const __m256 a = _mm256_loadu_ps(padded + 2 * j), b = _mm256_loadu_ps(padded + 2 * j + 8);
+    // shuffle_ps pairs within 128-bit lanes; the 64-bit permute puts the pairs in order.
+    const __m256d e = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88));
+    const __m256d o = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD));
+    _mm256_storeu_ps(even + j, _mm256_castpd_ps(_mm256_permute4x64_pd(e, 0xD8)));
+    _mm256_storeu_ps(odd + j, _mm256_castpd_ps(_mm256_permute4x64_pd(o, 0xD8)));
+  }
+}
+
+/// Image rows, zero-padded and split into even and odd columns, four at a time: a tile row reads
+/// input rows h..h+3 and the next one h+2..h+5, so a row is split once per channel and block.
+class SplitRows {
+ public:
+  /// width: floats per image row; pad: zero columns on its left.
+  SplitRows(float* buf, int64_t L, int64_t width, int64_t pad)
+      : buf_(buf), L_(L), width_(width), pad_(pad) {
+    std::fill(buf_, buf_ + 6 * 2 * L_, 0.0f);  // the zero row, the padded row, four slots
+    std::fill(std::begin(tag_), std::end(tag_), nullptr);
+  }
+  /// The split row `src` (null: a row of zeros); slot must differ among rows in use together.
+  const float* get(const float* src, int64_t slot) {
+    if (!src) return buf_;
+    float* dst = buf_ + (2 + slot) * 2 * L_;
+    if (tag_[slot] != src) {
+      float* padded = buf_ + 2 * L_;
+      // Only the image's columns change, so the zero padding around them stays.
+      std::memcpy(padded + pad_, src, static_cast<size_t>(width_) * sizeof(float));
+      split_row(padded, L_, dst, dst + L_);
+      tag_[slot] = src;
+    }
+    return dst;
+  }
+
+ private:
+  float* buf_;
+  int64_t L_, width_, pad_;
+  const float* tag_[4];
+};
+
+/// Floats SplitRows needs.
+int64_t split_rows_floats(const Tiling& t) { return 6 * 2 * t.L; }
+
+/// V = B^T d B for `lanes` tiles of one tile row of one channel; r[k] is input row k of the tiles,
+/// split. Position p of tile j goes to v[p * pstride + j].
+__attribute__((target("avx2,fma"))) void input_tiles(const float* const r[4], int64_t L,
+                                                     int64_t lanes, float* v, int64_t pstride) {
+  for (int64_t j = 0; j < lanes; j += 8) {
+    // Along the row, tile j reads columns 2j .. 2j+3: even[j], odd[j], even[j+1], odd[j+1].
+    __m256 h[4][4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m256 e = _mm256_loadu_ps(r[k] + j), e1 = _mm256_loadu_ps(r[k] + j + 1);
+      const __m256 o = _mm256_loadu_ps(r[k] + L + j), o1 = _mm256_loadu_ps(r[k] + L + j + 1);
+      h[k][0] = _mm256_sub_ps(e, e1);
+      h[k][1] = _mm256_add_ps(o, e1);
+      h[k][2] = _mm256_sub_ps(e1, o);
+      h[k][3] = _mm256_sub_ps(o, o1);
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) {
+      _mm256_storeu_ps(v + (0 + b) * pstride + j, _mm256_sub_ps(h[0][b], h[2][b]));
+      _mm256_storeu_ps(v + (4 + b) * pstride + j, _mm256_add_ps(h[1][b], h[2][b]));
+      _mm256_storeu_ps(v + (8 + b) * pstride + j, _mm256_sub_ps(h[2][b], h[1][b]));
+      _mm256_storeu_ps(v + (12 + b) * pstride + j, _mm256_sub_ps(h[1][b], h[3][b]));
+    }
+  }
+}
+
+/// A dY A^T for `lanes` tiles of one tile row of one output channel from its two gradient rows,
+/// split; position p of tile j goes to g[p * pstride + j].
+__attribute__((target("avx2,fma"))) void grad_tiles(const float* r0, const float* r1, int64_t L,
+                                                    int64_t lanes, float* g, int64_t pstride) {
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t j = 0; j < lanes; j += 8) {
+    const __m256 e0 = _mm256_loadu_ps(r0 + j), o0 = _mm256_loadu_ps(r0 + L + j);
+    const __m256 e1 = _mm256_loadu_ps(r1 + j), o1 = _mm256_loadu_ps(r1 + L + j);
+    // Rows of A dY (even and odd column), then the same combination along the row.
+    const __m256 ze[4] = {e0, _mm256_add_ps(e0, e1), _mm256_sub_ps(e0, e1),
+                          _mm256_sub_ps(zero, e1)};
+    const __m256 zo[4] = {o0, _mm256_add_ps(o0, o1), _mm256_sub_ps(o0, o1),
+                          _mm256_sub_ps(zero, o1)};
+#pragma GCC unroll 4
+    for (int a = 0; a < 4; ++a) {
+      _mm256_storeu_ps(g + (4 * a + 0) * pstride + j, ze[a]);
+      _mm256_storeu_ps(g + (4 * a + 1) * pstride + j, _mm256_add_ps(ze[a], zo[a]));
+      _mm256_storeu_ps(g + (4 * a + 2) * pstride + j, _mm256_sub_ps(ze[a], zo[a]));
+      _mm256_storeu_ps(g + (4 * a + 3) * pstride + j, _mm256_sub_ps(zero, zo[a]));
+    }
+  }
+}
+
+/// Stores 8 tiles' output pairs (a[j], b[j]) to d[2j], d[2j + 1], the first n floats only.
+__attribute__((target("avx2,fma"))) void store_pairs(float* d, __m256 a, __m256 b, int64_t n) {
+  const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+  const __m256 first = _mm256_permute2f128_ps(lo, hi, 0x20);
+  const __m256 second = _mm256_permute2f128_ps(lo, hi, 0x31);
+  if (n >= 16) {
+    _mm256_storeu_ps(d, first);
+    _mm256_storeu_ps(d + 8, second);
+    return;
+  }
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const int32_t n32 = static_cast<int32_t>(n);
+  _mm256_maskstore_ps(d, _mm256_cmpgt_epi32(_mm256_set1_epi32(n32), iota), first);
+  _mm256_maskstore_ps(d + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(n32 - 8), iota), second);
+}
+
+/// Y = A^T M A (+ bias) for the tw tiles of one tile row of one output channel, from
+/// m[p * pstride + j]; writes output rows y0 and y1 (null past the last row), Wo wide.
+__attribute__((target("avx2,fma"))) void output_tiles(const float* m, int64_t pstride, int64_t tw,
+                                                      float bias, float* y0, float* y1,
+                                                      int64_t Wo) {
+  const __m256 bv = _mm256_set1_ps(bias);
+  for (int64_t j = 0; j < tw; j += 8) {
+    __m256 z0[4], z1[4];
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) {
+      const __m256 m0 = _mm256_loadu_ps(m + (0 + b) * pstride + j);
+      const __m256 m1 = _mm256_loadu_ps(m + (4 + b) * pstride + j);
+      const __m256 m2 = _mm256_loadu_ps(m + (8 + b) * pstride + j);
+      const __m256 m3 = _mm256_loadu_ps(m + (12 + b) * pstride + j);
+      z0[b] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
+      z1[b] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
+    }
+    const int64_t n = Wo - 2 * j;
+    store_pairs(y0 + 2 * j, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z0[0], z0[1]), z0[2]), bv),
+                _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z0[1], z0[2]), z0[3]), bv), n);
+    if (y1)
+      store_pairs(y1 + 2 * j, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z1[0], z1[1]), z1[2]), bv),
+                  _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z1[1], z1[2]), z1[3]), bv), n);
+  }
+}
+
+/// m[r][t] = sum_c u[c][r] * v[c][t] for R rows and 8 NV tiles; rows of v and m are ld apart.
+template <int R, int NV>
+__attribute__((target("avx2,fma"))) void gemm_tile(const float* u, const float* v, int64_t ld,
+                                                   int64_t C, float* m) {
+  __m256 acc[R][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int k = 0; k < NV; ++k) acc[r][k] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < C; ++c) {
+    __m256 xv[NV];
+#pragma GCC unroll 3
+    for (int k = 0; k < NV; ++k) xv[k] = _mm256_loadu_ps(v + c * ld + 8 * k);
+    const float* uc = u + c * R;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 wv = _mm256_broadcast_ss(uc + r);
+#pragma GCC unroll 3
+      for (int k = 0; k < NV; ++k) acc[r][k] = _mm256_fmadd_ps(wv, xv[k], acc[r][k]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int k = 0; k < NV; ++k) _mm256_storeu_ps(m + r * ld + 8 * k, acc[r][k]);
+}
+
+/// gemm_tile over T tiles (a multiple of 8).
+template <int R>
+void gemm_rows(const float* u, const float* v, int64_t ld, int64_t C, float* m, int64_t T) {
+  int64_t t = 0;
+  for (; t + 8 * kVecs <= T; t += 8 * kVecs) gemm_tile<R, kVecs>(u, v + t, ld, C, m + t);
+  if (T - t == 16) gemm_tile<R, 2>(u, v + t, ld, C, m + t);
+  if (T - t == 8) gemm_tile<R, 1>(u, v + t, ld, C, m + t);
+}
+
+/// M_p = U_p V_p for one position: u packed by transform_weights, v (C rows), m (O rows).
+void gemm_position(const float* u, const float* v, int64_t ld, int64_t C, int64_t O, float* m,
+                   int64_t T) {
+  for (int64_t o0 = 0; o0 < O; o0 += kRows) {
+    const float* uo = u + o0 * C;
+    float* mo = m + o0 * ld;
+    switch (std::min<int64_t>(kRows, O - o0)) {
+      case 4:
+        gemm_rows<4>(uo, v, ld, C, mo, T);
+        break;
+      case 3:
+        gemm_rows<3>(uo, v, ld, C, mo, T);
+        break;
+      case 2:
+        gemm_rows<2>(uo, v, ld, C, mo, T);
+        break;
+      default:
+        gemm_rows<1>(uo, v, ld, C, mo, T);
+        break;
+    }
+  }
+}
+
+/// U = G g G^T for every (o, c), g = weight(o, c, i, j). Position p's (O, C) matrix starts at
+/// p * O * C, packed per block of kRows output channels: block o0 holds [c][r] = U(o0 + r, c) for
+/// its R = min(kRows, O - o0) rows, at offset o0 * C.
+template <class Weight>
+std::vector<float> transform_weights(int64_t O, int64_t C, Weight weight) {
+  std::vector<float> u(static_cast<size_t>(kPos * O * C));
+  for (int64_t o = 0; o < O; ++o) {
+    const int64_t o0 = o / kRows * kRows, R = std::min<int64_t>(kRows, O - o0);
+    for (int64_t c = 0; c < C; ++c) {
+      double g[3][3], gg[4][3];
+      for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j) g[i][j] = weight(o, c, i, j);
+      for (int j = 0; j < 3; ++j) {
+        gg[0][j] = g[0][j];
+        gg[1][j] = 0.5 * (g[0][j] + g[1][j] + g[2][j]);
+        gg[2][j] = 0.5 * (g[0][j] - g[1][j] + g[2][j]);
+        gg[3][j] = g[2][j];
+      }
+      for (int a = 0; a < 4; ++a) {
+        const double row[4] = {gg[a][0], 0.5 * (gg[a][0] + gg[a][1] + gg[a][2]),
+                               0.5 * (gg[a][0] - gg[a][1] + gg[a][2]), gg[a][2]};
+        for (int b = 0; b < 4; ++b)
+          u[static_cast<size_t>((4 * a + b) * O * C + o0 * C + c * R + (o - o0))] =
+              static_cast<float>(row[b]);
+      }
+    }
+  }
+  return u;
+}
+
+/// The input rows of tile row i of one channel plane (null outside the image), split.
+void tile_input_rows(const Tiling& t, const float* plane, int64_t i, SplitRows& split,
+                     const float* r[4]) {
+  for (int64_t k = 0; k < 4; ++k) {
+    const int64_t h = 2 * i - t.ph + k;
+    // h + 2 >= 0 and consecutive: h mod 4 tells the four rows of a tile row apart.
+    r[k] = split.get(h >= 0 && h < t.H ? plane + h * t.W : nullptr, (h + 4) % 4);
+  }
+}
+
+/// Transforms channels [0, t.C) of tile rows [g0, g1) of x into v (kPos * C rows of t.ld).
+void transform_inputs(const Tiling& t, const float* x, int64_t g0, int64_t g1, SplitRows& split,
+                      float* v) {
+  for (int64_t c = 0; c < t.C; ++c)
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t n = g / t.th, i = g % t.th;
+      const float* r[4];
+      tile_input_rows(t, x + (n * t.C + c) * t.H * t.W, i, split, r);
+      input_tiles(r, t.L, t.lanes, v + c * t.ld + (g - g0) * t.tw, t.C * t.ld);
+    }
+}
+
+/// y (N, O, Ho, Wo) = conv(x, w) [+ b] with u = transform_weights(w).
+void forward_tiles(const Tiling& t, const float* x, const std::vector<float>& u, const float* b,
+                   float* y) {
+  parallel_for(t.blocks(), 1, [&](int64_t b0, int64_t b1) {
+    Array va = workspace({kPos * t.C * t.ld}, Dtype::f32);
+    Array ma = workspace({kPos * t.O * t.ld}, Dtype::f32);
+    Array ra = workspace({split_rows_floats(t)}, Dtype::f32);
+    float *v = va.data<float>(), *m = ma.data<float>();
+    SplitRows split(ra.data<float>(), t.L, t.W, t.pw);
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
+      transform_inputs(t, x, g0, g1, split, v);
+      const int64_t T = ((g1 - g0) * t.tw + 7) / 8 * 8;
+      for (int64_t p = 0; p < kPos; ++p)
+        gemm_position(u.data() + p * t.O * t.C, v + p * t.C * t.ld, t.ld, t.C, t.O,
+                      m + p * t.O * t.ld, T);
+      for (int64_t o = 0; o < t.O; ++o)
+        for (int64_t g = g0; g < g1; ++g) {
+          const int64_t n = g / t.th, i = g % t.th;
+          float* yo = y + (n * t.O + o) * t.Ho * t.Wo + 2 * i * t.Wo;
+          output_tiles(m + o * t.ld + (g - g0) * t.tw, t.O * t.ld, t.tw, b ? b[o] : 0.0f, yo,
+                       2 * i + 1 < t.Ho ? yo + t.Wo : nullptr, t.Wo);
+        }
+    }
+  });
+}
+
+/// Horizontal sum of 8 lanes, in a fixed order.
+__attribute__((target("avx2,fma"))) float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/// du[r * C + j] += sum_t g[r * ld + t] * v[j * ld + t] for R x J (o, c) pairs, t in [0, T).
+template <int R, int J>
+__attribute__((target("avx2,fma"))) void weight_tile(const float* g, const float* v, int64_t ld,
+                                                     int64_t T, float* du, int64_t C) {
+  __m256 acc[R][J];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int j = 0; j < J; ++j) acc[r][j] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < T; t += 8) {
+    __m256 xv[J];
+#pragma GCC unroll 3
+    for (int j = 0; j < J; ++j) xv[j] = _mm256_loadu_ps(v + j * ld + t);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 gv = _mm256_loadu_ps(g + r * ld + t);
+#pragma GCC unroll 3
+      for (int j = 0; j < J; ++j) acc[r][j] = _mm256_fmadd_ps(gv, xv[j], acc[r][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int j = 0; j < J; ++j) du[r * C + j] += hsum(acc[r][j]);
+}
+
+template <int R>
+void weight_rows(const float* g, const float* v, int64_t ld, int64_t T, float* du, int64_t C) {
+  int64_t c = 0;
+  for (; c + kCols <= C; c += kCols) weight_tile<R, kCols>(g, v + c * ld, ld, T, du + c, C);
+  if (C - c == 2) weight_tile<R, 2>(g, v + c * ld, ld, T, du + c, C);
+  if (C - c == 1) weight_tile<R, 1>(g, v + c * ld, ld, T, du + c, C);
+}
+
+/// du (O, C) += g v^T for one position: g (O rows), v (C rows), T tiles.
+void weight_position(const float* g, const float* v, int64_t ld, int64_t C, int64_t O, int64_t T,
+                     float* du) {
+  for (int64_t o0 = 0; o0 < O; o0 += kRows) {
+    const float* go = g + o0 * ld;
+    float* d = du + o0 * C;
+    switch (std::min<int64_t>(kRows, O - o0)) {
+      case 4:
+        weight_rows<4>(go, v, ld, T, d, C);
+        break;
+      case 3:
+        weight_rows<3>(go, v, ld, T, d, C);
+        break;
+      case 2:
+        weight_rows<2>(go, v, ld, T, d, C);
+        break;
+      default:
+        weight_rows<1>(go, v, ld, T, d, C);
+        break;
+    }
+  }
+}
+
+std::atomic<bool>& disabled_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* v = std::getenv("HETRAIN_CONV_WINOGRAD");
+    return v && std::strcmp(v, "0") == 0;
+  }()};
+  return flag;
+}
+std::atomic<int64_t> runs{0};
+
+bool applies(const ConvShape& s) {
+  if (disabled_flag() || s.N <= 0 || s.C <= 0 || s.O <= 0) return false;
+  if (s.kh != 3 || s.kw != 3 || s.sh != 1 || s.sw != 1) return false;
+  if (s.ph < 0 || s.ph > 1 || s.pw < 0 || s.pw > 1 || s.Ho < 1 || s.Wo < 1) return false;
+  const CpuFeatures& f = cpu_features();
+  return f.avx2 && f.fma;
+}
+
+/// Tiles per block for the forward pass: the transformed inputs and outputs of a block,
+/// kPos * (C + O) * tiles floats, take about half of a 512 KiB L2.
+int64_t forward_block_tiles(int64_t C, int64_t O) {
+  return std::clamp<int64_t>(4096 / (C + O), 24, 512);
+}
+
+}  // namespace
+
+void set_winograd_conv_disabled(bool disabled) { disabled_flag() = disabled; }
+int64_t winograd_conv_runs() { return runs; }
+
+bool winograd_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
+                           float* y) {
+  if (!applies(s)) return false;
+  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, forward_block_tiles(s.C, s.O));
+  const auto u = transform_weights(s.O, s.C, [&](int64_t o, int64_t c, int i, int j) {
+    return w[((o * s.C + c) * 3 + i) * 3 + j];
+  });
+  forward_tiles(t, x, u, b, y);
+  ++runs;
+  return true;
+}
+
+bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx) {
+  if (!applies(s)) return false;
+  // dx = conv(gy, w rotated 180 degrees with O and C swapped), padding 2 - p.
+  const Tiling t =
+      make_tiling(s.N, s.O, s.C, s.Ho, s.Wo, 2 - s.ph, 2 - s.pw, forward_block_tiles(s.O, s.C));
+  const auto u = transform_weights(s.C, s.O, [&](int64_t c, int64_t o, int i, int j) {
+    return w[((o * s.C + c) * 3 + (2 - i)) * 3 + (2 - j)];
+  });
+  forward_tiles(t, gy, u, nullptr, dx);
+  ++runs;
+  return true;
+}
+
+bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const float* gy,
+                                    float* dw) {
+  if (!applies(s)) return false;
+  // Blocks hold more tiles than the forward pass's: each weight-gradient register tile sums
+  // over a block's tiles and ends in horizontal sums, which longer blocks amortise.
+  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw,
+                               std::clamp<int64_t>(16384 / (s.C + s.O), 64, 1024));
+  const int64_t nb = t.blocks(), chunks = std::min(nb, kChunks), OC = s.O * s.C;
+  Array partial = workspace({chunks, kPos * OC}, Dtype::f32);
+  parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
+    Array va = workspace({kPos * t.C * t.ld}, Dtype::f32);
+    Array ga = workspace({kPos * t.O * t.ld}, Dtype::f32);
+    Array ra = workspace({split_rows_floats(t)}, Dtype::f32);
+    Array gra = workspace({split_rows_floats(t)}, Dtype::f32);
+    float *v = va.data<float>(), *g = ga.data<float>();
+    SplitRows split(ra.data<float>(), t.L, t.W, t.pw), gsplit(gra.data<float>(), t.L, t.Wo, 0);
+    for (int64_t chunk = c0; chunk < c1; ++chunk) {
+      float* du = partial.data<float>() + chunk * kPos * OC;
+      std::fill(du, du + kPos * OC, 0.0f);
+      for (int64_t blk = chunk * nb / chunks; blk < (chunk + 1) * nb / chunks; ++blk) {
+        const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
+        transform_inputs(t, x, g0, g1, split, v);
+        for (int64_t o = 0; o < t.O; ++o)
+          for (int64_t gi = g0; gi < g1; ++gi) {
+            const int64_t n = gi / t.th, i = gi % t.th;
+            const float* plane = gy + (n * t.O + o) * t.Ho * t.Wo;
+            const float* r0 = gsplit.get(plane + 2 * i * t.Wo, 0);
+            const float* r1 =
+                gsplit.get(2 * i + 1 < t.Ho ? plane + (2 * i + 1) * t.Wo : nullptr, 1);
+            grad_tiles(r0, r1, t.L, t.lanes, g + o * t.ld + (gi - g0) * t.tw, t.O * t.ld);
+          }
+        // The GEMMs run over whole vectors: the tiles past the block's last get a zero gradient
+        // (and inputs that are not left over from an earlier block, which could hold NaNs).
+        const int64_t T = (g1 - g0) * t.tw, Tr = (T + 7) / 8 * 8;
+        for (int64_t row = 0; row < kPos * t.C; ++row)
+          std::fill(v + row * t.ld + T, v + row * t.ld + Tr, 0.0f);
+        for (int64_t row = 0; row < kPos * t.O; ++row)
+          std::fill(g + row * t.ld + T, g + row * t.ld + Tr, 0.0f);
+        for (int64_t p = 0; p < kPos; ++p)
+          weight_position(g + p * t.O * t.ld, v + p * t.C * t.ld, t.ld, t.C, t.O, Tr, du + p * OC);
+      }
+    }
+  });
+  // dw = G^T dU G per (o, c), from the chunks' sums added in chunk order.
+  const float* p = partial.data<float>();
+  std::vector<float> du(p, p + kPos * OC);
+  for (int64_t c = 1; c < chunks; ++c)
+    for (int64_t i = 0; i < kPos * OC; ++i) du[i] += p[c * kPos * OC + i];
+  for (int64_t i = 0; i < OC; ++i) {
+    double d[4][4], gd[3][4];
+    for (int a = 0; a < 4; ++a)
+      for (int b = 0; b < 4; ++b) d[a][b] = du[(4 * a + b) * OC + i];
+    for (int b = 0; b < 4; ++b) {
+      gd[0][b] = d[0][b] + 0.5 * (d[1][b] + d[2][b]);
+      gd[1][b] = 0.5 * (d[1][b] - d[2][b]);
+      gd[2][b] = 0.5 * (d[1][b] + d[2][b]) + d[3][b];
+    }
+    for (int a = 0; a < 3; ++a) {
+      float* out = dw + i * 9 + a * 3;
+      out[0] = static_cast<float>(gd[a][0] + 0.5 * (gd[a][1] + gd[a][2]));
+      out[1] = static_cast<float>(0.5 * (gd[a][1] - gd[a][2]));
+      out[2] = static_cast<float>(0.5 * (gd[a][1] + gd[a][2]) + gd[a][3]);
+    }
+  }
+  ++runs;
+  return true;
+}
+
+}  // namespace hetrain::cpu
