@@ -7,9 +7,9 @@
 // rotated 180 degrees, O and C swapped and padding 2 - p. The weight gradient is
 // dg = G^T dU G with dU_p = sum over tiles of (A dY A^T)_p V_p^T.
 //
-// The work runs in blocks of whole tile rows (a tile row is the tw tiles of one image that share
-// output rows; a block may hold the end of one image and the start of the next), sized so that a
-// block's transformed arrays stay in L2. Transforms are vectorised across 8 tiles of a row: each
+// The work runs in blocks of whole images, sized so that a block's transformed arrays stay in L2
+// as far as one image allows; in a block, tile rows (the tw tiles of an image that share output
+// rows) are laid side by side. Transforms are vectorised across 8 tiles of a row: each
 // input row is split once into its even and odd columns, so that the four columns a tile reads
 // are plain unaligned loads. A row's last vector spills into the next tile row's columns, which
 // that row overwrites; the arrays have room for the last row's spill. The forward GEMM's
@@ -49,58 +49,88 @@ struct Tiling {
   int64_t N, C, O, H, W, ph, pw, Ho, Wo;
   int64_t th, tw;  // tile rows and tiles per row of one image
   int64_t lanes;   // tiles a row's transforms compute: tw rounded up to whole vectors
-  int64_t L;       // floats in each half of a split row: the transforms read one past `lanes`
+  int64_t L;       // floats in each half of a split row: room past `lanes` for the transforms'
+                   // reads one past it and for split_row's whole vectors
   int64_t rows;    // tile rows per block
   int64_t ld;      // floats between rows of the transformed arrays
+  int64_t vp, mp;  // floats between positions of the transformed inputs (C rows), outputs (O)
   int64_t blocks() const { return (N * th + rows - 1) / rows; }
 };
 
 /// target_tiles: about how many tiles a block should hold.
 Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_t ph, int64_t pw,
                    int64_t target_tiles) {
-  Tiling t{N, C, O, H, W, ph, pw, H + 2 * ph - 2, W + 2 * pw - 2, 0, 0, 0, 0, 0, 0};
+  Tiling t{N, C, O, H, W, ph, pw, H + 2 * ph - 2, W + 2 * pw - 2, 0, 0, 0, 0, 0, 0, 0, 0};
   t.th = (t.Ho + 1) / 2;
   t.tw = (t.Wo + 1) / 2;
   t.lanes = (t.tw + 7) / 8 * 8;
-  t.L = t.lanes + 8;
-  t.rows = std::clamp<int64_t>((target_tiles + t.tw / 2) / t.tw, 1, N * t.th);
+  t.L = t.lanes + 16;
+  // Whole images per block: each block then reads its inputs and writes its outputs as one
+  // sequential stretch, which the hardware prefetchers follow. With blocks of part of an image
+  // they touched a few rows of every channel plane, and the transforms waited on cache misses
+  // for longer than the GEMMs ran.
+  const int64_t per_image = t.th * t.tw;
+  t.rows = t.th * std::clamp<int64_t>((target_tiles + per_image / 2) / per_image, 1, N);
   // The GEMMs run over whole vectors; the last tile row spills up to (rows - 1) tw + lanes.
   t.ld = std::max((t.rows * t.tw + 7) / 8 * 8, (t.rows - 1) * t.tw + t.lanes);
+  // An odd number of cache lines between rows and between positions: the transforms access the
+  // 16 positions of a tile together and the GEMMs up to C rows, which with a stride of an even
+  // number of lines share a few L1 sets and evict each other (with 16 channels, 16 lines in two
+  // sets; the output transform ran at half the GEMM's speed).
+  const auto odd_lines = [](int64_t floats) {
+    const int64_t lines = (floats + 15) / 16;
+    return (lines | 1) * 16;
+  };
+  t.ld = odd_lines(t.ld);
+  t.vp = odd_lines(C * t.ld);
+  t.mp = odd_lines(O * t.ld);
   return t;
 }
 
-/// Splits a padded row (2 L floats) into its even and odd columns, L each.
-__attribute__((target("avx2,fma"))) void split_row(const float* padded, int64_t L, float* even,
+/// even[k] = src[2k], odd[k] = src[2k + 1] for the columns of a row of W floats, and zeros after
+/// them up to whole vectors.
+__attribute__((target("avx2,fma"))) void split_row(const float* src, int64_t W, float* even,
                                                    float* odd) {
-  for (int64_t j = 0; j < L; j += 8) {
-    const __m256 a = _mm256_loadu_ps(padded + 2 * j), b = _mm256_loadu_ps(padded + 2 * j + 8);
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t k = 0; k < W; k += 16) {
+    __m256 a, b;
+    if (W - k >= 16) {
+      a = _mm256_loadu_ps(src + k);
+      b = _mm256_loadu_ps(src + k + 8);
+    } else {
+      // Masked-off lanes read nothing (no fault past the array) and give zeros.
+      const int32_t n = static_cast<int32_t>(W - k);
+      a = _mm256_maskload_ps(src + k, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), iota));
+      b = _mm256_maskload_ps(src + k + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(n - 8), iota));
+    }
     // shuffle_ps pairs within 128-bit lanes; the 64-bit permute puts the pairs in order.
     const __m256d e = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88));
     const __m256d o = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD));
-    _mm256_storeu_ps(even + j, _mm256_castpd_ps(_mm256_permute4x64_pd(e, 0xD8)));
-    _mm256_storeu_ps(odd + j, _mm256_castpd_ps(_mm256_permute4x64_pd(o, 0xD8)));
+    _mm256_storeu_ps(even + k / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(e, 0xD8)));
+    _mm256_storeu_ps(odd + k / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(o, 0xD8)));
   }
 }
 
-/// Image rows, zero-padded and split into even and odd columns, four at a time: a tile row reads
-/// input rows h..h+3 and the next one h+2..h+5, so a row is split once per channel and block.
+/// Image rows, zero-padded and split into their even and odd columns (L floats each), four at a
+/// time: a tile row reads input rows h..h+3 and the next one h+2..h+5, so a row is split once per
+/// channel and block.
 class SplitRows {
  public:
   /// width: floats per image row; pad: zero columns on its left.
-  SplitRows(float* buf, int64_t L, int64_t width, int64_t pad)
-      : buf_(buf), L_(L), width_(width), pad_(pad) {
-    std::fill(buf_, buf_ + 6 * 2 * L_, 0.0f);  // the zero row, the padded row, four slots
+  SplitRows(float* buf, int64_t L, int64_t width, int64_t pad) : buf_(buf), L_(L), width_(width) {
+    // Padded column q = column + pad is even[q / 2] or odd[q / 2] by its parity.
+    even_dst_ = pad % 2 == 0 ? pad / 2 : L_ + (pad - 1) / 2;
+    odd_dst_ = pad % 2 == 0 ? L_ + pad / 2 : (pad + 1) / 2;
+    // Every split writes the same cells, so the zeros around them stay.
+    std::fill(buf_, buf_ + 5 * 2 * L_, 0.0f);  // the zero row, four slots
     std::fill(std::begin(tag_), std::end(tag_), nullptr);
   }
   /// The split row `src` (null: a row of zeros); slot must differ among rows in use together.
-  const float* get(const float* src, int64_t slot) {
+  __attribute__((target("avx2,fma"))) const float* get(const float* src, int64_t slot) {
     if (!src) return buf_;
-    float* dst = buf_ + (2 + slot) * 2 * L_;
+    float* dst = buf_ + (1 + slot) * 2 * L_;
     if (tag_[slot] != src) {
-      float* padded = buf_ + 2 * L_;
-      // Only the image's columns change, so the zero padding around them stays.
-      std::memcpy(padded + pad_, src, static_cast<size_t>(width_) * sizeof(float));
-      split_row(padded, L_, dst, dst + L_);
+      split_row(src, width_, dst + even_dst_, dst + odd_dst_);
       tag_[slot] = src;
     }
     return dst;
@@ -108,12 +138,12 @@ class SplitRows {
 
  private:
   float* buf_;
-  int64_t L_, width_, pad_;
+  int64_t L_, width_, even_dst_, odd_dst_;
   const float* tag_[4];
 };
 
 /// Floats SplitRows needs.
-int64_t split_rows_floats(const Tiling& t) { return 6 * 2 * t.L; }
+int64_t split_rows_floats(const Tiling& t) { return 5 * 2 * t.L; }
 
 /// V = B^T d B for `lanes` tiles of one tile row of one channel; r[k] is input row k of the tiles,
 /// split. Position p of tile j goes to v[p * pstride + j].
@@ -164,20 +194,37 @@ __attribute__((target("avx2,fma"))) void grad_tiles(const float* r0, const float
   }
 }
 
+/// Stores the first n (< 8) floats of v to d.
+__attribute__((target("avx2,fma"))) void store_first(float* d, __m256 v, int64_t n) {
+  __m128 h = _mm256_castps256_ps128(v);
+  if (n & 4) {
+    _mm_storeu_ps(d, h);
+    h = _mm256_extractf128_ps(v, 1);
+    d += 4;
+  }
+  if (n & 2) {
+    _mm_storel_pi(reinterpret_cast<__m64*>(d), h);
+    h = _mm_movehl_ps(h, h);
+    d += 2;
+  }
+  if (n & 1) _mm_store_ss(d, h);
+}
+
 /// Stores 8 tiles' output pairs (a[j], b[j]) to d[2j], d[2j + 1], the first n floats only.
 __attribute__((target("avx2,fma"))) void store_pairs(float* d, __m256 a, __m256 b, int64_t n) {
   const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
   const __m256 first = _mm256_permute2f128_ps(lo, hi, 0x20);
   const __m256 second = _mm256_permute2f128_ps(lo, hi, 0x31);
-  if (n >= 16) {
+  // Partial stores by halves, not vmaskmovps, which is slow on AMD.
+  if (n >= 8) {
     _mm256_storeu_ps(d, first);
-    _mm256_storeu_ps(d + 8, second);
-    return;
+    if (n >= 16)
+      _mm256_storeu_ps(d + 8, second);
+    else
+      store_first(d + 8, second, n - 8);
+  } else {
+    store_first(d, first, n);
   }
-  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const int32_t n32 = static_cast<int32_t>(n);
-  _mm256_maskstore_ps(d, _mm256_cmpgt_epi32(_mm256_set1_epi32(n32), iota), first);
-  _mm256_maskstore_ps(d + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(n32 - 8), iota), second);
 }
 
 /// Y = A^T M A (+ bias) for the tw tiles of one tile row of one output channel, from
@@ -235,7 +282,8 @@ __attribute__((target("avx2,fma"))) void gemm_tile(const float* u, const float* 
 
 /// gemm_tile over T tiles (a multiple of 8).
 template <int R>
-void gemm_rows(const float* u, const float* v, int64_t ld, int64_t C, float* m, int64_t T) {
+__attribute__((target("avx2,fma"))) void gemm_rows(const float* u, const float* v, int64_t ld,
+                                                   int64_t C, float* m, int64_t T) {
   int64_t t = 0;
   for (; t + 8 * kVecs <= T; t += 8 * kVecs) gemm_tile<R, kVecs>(u, v + t, ld, C, m + t);
   if (T - t == 16) gemm_tile<R, 2>(u, v + t, ld, C, m + t);
@@ -243,8 +291,8 @@ void gemm_rows(const float* u, const float* v, int64_t ld, int64_t C, float* m, 
 }
 
 /// M_p = U_p V_p for one position: u packed by transform_weights, v (C rows), m (O rows).
-void gemm_position(const float* u, const float* v, int64_t ld, int64_t C, int64_t O, float* m,
-                   int64_t T) {
+__attribute__((target("avx2,fma"))) void gemm_position(const float* u, const float* v, int64_t ld,
+                                                       int64_t C, int64_t O, float* m, int64_t T) {
   for (int64_t o0 = 0; o0 < O; o0 += kRows) {
     const float* uo = u + o0 * C;
     float* mo = m + o0 * ld;
@@ -296,8 +344,9 @@ std::vector<float> transform_weights(int64_t O, int64_t C, Weight weight) {
 }
 
 /// The input rows of tile row i of one channel plane (null outside the image), split.
-void tile_input_rows(const Tiling& t, const float* plane, int64_t i, SplitRows& split,
-                     const float* r[4]) {
+__attribute__((target("avx2,fma"))) void tile_input_rows(const Tiling& t, const float* plane,
+                                                         int64_t i, SplitRows& split,
+                                                         const float* r[4]) {
   for (int64_t k = 0; k < 4; ++k) {
     const int64_t h = 2 * i - t.ph + k;
     // h + 2 >= 0 and consecutive: h mod 4 tells the four rows of a tile row apart.
@@ -306,41 +355,56 @@ void tile_input_rows(const Tiling& t, const float* plane, int64_t i, SplitRows& 
 }
 
 /// Transforms channels [0, t.C) of tile rows [g0, g1) of x into v (kPos * C rows of t.ld).
-void transform_inputs(const Tiling& t, const float* x, int64_t g0, int64_t g1, SplitRows& split,
-                      float* v) {
+__attribute__((target("avx2,fma"))) void transform_inputs(const Tiling& t, const float* x,
+                                                          int64_t g0, int64_t g1, SplitRows& split,
+                                                          float* v) {
   for (int64_t c = 0; c < t.C; ++c)
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t n = g / t.th, i = g % t.th;
       const float* r[4];
       tile_input_rows(t, x + (n * t.C + c) * t.H * t.W, i, split, r);
-      input_tiles(r, t.L, t.lanes, v + c * t.ld + (g - g0) * t.tw, t.C * t.ld);
+      input_tiles(r, t.L, t.lanes, v + c * t.ld + (g - g0) * t.tw, t.vp);
     }
+}
+
+/// Writes tile rows [g0, g1) of y (N, O, Ho, Wo) [+ b] from their transformed outputs m.
+__attribute__((target("avx2,fma"))) void transform_outputs(const Tiling& t, const float* m,
+                                                           int64_t g0, int64_t g1, const float* b,
+                                                           float* y) {
+  for (int64_t o = 0; o < t.O; ++o)
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t n = g / t.th, i = g % t.th;
+      float* yo = y + (n * t.O + o) * t.Ho * t.Wo + 2 * i * t.Wo;
+      output_tiles(m + o * t.ld + (g - g0) * t.tw, t.mp, t.tw, b ? b[o] : 0.0f, yo,
+                   2 * i + 1 < t.Ho ? yo + t.Wo : nullptr, t.Wo);
+    }
+}
+
+/// One block of forward_tiles, with v and m its transformed inputs and outputs.
+__attribute__((target("avx2,fma"))) void forward_block(const Tiling& t, const float* x,
+                                                       const float* u, const float* b, float* y,
+                                                       int64_t blk, SplitRows& split, float* v,
+                                                       float* m) {
+  const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
+  transform_inputs(t, x, g0, g1, split, v);
+  const int64_t T = ((g1 - g0) * t.tw + 7) / 8 * 8;
+  for (int64_t p = 0; p < kPos; ++p)
+    gemm_position(u + p * t.O * t.C, v + p * t.vp, t.ld, t.C, t.O, m + p * t.mp, T);
+  transform_outputs(t, m, g0, g1, b, y);
 }
 
 /// y (N, O, Ho, Wo) = conv(x, w) [+ b] with u = transform_weights(w).
 void forward_tiles(const Tiling& t, const float* x, const std::vector<float>& u, const float* b,
                    float* y) {
   parallel_for(t.blocks(), 1, [&](int64_t b0, int64_t b1) {
-    Array va = workspace({kPos * t.C * t.ld}, Dtype::f32);
-    Array ma = workspace({kPos * t.O * t.ld}, Dtype::f32);
+    Array va = workspace({kPos * t.vp}, Dtype::f32), ma = workspace({kPos * t.mp}, Dtype::f32);
     Array ra = workspace({split_rows_floats(t)}, Dtype::f32);
     float *v = va.data<float>(), *m = ma.data<float>();
+    // The GEMMs read up to 7 columns past the tiles that the transforms write: zeros, not
+    // whatever the allocation held (denormals would be slow).
+    std::fill(v, v + va.numel(), 0.0f);
     SplitRows split(ra.data<float>(), t.L, t.W, t.pw);
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
-      transform_inputs(t, x, g0, g1, split, v);
-      const int64_t T = ((g1 - g0) * t.tw + 7) / 8 * 8;
-      for (int64_t p = 0; p < kPos; ++p)
-        gemm_position(u.data() + p * t.O * t.C, v + p * t.C * t.ld, t.ld, t.C, t.O,
-                      m + p * t.O * t.ld, T);
-      for (int64_t o = 0; o < t.O; ++o)
-        for (int64_t g = g0; g < g1; ++g) {
-          const int64_t n = g / t.th, i = g % t.th;
-          float* yo = y + (n * t.O + o) * t.Ho * t.Wo + 2 * i * t.Wo;
-          output_tiles(m + o * t.ld + (g - g0) * t.tw, t.O * t.ld, t.tw, b ? b[o] : 0.0f, yo,
-                       2 * i + 1 < t.Ho ? yo + t.Wo : nullptr, t.Wo);
-        }
-    }
+    for (int64_t blk = b0; blk < b1; ++blk) forward_block(t, x, u.data(), b, y, blk, split, v, m);
   });
 }
 
@@ -379,7 +443,8 @@ __attribute__((target("avx2,fma"))) void weight_tile(const float* g, const float
 }
 
 template <int R>
-void weight_rows(const float* g, const float* v, int64_t ld, int64_t T, float* du, int64_t C) {
+__attribute__((target("avx2,fma"))) void weight_rows(const float* g, const float* v, int64_t ld,
+                                                     int64_t T, float* du, int64_t C) {
   int64_t c = 0;
   for (; c + kCols <= C; c += kCols) weight_tile<R, kCols>(g, v + c * ld, ld, T, du + c, C);
   if (C - c == 2) weight_tile<R, 2>(g, v + c * ld, ld, T, du + c, C);
@@ -387,8 +452,9 @@ void weight_rows(const float* g, const float* v, int64_t ld, int64_t T, float* d
 }
 
 /// du (O, C) += g v^T for one position: g (O rows), v (C rows), T tiles.
-void weight_position(const float* g, const float* v, int64_t ld, int64_t C, int64_t O, int64_t T,
-                     float* du) {
+__attribute__((target("avx2,fma"))) void weight_position(const float* g, const float* v, int64_t ld,
+                                                         int64_t C, int64_t O, int64_t T,
+                                                         float* du) {
   for (int64_t o0 = 0; o0 < O; o0 += kRows) {
     const float* go = g + o0 * ld;
     float* d = du + o0 * C;
@@ -407,6 +473,35 @@ void weight_position(const float* g, const float* v, int64_t ld, int64_t C, int6
         break;
     }
   }
+}
+
+/// du (kPos, O, C) += one block's sums for the weight gradient, with v and g its transformed
+/// inputs and output gradients.
+__attribute__((target("avx2,fma"))) void weight_block(const Tiling& t, const float* x,
+                                                      const float* gy, int64_t blk,
+                                                      SplitRows& split, SplitRows& gsplit, float* v,
+                                                      float* g, float* du) {
+  const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
+  transform_inputs(t, x, g0, g1, split, v);
+  for (int64_t o = 0; o < t.O; ++o)
+    for (int64_t gi = g0; gi < g1; ++gi) {
+      const int64_t n = gi / t.th, i = gi % t.th;
+      const float* plane = gy + (n * t.O + o) * t.Ho * t.Wo;
+      const float* r0 = gsplit.get(plane + 2 * i * t.Wo, 0);
+      const float* r1 = gsplit.get(2 * i + 1 < t.Ho ? plane + (2 * i + 1) * t.Wo : nullptr, 1);
+      grad_tiles(r0, r1, t.L, t.lanes, g + o * t.ld + (gi - g0) * t.tw, t.mp);
+    }
+  // The GEMMs run over whole vectors: the tiles past the block's last get a zero gradient (and
+  // inputs that are not left over from an earlier block, which could hold NaNs).
+  const int64_t T = (g1 - g0) * t.tw, Tr = (T + 7) / 8 * 8;
+  for (int64_t p = 0; p < kPos; ++p) {
+    for (int64_t c = 0; c < t.C; ++c)
+      std::fill(v + p * t.vp + c * t.ld + T, v + p * t.vp + c * t.ld + Tr, 0.0f);
+    for (int64_t o = 0; o < t.O; ++o)
+      std::fill(g + p * t.mp + o * t.ld + T, g + p * t.mp + o * t.ld + Tr, 0.0f);
+  }
+  for (int64_t p = 0; p < kPos; ++p)
+    weight_position(g + p * t.mp, v + p * t.vp, t.ld, t.C, t.O, Tr, du + p * t.O * t.C);
 }
 
 std::atomic<bool>& disabled_flag() {
@@ -472,8 +567,7 @@ bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const fl
   const int64_t nb = t.blocks(), chunks = std::min(nb, kChunks), OC = s.O * s.C;
   Array partial = workspace({chunks, kPos * OC}, Dtype::f32);
   parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
-    Array va = workspace({kPos * t.C * t.ld}, Dtype::f32);
-    Array ga = workspace({kPos * t.O * t.ld}, Dtype::f32);
+    Array va = workspace({kPos * t.vp}, Dtype::f32), ga = workspace({kPos * t.mp}, Dtype::f32);
     Array ra = workspace({split_rows_floats(t)}, Dtype::f32);
     Array gra = workspace({split_rows_floats(t)}, Dtype::f32);
     float *v = va.data<float>(), *g = ga.data<float>();
@@ -481,28 +575,8 @@ bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const fl
     for (int64_t chunk = c0; chunk < c1; ++chunk) {
       float* du = partial.data<float>() + chunk * kPos * OC;
       std::fill(du, du + kPos * OC, 0.0f);
-      for (int64_t blk = chunk * nb / chunks; blk < (chunk + 1) * nb / chunks; ++blk) {
-        const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
-        transform_inputs(t, x, g0, g1, split, v);
-        for (int64_t o = 0; o < t.O; ++o)
-          for (int64_t gi = g0; gi < g1; ++gi) {
-            const int64_t n = gi / t.th, i = gi % t.th;
-            const float* plane = gy + (n * t.O + o) * t.Ho * t.Wo;
-            const float* r0 = gsplit.get(plane + 2 * i * t.Wo, 0);
-            const float* r1 =
-                gsplit.get(2 * i + 1 < t.Ho ? plane + (2 * i + 1) * t.Wo : nullptr, 1);
-            grad_tiles(r0, r1, t.L, t.lanes, g + o * t.ld + (gi - g0) * t.tw, t.O * t.ld);
-          }
-        // The GEMMs run over whole vectors: the tiles past the block's last get a zero gradient
-        // (and inputs that are not left over from an earlier block, which could hold NaNs).
-        const int64_t T = (g1 - g0) * t.tw, Tr = (T + 7) / 8 * 8;
-        for (int64_t row = 0; row < kPos * t.C; ++row)
-          std::fill(v + row * t.ld + T, v + row * t.ld + Tr, 0.0f);
-        for (int64_t row = 0; row < kPos * t.O; ++row)
-          std::fill(g + row * t.ld + T, g + row * t.ld + Tr, 0.0f);
-        for (int64_t p = 0; p < kPos; ++p)
-          weight_position(g + p * t.O * t.ld, v + p * t.C * t.ld, t.ld, t.C, t.O, Tr, du + p * OC);
-      }
+      for (int64_t blk = chunk * nb / chunks; blk < (chunk + 1) * nb / chunks; ++blk)
+        weight_block(t, x, gy, blk, split, gsplit, v, g, du);
     }
   });
   // dw = G^T dU G per (o, c), from the chunks' sums added in chunk order.
