@@ -285,9 +285,12 @@ template <int R>
 __attribute__((target("avx2,fma"))) void gemm_rows(const float* u, const float* v, int64_t ld,
                                                    int64_t C, float* m, int64_t T) {
   int64_t t = 0;
-  for (; t + 8 * kVecs <= T; t += 8 * kVecs) gemm_tile<R, kVecs>(u, v + t, ld, C, m + t);
-  if (T - t == 16) gemm_tile<R, 2>(u, v + t, ld, C, m + t);
-  if (T - t == 8) gemm_tile<R, 1>(u, v + t, ld, C, m + t);
+  // A remainder of one vector ends in two tiles of two vectors instead: a one-vector tile has
+  // too few accumulators to hide the FMA latency.
+  const int64_t full = T % 24 == 8 && T > 8 ? T - 32 : T;
+  for (; t + 8 * kVecs <= full; t += 8 * kVecs) gemm_tile<R, kVecs>(u, v + t, ld, C, m + t);
+  for (; t + 16 <= T; t += 16) gemm_tile<R, 2>(u, v + t, ld, C, m + t);
+  if (t < T) gemm_tile<R, 1>(u, v + t, ld, C, m + t);
 }
 
 /// M_p = U_p V_p for one position: u packed by transform_weights, v (C rows), m (O rows).
@@ -380,6 +383,16 @@ __attribute__((target("avx2,fma"))) void transform_outputs(const Tiling& t, cons
     }
 }
 
+/// Prefetches part `k` of `parts` of [p, p + bytes) into L2: spread over a block's GEMMs, this
+/// brings in the next block's inputs and this one's output lines, which the transforms would
+/// otherwise wait for.
+__attribute__((target("avx2,fma"))) void prefetch_part(const void* p, int64_t bytes, int64_t k,
+                                                       int64_t parts) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = bytes * k / parts / 64 * 64; off < bytes * (k + 1) / parts; off += 64)
+    _mm_prefetch(c + off, _MM_HINT_T1);
+}
+
 /// One block of forward_tiles, with v and m its transformed inputs and outputs.
 __attribute__((target("avx2,fma"))) void forward_block(const Tiling& t, const float* x,
                                                        const float* u, const float* b, float* y,
@@ -388,8 +401,13 @@ __attribute__((target("avx2,fma"))) void forward_block(const Tiling& t, const fl
   const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
   transform_inputs(t, x, g0, g1, split, v);
   const int64_t T = ((g1 - g0) * t.tw + 7) / 8 * 8;
-  for (int64_t p = 0; p < kPos; ++p)
+  const int64_t images = t.rows / t.th, n0 = g0 / t.th, n1 = (g1 - 1) / t.th + 1;
+  const int64_t n_next = std::min(t.N, n1 + images);
+  for (int64_t p = 0; p < kPos; ++p) {
     gemm_position(u + p * t.O * t.C, v + p * t.vp, t.ld, t.C, t.O, m + p * t.mp, T);
+    prefetch_part(x + n1 * t.C * t.H * t.W, (n_next - n1) * t.C * t.H * t.W * 4, p, kPos);
+    prefetch_part(y + n0 * t.O * t.Ho * t.Wo, (n1 - n0) * t.O * t.Ho * t.Wo * 4, p, kPos);
+  }
   transform_outputs(t, m, g0, g1, b, y);
 }
 
