@@ -57,6 +57,9 @@ struct Tiling {
   int64_t blocks() const { return (N * th + rows - 1) / rows; }
 };
 
+/// floats rounded up to an odd number of cache lines.
+int64_t odd_lines(int64_t floats) { return (((floats + 15) / 16) | 1) * 16; }
+
 /// target_tiles: about how many tiles a block should hold.
 Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_t ph, int64_t pw,
                    int64_t target_tiles) {
@@ -77,10 +80,6 @@ Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_
   // 16 positions of a tile together and the GEMMs up to C rows, which with a stride of an even
   // number of lines share a few L1 sets and evict each other (with 16 channels, 16 lines in two
   // sets; the output transform ran at half the GEMM's speed).
-  const auto odd_lines = [](int64_t floats) {
-    const int64_t lines = (floats + 15) / 16;
-    return (lines | 1) * 16;
-  };
   t.ld = odd_lines(t.ld);
   t.vp = odd_lines(C * t.ld);
   t.mp = odd_lines(O * t.ld);
@@ -426,100 +425,141 @@ void forward_tiles(const Tiling& t, const float* x, const std::vector<float>& u,
   });
 }
 
-/// Horizontal sum of 8 lanes, in a fixed order.
-__attribute__((target("avx2,fma"))) float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+/// Transposes 8 rows of 8 floats in place.
+__attribute__((target("avx2,fma"))) void transpose8(__m256 r[8]) {
+  __m256 t[8], q[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    q[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    q[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    q[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    q[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(q[i], q[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(q[i], q[i + 4], 0x31);
+  }
 }
 
-/// du[r * C + j] += sum_t g[r * ld + t] * v[j * ld + t] for R x J (o, c) pairs, t in [0, T).
-template <int R, int J>
-__attribute__((target("avx2,fma"))) void weight_tile(const float* g, const float* v, int64_t ld,
-                                                     int64_t T, float* du, int64_t C) {
-  __m256 acc[R][J];
+/// The weight gradient's output-gradient tiles, transposed: gt[p * gp + t * ldo + o], one row of
+/// ldo = O rounded up to whole vectors per tile. Output channels go through grad_tiles 8 at a
+/// time into `scratch` (8 x kPos x lanes floats), then 8 x 8 transposes.
+struct GradTiles {
+  const Tiling& t;
+  int64_t ldo, gp;
+  SplitRows& split;
+  float* scratch;
+  float* gt;
+
+  /// Output channels [o0, o0 + 8) of tile row gi, as block column tcol.
+  __attribute__((target("avx2,fma"))) void tile_row(const float* gy, int64_t gi, int64_t o0,
+                                                    int64_t tcol) {
+    const int64_t n = gi / t.th, i = gi % t.th, count = std::min<int64_t>(8, t.O - o0);
+    for (int64_t k = 0; k < count; ++k) {
+      const float* plane = gy + (n * t.O + o0 + k) * t.Ho * t.Wo;
+      const float* r0 = split.get(plane + 2 * i * t.Wo, 0);
+      const float* r1 = split.get(2 * i + 1 < t.Ho ? plane + (2 * i + 1) * t.Wo : nullptr, 1);
+      grad_tiles(r0, r1, t.L, t.lanes, scratch + k * kPos * t.lanes, t.lanes);
+    }
+    // Rows k >= count keep what an earlier group left there (or zeros): finite values, in
+    // columns o >= O that nothing reads.
+    for (int64_t p = 0; p < kPos; ++p)
+      for (int64_t j = 0; j < t.lanes; j += 8) {
+        __m256 r[8];
+        for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(scratch + (k * kPos + p) * t.lanes + j);
+        transpose8(r);
+        float* dst = gt + p * gp + (tcol + j) * ldo + o0;
+        for (int k = 0; k < 8; ++k) _mm256_storeu_ps(dst + k * ldo, r[k]);
+      }
+  }
+};
+
+/// du[r][o] += sum_t v[r * ld + t] * gt[t * ldo + o] for R input channels and 8 NV output
+/// channels, t in [0, T).
+template <int R, int NV>
+__attribute__((target("avx2,fma"))) void weight_tile(const float* v, int64_t ld, const float* gt,
+                                                     int64_t ldo, int64_t T, float* du) {
+  __m256 acc[R][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
-    for (int j = 0; j < J; ++j) acc[r][j] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < T; t += 8) {
-    __m256 xv[J];
+    for (int k = 0; k < NV; ++k) acc[r][k] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < T; ++t) {
+    __m256 gv[NV];
 #pragma GCC unroll 3
-    for (int j = 0; j < J; ++j) xv[j] = _mm256_loadu_ps(v + j * ld + t);
+    for (int k = 0; k < NV; ++k) gv[k] = _mm256_loadu_ps(gt + t * ldo + 8 * k);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const __m256 gv = _mm256_loadu_ps(g + r * ld + t);
+      const __m256 xv = _mm256_broadcast_ss(v + r * ld + t);
 #pragma GCC unroll 3
-      for (int j = 0; j < J; ++j) acc[r][j] = _mm256_fmadd_ps(gv, xv[j], acc[r][j]);
+      for (int k = 0; k < NV; ++k) acc[r][k] = _mm256_fmadd_ps(xv, gv[k], acc[r][k]);
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
-    for (int j = 0; j < J; ++j) du[r * C + j] += hsum(acc[r][j]);
+    for (int k = 0; k < NV; ++k) {
+      float* d = du + r * ldo + 8 * k;
+      _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), acc[r][k]));
+    }
 }
 
+/// weight_tile over all ldo output channels.
 template <int R>
-__attribute__((target("avx2,fma"))) void weight_rows(const float* g, const float* v, int64_t ld,
-                                                     int64_t T, float* du, int64_t C) {
-  int64_t c = 0;
-  for (; c + kCols <= C; c += kCols) weight_tile<R, kCols>(g, v + c * ld, ld, T, du + c, C);
-  if (C - c == 2) weight_tile<R, 2>(g, v + c * ld, ld, T, du + c, C);
-  if (C - c == 1) weight_tile<R, 1>(g, v + c * ld, ld, T, du + c, C);
+__attribute__((target("avx2,fma"))) void weight_rows(const float* v, int64_t ld, const float* gt,
+                                                     int64_t ldo, int64_t T, float* du) {
+  int64_t o = 0;
+  const int64_t full = ldo % 24 == 8 && ldo > 8 ? ldo - 32 : ldo;  // as in gemm_rows
+  for (; o + 8 * kVecs <= full; o += 8 * kVecs)
+    weight_tile<R, kVecs>(v, ld, gt + o, ldo, T, du + o);
+  for (; o + 16 <= ldo; o += 16) weight_tile<R, 2>(v, ld, gt + o, ldo, T, du + o);
+  if (o < ldo) weight_tile<R, 1>(v, ld, gt + o, ldo, T, du + o);
 }
 
-/// du (O, C) += g v^T for one position: g (O rows), v (C rows), T tiles.
-__attribute__((target("avx2,fma"))) void weight_position(const float* g, const float* v, int64_t ld,
-                                                         int64_t C, int64_t O, int64_t T,
-                                                         float* du) {
-  for (int64_t o0 = 0; o0 < O; o0 += kRows) {
-    const float* go = g + o0 * ld;
-    float* d = du + o0 * C;
-    switch (std::min<int64_t>(kRows, O - o0)) {
+/// du (C, ldo) += v gt for one position: v (C rows of ld), gt (T rows of ldo).
+__attribute__((target("avx2,fma"))) void weight_position(const float* v, int64_t ld,
+                                                         const float* gt, int64_t ldo, int64_t C,
+                                                         int64_t T, float* du) {
+  for (int64_t c0 = 0; c0 < C; c0 += kRows) {
+    const float* vc = v + c0 * ld;
+    float* d = du + c0 * ldo;
+    switch (std::min<int64_t>(kRows, C - c0)) {
       case 4:
-        weight_rows<4>(go, v, ld, T, d, C);
+        weight_rows<4>(vc, ld, gt, ldo, T, d);
         break;
       case 3:
-        weight_rows<3>(go, v, ld, T, d, C);
+        weight_rows<3>(vc, ld, gt, ldo, T, d);
         break;
       case 2:
-        weight_rows<2>(go, v, ld, T, d, C);
+        weight_rows<2>(vc, ld, gt, ldo, T, d);
         break;
       default:
-        weight_rows<1>(go, v, ld, T, d, C);
+        weight_rows<1>(vc, ld, gt, ldo, T, d);
         break;
     }
   }
 }
 
-/// du (kPos, O, C) += one block's sums for the weight gradient, with v and g its transformed
-/// inputs and output gradients.
+/// du (kPos, C, ldo) += one block's sums for the weight gradient, with v its transformed inputs.
 __attribute__((target("avx2,fma"))) void weight_block(const Tiling& t, const float* x,
                                                       const float* gy, int64_t blk,
-                                                      SplitRows& split, SplitRows& gsplit, float* v,
-                                                      float* g, float* du) {
+                                                      SplitRows& split, GradTiles& grads, float* v,
+                                                      float* du) {
   const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
   transform_inputs(t, x, g0, g1, split, v);
-  for (int64_t o = 0; o < t.O; ++o)
-    for (int64_t gi = g0; gi < g1; ++gi) {
-      const int64_t n = gi / t.th, i = gi % t.th;
-      const float* plane = gy + (n * t.O + o) * t.Ho * t.Wo;
-      const float* r0 = gsplit.get(plane + 2 * i * t.Wo, 0);
-      const float* r1 = gsplit.get(2 * i + 1 < t.Ho ? plane + (2 * i + 1) * t.Wo : nullptr, 1);
-      grad_tiles(r0, r1, t.L, t.lanes, g + o * t.ld + (gi - g0) * t.tw, t.mp);
-    }
-  // The GEMMs run over whole vectors: the tiles past the block's last get a zero gradient (and
-  // inputs that are not left over from an earlier block, which could hold NaNs).
-  const int64_t T = (g1 - g0) * t.tw, Tr = (T + 7) / 8 * 8;
+  for (int64_t o0 = 0; o0 < t.O; o0 += 8)
+    for (int64_t gi = g0; gi < g1; ++gi) grads.tile_row(gy, gi, o0, (gi - g0) * t.tw);
+  const int64_t images = t.rows / t.th, n1 = (g1 - 1) / t.th + 1;
+  const int64_t n_next = std::min(t.N, n1 + images);
   for (int64_t p = 0; p < kPos; ++p) {
-    for (int64_t c = 0; c < t.C; ++c)
-      std::fill(v + p * t.vp + c * t.ld + T, v + p * t.vp + c * t.ld + Tr, 0.0f);
-    for (int64_t o = 0; o < t.O; ++o)
-      std::fill(g + p * t.mp + o * t.ld + T, g + p * t.mp + o * t.ld + Tr, 0.0f);
+    weight_position(v + p * t.vp, t.ld, grads.gt + p * grads.gp, grads.ldo, t.C, (g1 - g0) * t.tw,
+                    du + p * t.C * grads.ldo);
+    prefetch_part(x + n1 * t.C * t.H * t.W, (n_next - n1) * t.C * t.H * t.W * 4, p, kPos);
+    prefetch_part(gy + n1 * t.O * t.Ho * t.Wo, (n_next - n1) * t.O * t.Ho * t.Wo * 4, p, kPos);
   }
-  for (int64_t p = 0; p < kPos; ++p)
-    weight_position(g + p * t.mp, v + p * t.vp, t.ld, t.C, t.O, Tr, du + p * t.O * t.C);
 }
 
 std::atomic<bool>& disabled_flag() {
@@ -578,34 +618,35 @@ bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const floa
 bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const float* gy,
                                     float* dw) {
   if (!applies(s)) return false;
-  // Blocks hold more tiles than the forward pass's: each weight-gradient register tile sums
-  // over a block's tiles and ends in horizontal sums, which longer blocks amortise.
-  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw,
-                               std::clamp<int64_t>(16384 / (s.C + s.O), 64, 1024));
-  const int64_t nb = t.blocks(), chunks = std::min(nb, kChunks), OC = s.O * s.C;
-  Array partial = workspace({chunks, kPos * OC}, Dtype::f32);
+  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, forward_block_tiles(s.C, s.O));
+  const int64_t ldo = (s.O + 7) / 8 * 8, gp = odd_lines(t.ld * ldo), D = kPos * s.C * ldo;
+  const int64_t nb = t.blocks(), chunks = std::min(nb, kChunks);
+  Array partial = workspace({chunks, D}, Dtype::f32);
   parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
-    Array va = workspace({kPos * t.vp}, Dtype::f32), ga = workspace({kPos * t.mp}, Dtype::f32);
+    Array va = workspace({kPos * t.vp}, Dtype::f32), ga = workspace({kPos * gp}, Dtype::f32);
     Array ra = workspace({split_rows_floats(t)}, Dtype::f32);
     Array gra = workspace({split_rows_floats(t)}, Dtype::f32);
-    float *v = va.data<float>(), *g = ga.data<float>();
+    Array sa = workspace({8 * kPos * t.lanes}, Dtype::f32);
+    std::fill(sa.data<float>(), sa.data<float>() + sa.numel(), 0.0f);
     SplitRows split(ra.data<float>(), t.L, t.W, t.pw), gsplit(gra.data<float>(), t.L, t.Wo, 0);
+    GradTiles grads{t, ldo, gp, gsplit, sa.data<float>(), ga.data<float>()};
     for (int64_t chunk = c0; chunk < c1; ++chunk) {
-      float* du = partial.data<float>() + chunk * kPos * OC;
-      std::fill(du, du + kPos * OC, 0.0f);
+      float* du = partial.data<float>() + chunk * D;
+      std::fill(du, du + D, 0.0f);
       for (int64_t blk = chunk * nb / chunks; blk < (chunk + 1) * nb / chunks; ++blk)
-        weight_block(t, x, gy, blk, split, gsplit, v, g, du);
+        weight_block(t, x, gy, blk, split, grads, va.data<float>(), du);
     }
   });
   // dw = G^T dU G per (o, c), from the chunks' sums added in chunk order.
   const float* p = partial.data<float>();
-  std::vector<float> du(p, p + kPos * OC);
+  std::vector<float> du(p, p + D);
   for (int64_t c = 1; c < chunks; ++c)
-    for (int64_t i = 0; i < kPos * OC; ++i) du[i] += p[c * kPos * OC + i];
-  for (int64_t i = 0; i < OC; ++i) {
+    for (int64_t i = 0; i < D; ++i) du[i] += p[c * D + i];
+  for (int64_t i = 0; i < s.O * s.C; ++i) {
+    const int64_t o = i / s.C, c = i % s.C;
     double d[4][4], gd[3][4];
     for (int a = 0; a < 4; ++a)
-      for (int b = 0; b < 4; ++b) d[a][b] = du[(4 * a + b) * OC + i];
+      for (int b = 0; b < 4; ++b) d[a][b] = du[((4 * a + b) * s.C + c) * ldo + o];
     for (int b = 0; b < 4; ++b) {
       gd[0][b] = d[0][b] + 0.5 * (d[1][b] + d[2][b]);
       gd[1][b] = 0.5 * (d[1][b] - d[2][b]);
