@@ -110,39 +110,45 @@ __attribute__((target("avx2,fma"))) void split_row(const float* src, int64_t W, 
   }
 }
 
-/// Image rows, zero-padded and split into their even and odd columns (L floats each), four at a
-/// time: a tile row reads input rows h..h+3 and the next one h+2..h+5, so a row is split once per
-/// channel and block.
-class SplitRows {
+/// A block's image rows, one channel at a time, zero-padded and split into their even and odd
+/// columns (L floats each). The caller splits a channel while it transforms the one before:
+/// reading a row right after splitting it stalls, as each of the transform's loads spans two of
+/// split_row's stores and cannot be forwarded from them (this doubled the input transform's time).
+class SplitChannels {
  public:
-  /// width: floats per image row; pad: zero columns on its left.
-  SplitRows(float* buf, int64_t L, int64_t width, int64_t pad) : buf_(buf), L_(L), width_(width) {
+  SplitChannels(float* buf, const Tiling& t)
+      : buf_(buf), t_(t), half_(t.rows / t.th * t.H * 2 * t.L) {
     // Padded column q = column + pad is even[q / 2] or odd[q / 2] by its parity.
-    even_dst_ = pad % 2 == 0 ? pad / 2 : L_ + (pad - 1) / 2;
-    odd_dst_ = pad % 2 == 0 ? L_ + pad / 2 : (pad + 1) / 2;
+    even_dst_ = t.pw % 2 == 0 ? t.pw / 2 : t.L + (t.pw - 1) / 2;
+    odd_dst_ = t.pw % 2 == 0 ? t.L + t.pw / 2 : (t.pw + 1) / 2;
     // Every split writes the same cells, so the zeros around them stay.
-    std::fill(buf_, buf_ + 5 * 2 * L_, 0.0f);  // the zero row, four slots
-    std::fill(std::begin(tag_), std::end(tag_), nullptr);
+    std::fill(buf_, buf_ + floats(t), 0.0f);
   }
-  /// The split row `src` (null: a row of zeros); slot must differ among rows in use together.
-  __attribute__((target("avx2,fma"))) const float* get(const float* src, int64_t slot) {
-    if (!src) return buf_;
-    float* dst = buf_ + (1 + slot) * 2 * L_;
-    if (tag_[slot] != src) {
-      split_row(src, width_, dst + even_dst_, dst + odd_dst_);
-      tag_[slot] = src;
-    }
-    return dst;
+  /// Floats buf must hold: a zero row and two channels of a block's images.
+  static int64_t floats(const Tiling& t) { return 2 * t.L + 2 * t.rows / t.th * t.H * 2 * t.L; }
+
+  /// Splits channel c of images [n0, n1) of x.
+  __attribute__((target("avx2,fma"))) void split(const float* x, int64_t n0, int64_t n1,
+                                                 int64_t c) {
+    float* dst = half(c);
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t h = 0; h < t_.H; ++h) {
+        float* row = dst + ((n - n0) * t_.H + h) * 2 * t_.L;
+        split_row(x + ((n * t_.C + c) * t_.H + h) * t_.W, t_.W, row + even_dst_, row + odd_dst_);
+      }
+  }
+  /// Row h (zeros outside the image) of the k-th split image of channel c.
+  const float* row(int64_t c, int64_t k, int64_t h) const {
+    return h >= 0 && h < t_.H ? half(c) + (k * t_.H + h) * 2 * t_.L : buf_;
   }
 
  private:
-  float* buf_;
-  int64_t L_, width_, even_dst_, odd_dst_;
-  const float* tag_[4];
-};
+  float* half(int64_t c) const { return buf_ + 2 * t_.L + c % 2 * half_; }
 
-/// Floats SplitRows needs.
-int64_t split_rows_floats(const Tiling& t) { return 5 * 2 * t.L; }
+  float* buf_;
+  const Tiling& t_;
+  int64_t half_, even_dst_, odd_dst_;
+};
 
 /// V = B^T d B for `lanes` tiles of one tile row of one channel; r[k] is input row k of the tiles,
 /// split. Position p of tile j goes to v[p * pstride + j].
@@ -345,28 +351,22 @@ std::vector<float> transform_weights(int64_t O, int64_t C, Weight weight) {
   return u;
 }
 
-/// The input rows of tile row i of one channel plane (null outside the image), split.
-__attribute__((target("avx2,fma"))) void tile_input_rows(const Tiling& t, const float* plane,
-                                                         int64_t i, SplitRows& split,
-                                                         const float* r[4]) {
-  for (int64_t k = 0; k < 4; ++k) {
-    const int64_t h = 2 * i - t.ph + k;
-    // h + 2 >= 0 and consecutive: h mod 4 tells the four rows of a tile row apart.
-    r[k] = split.get(h >= 0 && h < t.H ? plane + h * t.W : nullptr, (h + 4) % 4);
-  }
-}
-
 /// Transforms channels [0, t.C) of tile rows [g0, g1) of x into v (kPos * C rows of t.ld).
 __attribute__((target("avx2,fma"))) void transform_inputs(const Tiling& t, const float* x,
-                                                          int64_t g0, int64_t g1, SplitRows& split,
-                                                          float* v) {
-  for (int64_t c = 0; c < t.C; ++c)
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t n = g / t.th, i = g % t.th;
-      const float* r[4];
-      tile_input_rows(t, x + (n * t.C + c) * t.H * t.W, i, split, r);
-      input_tiles(r, t.L, t.lanes, v + c * t.ld + (g - g0) * t.tw, t.vp);
-    }
+                                                          int64_t g0, int64_t g1,
+                                                          SplitChannels& split, float* v) {
+  const int64_t n0 = g0 / t.th, n1 = (g1 - 1) / t.th + 1;
+  split.split(x, n0, n1, 0);
+  for (int64_t c = 0; c < t.C; ++c) {
+    if (c + 1 < t.C) split.split(x, n0, n1, c + 1);
+    // Nested loops, not one over g: a division per tile row was a tenth of this function's time.
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t i = 0; i < t.th; ++i) {
+        const float* r[4];
+        for (int64_t k = 0; k < 4; ++k) r[k] = split.row(c, n - n0, 2 * i - t.ph + k);
+        input_tiles(r, t.L, t.lanes, v + c * t.ld + (n * t.th + i - g0) * t.tw, t.vp);
+      }
+  }
 }
 
 /// Writes tile rows [g0, g1) of y (N, O, Ho, Wo) [+ b] from their transformed outputs m.
@@ -374,12 +374,12 @@ __attribute__((target("avx2,fma"))) void transform_outputs(const Tiling& t, cons
                                                            int64_t g0, int64_t g1, const float* b,
                                                            float* y) {
   for (int64_t o = 0; o < t.O; ++o)
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t n = g / t.th, i = g % t.th;
-      float* yo = y + (n * t.O + o) * t.Ho * t.Wo + 2 * i * t.Wo;
-      output_tiles(m + o * t.ld + (g - g0) * t.tw, t.mp, t.tw, b ? b[o] : 0.0f, yo,
-                   2 * i + 1 < t.Ho ? yo + t.Wo : nullptr, t.Wo);
-    }
+    for (int64_t n = g0 / t.th; n < g1 / t.th; ++n)
+      for (int64_t i = 0; i < t.th; ++i) {
+        float* yo = y + (n * t.O + o) * t.Ho * t.Wo + 2 * i * t.Wo;
+        output_tiles(m + o * t.ld + (n * t.th + i - g0) * t.tw, t.mp, t.tw, b ? b[o] : 0.0f, yo,
+                     2 * i + 1 < t.Ho ? yo + t.Wo : nullptr, t.Wo);
+      }
 }
 
 /// Prefetches part `k` of `parts` of [p, p + bytes) into L2: spread over a block's GEMMs, this
@@ -395,7 +395,7 @@ __attribute__((target("avx2,fma"))) void prefetch_part(const void* p, int64_t by
 /// One block of forward_tiles, with v and m its transformed inputs and outputs.
 __attribute__((target("avx2,fma"))) void forward_block(const Tiling& t, const float* x,
                                                        const float* u, const float* b, float* y,
-                                                       int64_t blk, SplitRows& split, float* v,
+                                                       int64_t blk, SplitChannels& split, float* v,
                                                        float* m) {
   const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
   transform_inputs(t, x, g0, g1, split, v);
@@ -415,12 +415,12 @@ void forward_tiles(const Tiling& t, const float* x, const std::vector<float>& u,
                    float* y) {
   parallel_for(t.blocks(), 1, [&](int64_t b0, int64_t b1) {
     Array va = workspace({kPos * t.vp}, Dtype::f32), ma = workspace({kPos * t.mp}, Dtype::f32);
-    Array ra = workspace({split_rows_floats(t)}, Dtype::f32);
+    Array ra = workspace({SplitChannels::floats(t)}, Dtype::f32);
     float *v = va.data<float>(), *m = ma.data<float>();
     // The GEMMs read up to 7 columns past the tiles that the transforms write: zeros, not
     // whatever the allocation held (denormals would be slow).
     std::fill(v, v + va.numel(), 0.0f);
-    SplitRows split(ra.data<float>(), t.L, t.W, t.pw);
+    SplitChannels split(ra.data<float>(), t);
     for (int64_t blk = b0; blk < b1; ++blk) forward_block(t, x, u.data(), b, y, blk, split, v, m);
   });
 }
@@ -450,18 +450,25 @@ __attribute__((target("avx2,fma"))) void transpose8(__m256 r[8]) {
 struct GradTiles {
   const Tiling& t;
   int64_t ldo, gp;
-  SplitRows& split;
+  float* rows;  // 3 x 2 L floats: a zero row, then two rows split by split_row
   float* scratch;
   float* gt;
 
-  /// Output channels [o0, o0 + 8) of tile row gi, as block column tcol.
-  __attribute__((target("avx2,fma"))) void tile_row(const float* gy, int64_t gi, int64_t o0,
-                                                    int64_t tcol) {
-    const int64_t n = gi / t.th, i = gi % t.th, count = std::min<int64_t>(8, t.O - o0);
+  /// Output channels [o0, o0 + 8) of tile row i of image n, as block column tcol.
+  __attribute__((target("avx2,fma"))) void tile_row(const float* gy, int64_t n, int64_t i,
+                                                    int64_t o0, int64_t tcol) {
+    const int64_t count = std::min<int64_t>(8, t.O - o0);
     for (int64_t k = 0; k < count; ++k) {
       const float* plane = gy + (n * t.O + o0 + k) * t.Ho * t.Wo;
-      const float* r0 = split.get(plane + 2 * i * t.Wo, 0);
-      const float* r1 = split.get(2 * i + 1 < t.Ho ? plane + (2 * i + 1) * t.Wo : nullptr, 1);
+      // Unlike the input rows these are read with loads that match split_row's stores, which
+      // can be forwarded: no need to split ahead.
+      float* r0 = rows + 2 * t.L;
+      split_row(plane + 2 * i * t.Wo, t.Wo, r0, r0 + t.L);
+      const float* r1 = rows;
+      if (2 * i + 1 < t.Ho) {
+        r1 = r0 + 2 * t.L;
+        split_row(plane + (2 * i + 1) * t.Wo, t.Wo, r0 + 2 * t.L, r0 + 3 * t.L);
+      }
       grad_tiles(r0, r1, t.L, t.lanes, scratch + k * kPos * t.lanes, t.lanes);
     }
     // Rows k >= count keep what an earlier group left there (or zeros): finite values, in
@@ -546,12 +553,13 @@ __attribute__((target("avx2,fma"))) void weight_position(const float* v, int64_t
 /// du (kPos, C, ldo) += one block's sums for the weight gradient, with v its transformed inputs.
 __attribute__((target("avx2,fma"))) void weight_block(const Tiling& t, const float* x,
                                                       const float* gy, int64_t blk,
-                                                      SplitRows& split, GradTiles& grads, float* v,
-                                                      float* du) {
+                                                      SplitChannels& split, GradTiles& grads,
+                                                      float* v, float* du) {
   const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
   transform_inputs(t, x, g0, g1, split, v);
   for (int64_t o0 = 0; o0 < t.O; o0 += 8)
-    for (int64_t gi = g0; gi < g1; ++gi) grads.tile_row(gy, gi, o0, (gi - g0) * t.tw);
+    for (int64_t n = g0 / t.th; n < g1 / t.th; ++n)
+      for (int64_t i = 0; i < t.th; ++i) grads.tile_row(gy, n, i, o0, (n * t.th + i - g0) * t.tw);
   const int64_t images = t.rows / t.th, n1 = (g1 - 1) / t.th + 1;
   const int64_t n_next = std::min(t.N, n1 + images);
   for (int64_t p = 0; p < kPos; ++p) {
@@ -624,12 +632,15 @@ bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const fl
   Array partial = workspace({chunks, D}, Dtype::f32);
   parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
     Array va = workspace({kPos * t.vp}, Dtype::f32), ga = workspace({kPos * gp}, Dtype::f32);
-    Array ra = workspace({split_rows_floats(t)}, Dtype::f32);
-    Array gra = workspace({split_rows_floats(t)}, Dtype::f32);
-    Array sa = workspace({8 * kPos * t.lanes}, Dtype::f32);
+    Array ra = workspace({SplitChannels::floats(t)}, Dtype::f32);
+    // Zeros: the zero row and the columns split_row leaves alone, and finite values in the
+    // scratch rows of channels past O.
+    Array gra = workspace({3 * 2 * t.L}, Dtype::f32),
+          sa = workspace({8 * kPos * t.lanes}, Dtype::f32);
+    std::fill(gra.data<float>(), gra.data<float>() + gra.numel(), 0.0f);
     std::fill(sa.data<float>(), sa.data<float>() + sa.numel(), 0.0f);
-    SplitRows split(ra.data<float>(), t.L, t.W, t.pw), gsplit(gra.data<float>(), t.L, t.Wo, 0);
-    GradTiles grads{t, ldo, gp, gsplit, sa.data<float>(), ga.data<float>()};
+    SplitChannels split(ra.data<float>(), t);
+    GradTiles grads{t, ldo, gp, gra.data<float>(), sa.data<float>(), ga.data<float>()};
     for (int64_t chunk = c0; chunk < c1; ++chunk) {
       float* du = partial.data<float>() + chunk * D;
       std::fill(du, du + D, 0.0f);
