@@ -176,29 +176,6 @@ __attribute__((target("avx2,fma"))) void input_tiles(const float* const r[4], in
   }
 }
 
-/// A dY A^T for `lanes` tiles of one tile row of one output channel from its two gradient rows,
-/// split; position p of tile j goes to g[p * pstride + j].
-__attribute__((target("avx2,fma"))) void grad_tiles(const float* r0, const float* r1, int64_t L,
-                                                    int64_t lanes, float* g, int64_t pstride) {
-  const __m256 zero = _mm256_setzero_ps();
-  for (int64_t j = 0; j < lanes; j += 8) {
-    const __m256 e0 = _mm256_loadu_ps(r0 + j), o0 = _mm256_loadu_ps(r0 + L + j);
-    const __m256 e1 = _mm256_loadu_ps(r1 + j), o1 = _mm256_loadu_ps(r1 + L + j);
-    // Rows of A dY (even and odd column), then the same combination along the row.
-    const __m256 ze[4] = {e0, _mm256_add_ps(e0, e1), _mm256_sub_ps(e0, e1),
-                          _mm256_sub_ps(zero, e1)};
-    const __m256 zo[4] = {o0, _mm256_add_ps(o0, o1), _mm256_sub_ps(o0, o1),
-                          _mm256_sub_ps(zero, o1)};
-#pragma GCC unroll 4
-    for (int a = 0; a < 4; ++a) {
-      _mm256_storeu_ps(g + (4 * a + 0) * pstride + j, ze[a]);
-      _mm256_storeu_ps(g + (4 * a + 1) * pstride + j, _mm256_add_ps(ze[a], zo[a]));
-      _mm256_storeu_ps(g + (4 * a + 2) * pstride + j, _mm256_sub_ps(ze[a], zo[a]));
-      _mm256_storeu_ps(g + (4 * a + 3) * pstride + j, _mm256_sub_ps(zero, zo[a]));
-    }
-  }
-}
-
 /// Stores the first n (< 8) floats of v to d.
 __attribute__((target("avx2,fma"))) void store_first(float* d, __m256 v, int64_t n) {
   __m128 h = _mm256_castps256_ps128(v);
@@ -444,45 +421,56 @@ __attribute__((target("avx2,fma"))) void transpose8(__m256 r[8]) {
   }
 }
 
-/// The weight gradient's output-gradient tiles, transposed: gt[p * gp + t * ldo + o], one row of
-/// ldo = O rounded up to whole vectors per tile. Output channels go through grad_tiles 8 at a
-/// time into `scratch` (8 x kPos x lanes floats), then 8 x 8 transposes.
-struct GradTiles {
-  const Tiling& t;
-  int64_t ldo, gp;
-  float* rows;  // 3 x 2 L floats: a zero row, then two rows split by split_row
-  float* scratch;
-  float* gt;
+/// The first n (<= 8) floats of src, zeros after them.
+__attribute__((target("avx2,fma"))) __m256 load_first(const float* src, int64_t n) {
+  if (n >= 8) return _mm256_loadu_ps(src);
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_ps(src,
+                            _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), iota));
+}
 
-  /// Output channels [o0, o0 + 8) of tile row i of image n, as block column tcol.
-  __attribute__((target("avx2,fma"))) void tile_row(const float* gy, int64_t n, int64_t i,
-                                                    int64_t o0, int64_t tcol) {
-    const int64_t count = std::min<int64_t>(8, t.O - o0);
-    for (int64_t k = 0; k < count; ++k) {
-      const float* plane = gy + (n * t.O + o0 + k) * t.Ho * t.Wo;
-      // Unlike the input rows these are read with loads that match split_row's stores, which
-      // can be forwarded: no need to split ahead.
-      float* r0 = rows + 2 * t.L;
-      split_row(plane + 2 * i * t.Wo, t.Wo, r0, r0 + t.L);
-      const float* r1 = rows;
-      if (2 * i + 1 < t.Ho) {
-        r1 = r0 + 2 * t.L;
-        split_row(plane + (2 * i + 1) * t.Wo, t.Wo, r0 + 2 * t.L, r0 + 3 * t.L);
-      }
-      grad_tiles(r0, r1, t.L, t.lanes, scratch + k * kPos * t.lanes, t.lanes);
+/// A dY A^T for the tiles of tile row i of image n and output channels [o0, o0 + 8) (zeros past
+/// O), transposed: position p of block column tcol + j goes to gt[p * gp + (tcol + j) * ldo +
+/// o - o0]. The two gradient rows of 8 channels are transposed 8 columns at a time, so that the
+/// transform runs on vectors of 8 channels: a quarter of the transposing that its output would
+/// need.
+__attribute__((target("avx2,fma"))) void grad_tiles(const Tiling& t, const float* gy, int64_t n,
+                                                    int64_t i, int64_t o0, float* gt, int64_t gp,
+                                                    int64_t ldo, int64_t tcol) {
+  const int64_t count = std::min<int64_t>(8, t.O - o0);
+  const float* rows[2][8];
+  for (int a = 0; a < 2; ++a)
+    for (int k = 0; k < 8; ++k)
+      rows[a][k] = k < count && 2 * i + a < t.Ho
+                       ? gy + ((n * t.O + o0 + k) * t.Ho + 2 * i + a) * t.Wo
+                       : nullptr;
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t w0 = 0; w0 < 2 * t.tw; w0 += 8) {
+    __m256 y[2][8];
+    for (int a = 0; a < 2; ++a) {
+      for (int k = 0; k < 8; ++k)
+        y[a][k] = rows[a][k] ? load_first(rows[a][k] + w0, t.Wo - w0) : zero;
+      transpose8(y[a]);  // y[a][w]: column w0 + w of row 2i + a, over the 8 channels
     }
-    // Rows k >= count keep what an earlier group left there (or zeros): finite values, in
-    // columns o >= O that nothing reads.
-    for (int64_t p = 0; p < kPos; ++p)
-      for (int64_t j = 0; j < t.lanes; j += 8) {
-        __m256 r[8];
-        for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(scratch + (k * kPos + p) * t.lanes + j);
-        transpose8(r);
-        float* dst = gt + p * gp + (tcol + j) * ldo + o0;
-        for (int k = 0; k < 8; ++k) _mm256_storeu_ps(dst + k * ldo, r[k]);
+    for (int64_t jj = 0; jj < std::min<int64_t>(4, t.tw - w0 / 2); ++jj) {
+      const __m256 e0 = y[0][2 * jj], d0 = y[0][2 * jj + 1];
+      const __m256 e1 = y[1][2 * jj], d1 = y[1][2 * jj + 1];
+      // Rows of A dY (even and odd column), then the same combination along the row.
+      const __m256 ze[4] = {e0, _mm256_add_ps(e0, e1), _mm256_sub_ps(e0, e1),
+                            _mm256_sub_ps(zero, e1)};
+      const __m256 zo[4] = {d0, _mm256_add_ps(d0, d1), _mm256_sub_ps(d0, d1),
+                            _mm256_sub_ps(zero, d1)};
+      float* g = gt + (tcol + w0 / 2 + jj) * ldo + o0;
+#pragma GCC unroll 4
+      for (int a = 0; a < 4; ++a) {
+        _mm256_storeu_ps(g + (4 * a + 0) * gp, ze[a]);
+        _mm256_storeu_ps(g + (4 * a + 1) * gp, _mm256_add_ps(ze[a], zo[a]));
+        _mm256_storeu_ps(g + (4 * a + 2) * gp, _mm256_sub_ps(ze[a], zo[a]));
+        _mm256_storeu_ps(g + (4 * a + 3) * gp, _mm256_sub_ps(zero, zo[a]));
       }
+    }
   }
-};
+}
 
 /// du[r][o] += sum_t v[r * ld + t] * gt[t * ldo + o] for R input channels and 8 NV output
 /// channels, t in [0, T).
@@ -553,18 +541,19 @@ __attribute__((target("avx2,fma"))) void weight_position(const float* v, int64_t
 /// du (kPos, C, ldo) += one block's sums for the weight gradient, with v its transformed inputs.
 __attribute__((target("avx2,fma"))) void weight_block(const Tiling& t, const float* x,
                                                       const float* gy, int64_t blk,
-                                                      SplitChannels& split, GradTiles& grads,
-                                                      float* v, float* du) {
+                                                      SplitChannels& split, float* v, float* gt,
+                                                      int64_t gp, int64_t ldo, float* du) {
   const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
   transform_inputs(t, x, g0, g1, split, v);
   for (int64_t o0 = 0; o0 < t.O; o0 += 8)
     for (int64_t n = g0 / t.th; n < g1 / t.th; ++n)
-      for (int64_t i = 0; i < t.th; ++i) grads.tile_row(gy, n, i, o0, (n * t.th + i - g0) * t.tw);
+      for (int64_t i = 0; i < t.th; ++i)
+        grad_tiles(t, gy, n, i, o0, gt, gp, ldo, (n * t.th + i - g0) * t.tw);
   const int64_t images = t.rows / t.th, n1 = (g1 - 1) / t.th + 1;
   const int64_t n_next = std::min(t.N, n1 + images);
   for (int64_t p = 0; p < kPos; ++p) {
-    weight_position(v + p * t.vp, t.ld, grads.gt + p * grads.gp, grads.ldo, t.C, (g1 - g0) * t.tw,
-                    du + p * t.C * grads.ldo);
+    weight_position(v + p * t.vp, t.ld, gt + p * gp, ldo, t.C, (g1 - g0) * t.tw,
+                    du + p * t.C * ldo);
     prefetch_part(x + n1 * t.C * t.H * t.W, (n_next - n1) * t.C * t.H * t.W * 4, p, kPos);
     prefetch_part(gy + n1 * t.O * t.Ho * t.Wo, (n_next - n1) * t.O * t.Ho * t.Wo * 4, p, kPos);
   }
@@ -633,19 +622,12 @@ bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const fl
   parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
     Array va = workspace({kPos * t.vp}, Dtype::f32), ga = workspace({kPos * gp}, Dtype::f32);
     Array ra = workspace({SplitChannels::floats(t)}, Dtype::f32);
-    // Zeros: the zero row and the columns split_row leaves alone, and finite values in the
-    // scratch rows of channels past O.
-    Array gra = workspace({3 * 2 * t.L}, Dtype::f32),
-          sa = workspace({8 * kPos * t.lanes}, Dtype::f32);
-    std::fill(gra.data<float>(), gra.data<float>() + gra.numel(), 0.0f);
-    std::fill(sa.data<float>(), sa.data<float>() + sa.numel(), 0.0f);
     SplitChannels split(ra.data<float>(), t);
-    GradTiles grads{t, ldo, gp, gra.data<float>(), sa.data<float>(), ga.data<float>()};
     for (int64_t chunk = c0; chunk < c1; ++chunk) {
       float* du = partial.data<float>() + chunk * D;
       std::fill(du, du + D, 0.0f);
       for (int64_t blk = chunk * nb / chunks; blk < (chunk + 1) * nb / chunks; ++blk)
-        weight_block(t, x, gy, blk, split, grads, va.data<float>(), du);
+        weight_block(t, x, gy, blk, split, va.data<float>(), ga.data<float>(), gp, ldo, du);
     }
   });
   // dw = G^T dU G per (o, c), from the chunks' sums added in chunk order.
