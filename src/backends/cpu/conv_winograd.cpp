@@ -9,12 +9,18 @@
 //
 // The work runs in blocks of whole images, sized so that a block's transformed arrays stay in L2
 // as far as one image allows; in a block, tile rows (the tw tiles of an image that share output
-// rows) are laid side by side. Transforms are vectorised across 8 tiles of a row: each
-// input row is split once into its even and odd columns, so that the four columns a tile reads
-// are plain unaligned loads. A row's last vector spills into the next tile row's columns, which
-// that row overwrites; the arrays have room for the last row's spill. The forward GEMM's
-// register tile is 4 output channels by 24 tiles (12 accumulators) like conv_direct.cpp; the
-// weight-gradient GEMM reduces over tiles with 4 x 3 (o, c) tiles of vector partial sums.
+// rows) are laid side by side. The input and output transforms are vectorised across 8 tiles of
+// a row: each input row is split once into its even and odd columns, so that the four columns a
+// tile reads are plain unaligned loads. A row's last vector spills into the next tile row's
+// columns, which that row overwrites; the arrays have room for the last row's spill. The forward
+// GEMM's register tile is 4 output channels by 24 tiles (12 accumulators) like conv_direct.cpp.
+// The weight gradient transforms the output gradient across 8 channels instead (after 8 x 8
+// transposes of its rows), so that its GEMM has the same shape: 4 input channels by 24 output
+// channels, summed over a block's tiles in registers.
+//
+// Every kernel and loop driver is compiled for AVX2: calling AVX2 kernels once per tile row from
+// baseline (SSE) code made the output transform several times slower than the same code called
+// from AVX2 code (forward 16->16 @28x28 went from ~45 to ~85 GFLOP/s-equivalent).
 //
 // Forward and input gradient: each output element comes from one block, computed in a fixed
 // order, so results do not depend on the thread count. Weight gradient: blocks are grouped into a
@@ -41,7 +47,6 @@ namespace {
 constexpr int64_t kPos = 16;     // positions of a transformed 4x4 tile
 constexpr int kRows = 4;         // output channels per forward register tile
 constexpr int kVecs = 3;         // 8-tile vectors per forward register tile
-constexpr int kCols = 3;         // input channels per weight-gradient register tile
 constexpr int64_t kChunks = 16;  // weight-gradient partial sums (more than threads, to balance)
 
 /// A 3x3 stride-1 convolution from C to O channels as 2x2 output tiles, in blocks of tile rows.
@@ -68,10 +73,9 @@ Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_
   t.tw = (t.Wo + 1) / 2;
   t.lanes = (t.tw + 7) / 8 * 8;
   t.L = t.lanes + 16;
-  // Whole images per block: each block then reads its inputs and writes its outputs as one
-  // sequential stretch, which the hardware prefetchers follow. With blocks of part of an image
-  // they touched a few rows of every channel plane, and the transforms waited on cache misses
-  // for longer than the GEMMs ran.
+  // Whole images per block, even where one image is over the target (16->16 @28x28: 196 tiles):
+  // blocks of half an image were ~10% slower there, and whole images are read and written in
+  // sequential stretches.
   const int64_t per_image = t.th * t.tw;
   t.rows = t.th * std::clamp<int64_t>((target_tiles + per_image / 2) / per_image, 1, N);
   // The GEMMs run over whole vectors; the last tile row spills up to (rows - 1) tw + lanes.
@@ -79,7 +83,7 @@ Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_
   // An odd number of cache lines between rows and between positions: the transforms access the
   // 16 positions of a tile together and the GEMMs up to C rows, which with a stride of an even
   // number of lines share a few L1 sets and evict each other (with 16 channels, 16 lines in two
-  // sets; the output transform ran at half the GEMM's speed).
+  // sets: forward 16->16 @28x28 was ~20% slower).
   t.ld = odd_lines(t.ld);
   t.vp = odd_lines(C * t.ld);
   t.mp = odd_lines(O * t.ld);
@@ -113,7 +117,8 @@ __attribute__((target("avx2,fma"))) void split_row(const float* src, int64_t W, 
 /// A block's image rows, one channel at a time, zero-padded and split into their even and odd
 /// columns (L floats each). The caller splits a channel while it transforms the one before:
 /// reading a row right after splitting it stalls, as each of the transform's loads spans two of
-/// split_row's stores and cannot be forwarded from them (this doubled the input transform's time).
+/// split_row's stores and cannot be forwarded from them (the input transforms of 32->32 @14x14
+/// and 64->64 @7x7 took ~20% longer).
 class SplitChannels {
  public:
   SplitChannels(float* buf, const Tiling& t)
@@ -336,7 +341,6 @@ __attribute__((target("avx2,fma"))) void transform_inputs(const Tiling& t, const
   split.split(x, n0, n1, 0);
   for (int64_t c = 0; c < t.C; ++c) {
     if (c + 1 < t.C) split.split(x, n0, n1, c + 1);
-    // Nested loops, not one over g: a division per tile row was a tenth of this function's time.
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t i = 0; i < t.th; ++i) {
         const float* r[4];
@@ -394,9 +398,11 @@ void forward_tiles(const Tiling& t, const float* x, const std::vector<float>& u,
     Array va = workspace({kPos * t.vp}, Dtype::f32), ma = workspace({kPos * t.mp}, Dtype::f32);
     Array ra = workspace({SplitChannels::floats(t)}, Dtype::f32);
     float *v = va.data<float>(), *m = ma.data<float>();
-    // The GEMMs read up to 7 columns past the tiles that the transforms write: zeros, not
-    // whatever the allocation held (denormals would be slow).
+    // The GEMMs read up to 7 columns past the tiles that the transforms write, and the output
+    // transform past the GEMMs' columns (lanes it drops): zeros, not whatever the allocation
+    // held, which could be denormals (slow) or NaNs.
     std::fill(v, v + va.numel(), 0.0f);
+    std::fill(m, m + ma.numel(), 0.0f);
     SplitChannels split(ra.data<float>(), t);
     for (int64_t blk = b0; blk < b1; ++blk) forward_block(t, x, u.data(), b, y, blk, split, v, m);
   });
