@@ -623,7 +623,11 @@ bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const fl
   if (!applies(s)) return false;
   const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, forward_block_tiles(s.C, s.O));
   const int64_t ldo = (s.O + 7) / 8 * 8, gp = odd_lines(t.ld * ldo), D = kPos * s.C * ldo;
-  const int64_t nb = t.blocks(), chunks = std::min(nb, kChunks);
+  // Fewer chunks where their sums would take more than 64 MiB (over ~250 channels each side): a
+  // count that depends on the shape only, never on the thread count.
+  const int64_t chunks =
+      std::clamp<int64_t>((int64_t{16} << 20) / D, 1, std::min(t.blocks(), kChunks));
+  const int64_t nb = t.blocks();
   Array partial = workspace({chunks, D}, Dtype::f32);
   parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
     Array va = workspace({kPos * t.vp}, Dtype::f32), ga = workspace({kPos * gp}, Dtype::f32);
