@@ -108,11 +108,12 @@ TEST(ConvWinograd, MatchesReferenceOnOddShapes) {
   const int64_t runs = cpu::winograd_conv_runs();
   int64_t cases = 0;
   for (int64_t p : {0, 1}) {
-    check_against_reference(shape3x3(3, 5, 9, 11, 7, p, p));    // odd Ho, Wo: ragged tiles
-    check_against_reference(shape3x3(2, 1, 28, 28, 16, p, p));  // fashion-cnn's stem
-    check_against_reference(shape3x3(5, 9, 6, 19, 10, p, p));   // O, C not multiples of 4 or 8
-    check_against_reference(shape3x3(1, 2, 3, 3, 3, p, p));     // a single tile
-    cases += 4;
+    check_against_reference(shape3x3(3, 5, 9, 11, 7, p, p));     // odd Ho, Wo: ragged tiles
+    check_against_reference(shape3x3(2, 1, 28, 28, 16, p, p));   // fashion-cnn's stem
+    check_against_reference(shape3x3(5, 9, 6, 19, 10, p, p));    // O, C not multiples of 4 or 8
+    check_against_reference(shape3x3(1, 2, 3, 3, 3, p, p));      // a single tile
+    check_against_reference(shape3x3(2, 40, 31, 30, 40, p, p));  // image over the block target
+    cases += 5;
   }
   check_against_reference(shape3x3(2, 3, 4, 5, 6, 1, 0));  // padding differs per axis
   check_against_reference(shape3x3(2, 4, 7, 4, 5, 0, 1));
