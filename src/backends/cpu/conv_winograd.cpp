@@ -74,8 +74,8 @@ Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_
   t.lanes = (t.tw + 7) / 8 * 8;
   t.L = t.lanes + 16;
   // Whole images per block, even where one image is over the target (16->16 @28x28: 196 tiles):
-  // blocks of half an image were ~10% slower there, and whole images are read and written in
-  // sequential stretches.
+  // whole images are read and written in sequential stretches, and blocks of half an image
+  // measured ~10% slower there (in a version whose extra bookkeeping may account for part of it).
   const int64_t per_image = t.th * t.tw;
   t.rows = t.th * std::clamp<int64_t>((target_tiles + per_image / 2) / per_image, 1, N);
   // The GEMMs run over whole vectors; the last tile row spills up to (rows - 1) tw + lanes.
@@ -578,6 +578,10 @@ bool applies(const ConvShape& s) {
   if (disabled_flag() || s.N <= 0 || s.C <= 0 || s.O <= 0) return false;
   if (s.kh != 3 || s.kw != 3 || s.sh != 1 || s.sw != 1) return false;
   if (s.ph < 0 || s.ph > 1 || s.pw < 0 || s.pw > 1 || s.Ho < 1 || s.Wo < 1) return false;
+  // Blocks hold at least one whole image: past 8 MiB of transformed arrays per image (64 + 64
+  // channels at 64x64) they run from L3 or memory, a case not tuned or measured.
+  const int64_t tiles = (std::max(s.H, s.Ho) + 1) / 2 * ((std::max(s.W, s.Wo) + 1) / 2);
+  if (kPos * (s.C + s.O) * tiles * 4 > (int64_t{8} << 20)) return false;
   const CpuFeatures& f = cpu_features();
   return f.avx2 && f.fma;
 }

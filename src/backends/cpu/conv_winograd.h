@@ -2,10 +2,11 @@
 // NCHW / OIHW arrays. Per 2x2 output tile it multiplies 16 transformed weights by 16 transformed
 // inputs instead of 36 products; the transforms cost most where channels are few (16), where it
 // gains least over the direct kernels. Each function returns false when it does not apply (a
-// kernel other than 3x3, stride other than 1, padding other than 0 or 1 per side, a CPU without
-// AVX2/FMA, or HETRAIN_CONV_WINOGRAD=0 in the environment), and the caller falls back to another
-// path. Inputs are added up in another order than a direct convolution, so results differ from
-// it by rounding (about 1e-6 of the output's scale).
+// kernel other than 3x3, stride other than 1, padding other than 0 or 1 per side, images so large
+// that one image's transformed arrays pass 8 MiB, a CPU without AVX2/FMA, or
+// HETRAIN_CONV_WINOGRAD=0 in the environment), and the caller falls back to another path. Inputs
+// are added up in another order than a direct convolution, so results differ from it by rounding
+// (about 1e-6 of the output's scale).
 #pragma once
 
 #include "backends/cpu/conv_dnnl.h"
