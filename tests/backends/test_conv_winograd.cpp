@@ -134,7 +134,7 @@ TEST(ConvWinograd, RefusesOtherConvolutions) {
   stride2.Ho = stride2.Wo = 6;
   ConvShape k5 = {2, 4, 12, 12, 4, 12, 12, 5, 5, 1, 1, 2, 2};
   ConvShape pad2 = shape3x3(2, 4, 12, 12, 4, 2, 2);
-  ConvShape large = shape3x3(2, 64, 64, 64, 64, 1, 1);  // refused before reading any data
+  ConvShape large = shape3x3(2, 64, 80, 80, 64, 1, 1);  // refused before reading any data
   for (const ConvShape& s : {stride2, k5, pad2, large}) {
     EXPECT_FALSE(cpu::winograd_conv_forward(s, x.data(), w.data(), nullptr, out.data()));
     EXPECT_FALSE(cpu::winograd_conv_backward_data(s, y.data(), w.data(), out.data()));

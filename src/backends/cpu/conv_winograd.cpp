@@ -579,7 +579,7 @@ bool applies(const ConvShape& s) {
   if (s.kh != 3 || s.kw != 3 || s.sh != 1 || s.sw != 1) return false;
   if (s.ph < 0 || s.ph > 1 || s.pw < 0 || s.pw > 1 || s.Ho < 1 || s.Wo < 1) return false;
   // Blocks hold at least one whole image: past 8 MiB of transformed arrays per image (64 + 64
-  // channels at 64x64) they run from L3 or memory, a case not tuned or measured.
+  // channels past 64x64) they run from L3 or memory, a case not tuned or measured.
   const int64_t tiles = (std::max(s.H, s.Ho) + 1) / 2 * ((std::max(s.W, s.Wo) + 1) / 2);
   if (kPos * (s.C + s.O) * tiles * 4 > (int64_t{8} << 20)) return false;
   const CpuFeatures& f = cpu_features();
