@@ -1,0 +1,673 @@
+// Winograd F(2x2, 3x3) convolution on AVX2 + FMA (see conv_winograd.h).
+//
+// Forward, per 2x2 output tile: Y = A^T [U ⊙ V] A with U = G g G^T (4x4, per output and input
+// channel) and V = B^T d B (d the tile's 4x4 input patch; patches overlap by 2). Summed over input
+// channels this is, for each of the 16 positions p of a 4x4 tile, a GEMM M_p = U_p V_p with U_p
+// (O, C) and V_p (C, tiles). The input gradient is the same on the output gradient with the kernel
+// rotated 180 degrees, O and C swapped and padding 2 - p. The weight gradient is
+// dg = G^T dU G with dU_p = sum over tiles of (A dY A^T)_p V_p^T.
+//
+// The work runs in blocks of whole images, sized so that a block's transformed arrays stay in L2
+// as far as one image allows; in a block, tile rows (the tw tiles of an image that share output
+// rows) are laid side by side. The input and output transforms are vectorised across 8 tiles of
+// a row: each input row is split once into its even and odd columns, so that the four columns a
+// tile reads are plain unaligned loads. A row's last vector spills into the next tile row's
+// columns, which that row overwrites; the arrays have room for the last row's spill. The forward
+// GEMM's register tile is 4 output channels by 24 tiles (12 accumulators) like conv_direct.cpp.
+// The weight gradient transforms the output gradient across 8 channels instead (after 8 x 8
+// transposes of its rows), so that its GEMM has the same shape: 4 input channels by 24 output
+// channels, summed over a block's tiles in registers.
+//
+// Every kernel and loop driver is compiled for AVX2: calling AVX2 kernels once per tile row from
+// baseline (SSE) code made the output transform several times slower than the same code called
+// from AVX2 code (forward 16->16 @28x28 went from ~45 to ~85 GFLOP/s-equivalent).
+//
+// Forward and input gradient: each output element comes from one block, computed in a fixed
+// order, so results do not depend on the thread count. Weight gradient: blocks are grouped into a
+// fixed number of chunks, each with its own sums, added in chunk order; also independent of the
+// thread count.
+#include "backends/cpu/conv_winograd.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/compute_buffers.h"
+#include "hetrain/base/cpu_features.h"
+#include "hetrain/base/thread_pool.h"
+
+namespace hetrain::cpu {
+
+namespace {
+
+constexpr int64_t kPos = 16;     // positions of a transformed 4x4 tile
+constexpr int kRows = 4;         // output channels per forward register tile
+constexpr int kVecs = 3;         // 8-tile vectors per forward register tile
+constexpr int64_t kChunks = 16;  // weight-gradient partial sums (more than threads, to balance)
+
+/// A 3x3 stride-1 convolution from C to O channels as 2x2 output tiles, in blocks of tile rows.
+struct Tiling {
+  int64_t N, C, O, H, W, ph, pw, Ho, Wo;
+  int64_t th, tw;  // tile rows and tiles per row of one image
+  int64_t lanes;   // tiles a row's transforms compute: tw rounded up to whole vectors
+  int64_t L;       // floats in each half of a split row: room past `lanes` for the transforms'
+                   // reads one past it and for split_row's whole vectors
+  int64_t rows;    // tile rows per block
+  int64_t ld;      // floats between rows of the transformed arrays
+  int64_t vp, mp;  // floats between positions of the transformed inputs (C rows), outputs (O)
+  int64_t blocks() const { return (N * th + rows - 1) / rows; }
+};
+
+/// floats rounded up to an odd number of cache lines.
+int64_t odd_lines(int64_t floats) { return (((floats + 15) / 16) | 1) * 16; }
+
+/// target_tiles: about how many tiles a block should hold.
+Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_t ph, int64_t pw,
+                   int64_t target_tiles) {
+  Tiling t{N, C, O, H, W, ph, pw, H + 2 * ph - 2, W + 2 * pw - 2, 0, 0, 0, 0, 0, 0, 0, 0};
+  t.th = (t.Ho + 1) / 2;
+  t.tw = (t.Wo + 1) / 2;
+  t.lanes = (t.tw + 7) / 8 * 8;
+  t.L = t.lanes + 16;
+  // Whole images per block, even where one image is over the target (16->16 @28x28: 196 tiles):
+  // whole images are read and written in sequential stretches, and blocks of half an image
+  // measured ~10% slower there (in a version whose extra bookkeeping may account for part of it).
+  const int64_t per_image = t.th * t.tw;
+  t.rows = t.th * std::clamp<int64_t>((target_tiles + per_image / 2) / per_image, 1, N);
+  // The GEMMs run over whole vectors; the last tile row spills up to (rows - 1) tw + lanes.
+  t.ld = std::max((t.rows * t.tw + 7) / 8 * 8, (t.rows - 1) * t.tw + t.lanes);
+  // An odd number of cache lines between rows and between positions: the transforms access the
+  // 16 positions of a tile together and the GEMMs up to C rows, which with a stride of an even
+  // number of lines share a few L1 sets and evict each other (with 16 channels, 16 lines in two
+  // sets: forward 16->16 @28x28 was ~20% slower).
+  t.ld = odd_lines(t.ld);
+  t.vp = odd_lines(C * t.ld);
+  t.mp = odd_lines(O * t.ld);
+  return t;
+}
+
+/// even[k] = src[2k], odd[k] = src[2k + 1] for the columns of a row of W floats, and zeros after
+/// them up to whole vectors.
+__attribute__((target("avx2,fma"))) void split_row(const float* src, int64_t W, float* even,
+                                                   float* odd) {
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t k = 0; k < W; k += 16) {
+    __m256 a, b;
+    if (W - k >= 16) {
+      a = _mm256_loadu_ps(src + k);
+      b = _mm256_loadu_ps(src + k + 8);
+    } else {
+      // Masked-off lanes read nothing (no fault past the array) and give zeros.
+      const int32_t n = static_cast<int32_t>(W - k);
+      a = _mm256_maskload_ps(src + k, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), iota));
+      b = _mm256_maskload_ps(src + k + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(n - 8), iota));
+    }
+    // shuffle_ps pairs within 128-bit lanes; the 64-bit permute puts the pairs in order.
+    const __m256d e = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88));
+    const __m256d o = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD));
+    _mm256_storeu_ps(even + k / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(e, 0xD8)));
+    _mm256_storeu_ps(odd + k / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(o, 0xD8)));
+  }
+}
+
+/// A block's image rows, one channel at a time, zero-padded and split into their even and odd
+/// columns (L floats each). The caller splits a channel while it transforms the one before:
+/// reading a row right after splitting it stalls, as each of the transform's loads spans two of
+/// split_row's stores and cannot be forwarded from them (the input transforms of 32->32 @14x14
+/// and 64->64 @7x7 took ~20% longer).
+class SplitChannels {
+ public:
+  SplitChannels(float* buf, const Tiling& t)
+      : buf_(buf), t_(t), half_(t.rows / t.th * t.H * 2 * t.L) {
+    // Padded column q = column + pad is even[q / 2] or odd[q / 2] by its parity.
+    even_dst_ = t.pw % 2 == 0 ? t.pw / 2 : t.L + (t.pw - 1) / 2;
+    odd_dst_ = t.pw % 2 == 0 ? t.L + t.pw / 2 : (t.pw + 1) / 2;
+    // Every split writes the same cells, so the zeros around them stay.
+    std::fill(buf_, buf_ + floats(t), 0.0f);
+  }
+  /// Floats buf must hold: a zero row and two channels of a block's images.
+  static int64_t floats(const Tiling& t) { return 2 * t.L + 2 * t.rows / t.th * t.H * 2 * t.L; }
+
+  /// Splits channel c of images [n0, n1) of x.
+  __attribute__((target("avx2,fma"))) void split(const float* x, int64_t n0, int64_t n1,
+                                                 int64_t c) {
+    float* dst = half(c);
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t h = 0; h < t_.H; ++h) {
+        float* row = dst + ((n - n0) * t_.H + h) * 2 * t_.L;
+        split_row(x + ((n * t_.C + c) * t_.H + h) * t_.W, t_.W, row + even_dst_, row + odd_dst_);
+      }
+  }
+  /// Row h (zeros outside the image) of the k-th split image of channel c.
+  const float* row(int64_t c, int64_t k, int64_t h) const {
+    return h >= 0 && h < t_.H ? half(c) + (k * t_.H + h) * 2 * t_.L : buf_;
+  }
+
+ private:
+  float* half(int64_t c) const { return buf_ + 2 * t_.L + c % 2 * half_; }
+
+  float* buf_;
+  const Tiling& t_;
+  int64_t half_, even_dst_, odd_dst_;
+};
+
+/// V = B^T d B for `lanes` tiles of one tile row of one channel; r[k] is input row k of the tiles,
+/// split. Position p of tile j goes to v[p * pstride + j].
+__attribute__((target("avx2,fma"))) void input_tiles(const float* const r[4], int64_t L,
+                                                     int64_t lanes, float* v, int64_t pstride) {
+  for (int64_t j = 0; j < lanes; j += 8) {
+    // Along the row, tile j reads columns 2j .. 2j+3: even[j], odd[j], even[j+1], odd[j+1].
+    __m256 h[4][4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m256 e = _mm256_loadu_ps(r[k] + j), e1 = _mm256_loadu_ps(r[k] + j + 1);
+      const __m256 o = _mm256_loadu_ps(r[k] + L + j), o1 = _mm256_loadu_ps(r[k] + L + j + 1);
+      h[k][0] = _mm256_sub_ps(e, e1);
+      h[k][1] = _mm256_add_ps(o, e1);
+      h[k][2] = _mm256_sub_ps(e1, o);
+      h[k][3] = _mm256_sub_ps(o, o1);
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) {
+      _mm256_storeu_ps(v + (0 + b) * pstride + j, _mm256_sub_ps(h[0][b], h[2][b]));
+      _mm256_storeu_ps(v + (4 + b) * pstride + j, _mm256_add_ps(h[1][b], h[2][b]));
+      _mm256_storeu_ps(v + (8 + b) * pstride + j, _mm256_sub_ps(h[2][b], h[1][b]));
+      _mm256_storeu_ps(v + (12 + b) * pstride + j, _mm256_sub_ps(h[1][b], h[3][b]));
+    }
+  }
+}
+
+/// Stores the first n (< 8) floats of v to d.
+__attribute__((target("avx2,fma"))) void store_first(float* d, __m256 v, int64_t n) {
+  __m128 h = _mm256_castps256_ps128(v);
+  if (n & 4) {
+    _mm_storeu_ps(d, h);
+    h = _mm256_extractf128_ps(v, 1);
+    d += 4;
+  }
+  if (n & 2) {
+    _mm_storel_pi(reinterpret_cast<__m64*>(d), h);
+    h = _mm_movehl_ps(h, h);
+    d += 2;
+  }
+  if (n & 1) _mm_store_ss(d, h);
+}
+
+/// Stores 8 tiles' output pairs (a[j], b[j]) to d[2j], d[2j + 1], the first n floats only.
+__attribute__((target("avx2,fma"))) void store_pairs(float* d, __m256 a, __m256 b, int64_t n) {
+  const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+  const __m256 first = _mm256_permute2f128_ps(lo, hi, 0x20);
+  const __m256 second = _mm256_permute2f128_ps(lo, hi, 0x31);
+  // Partial stores by halves, not vmaskmovps, which is slow on AMD.
+  if (n >= 8) {
+    _mm256_storeu_ps(d, first);
+    if (n >= 16)
+      _mm256_storeu_ps(d + 8, second);
+    else
+      store_first(d + 8, second, n - 8);
+  } else {
+    store_first(d, first, n);
+  }
+}
+
+/// Y = A^T M A (+ bias) for the tw tiles of one tile row of one output channel, from
+/// m[p * pstride + j]; writes output rows y0 and y1 (null past the last row), Wo wide.
+__attribute__((target("avx2,fma"))) void output_tiles(const float* m, int64_t pstride, int64_t tw,
+                                                      float bias, float* y0, float* y1,
+                                                      int64_t Wo) {
+  const __m256 bv = _mm256_set1_ps(bias);
+  for (int64_t j = 0; j < tw; j += 8) {
+    __m256 z0[4], z1[4];
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) {
+      const __m256 m0 = _mm256_loadu_ps(m + (0 + b) * pstride + j);
+      const __m256 m1 = _mm256_loadu_ps(m + (4 + b) * pstride + j);
+      const __m256 m2 = _mm256_loadu_ps(m + (8 + b) * pstride + j);
+      const __m256 m3 = _mm256_loadu_ps(m + (12 + b) * pstride + j);
+      z0[b] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
+      z1[b] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
+    }
+    const int64_t n = Wo - 2 * j;
+    store_pairs(y0 + 2 * j, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z0[0], z0[1]), z0[2]), bv),
+                _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z0[1], z0[2]), z0[3]), bv), n);
+    if (y1)
+      store_pairs(y1 + 2 * j, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z1[0], z1[1]), z1[2]), bv),
+                  _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z1[1], z1[2]), z1[3]), bv), n);
+  }
+}
+
+/// m[r][t] = sum_c u[c][r] * v[c][t] for R rows and 8 NV tiles; rows of v and m are ld apart.
+template <int R, int NV>
+__attribute__((target("avx2,fma"))) void gemm_tile(const float* u, const float* v, int64_t ld,
+                                                   int64_t C, float* m) {
+  __m256 acc[R][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int k = 0; k < NV; ++k) acc[r][k] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < C; ++c) {
+    __m256 xv[NV];
+#pragma GCC unroll 3
+    for (int k = 0; k < NV; ++k) xv[k] = _mm256_loadu_ps(v + c * ld + 8 * k);
+    const float* uc = u + c * R;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 wv = _mm256_broadcast_ss(uc + r);
+#pragma GCC unroll 3
+      for (int k = 0; k < NV; ++k) acc[r][k] = _mm256_fmadd_ps(wv, xv[k], acc[r][k]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int k = 0; k < NV; ++k) _mm256_storeu_ps(m + r * ld + 8 * k, acc[r][k]);
+}
+
+/// gemm_tile over T tiles (a multiple of 8).
+template <int R>
+__attribute__((target("avx2,fma"))) void gemm_rows(const float* u, const float* v, int64_t ld,
+                                                   int64_t C, float* m, int64_t T) {
+  int64_t t = 0;
+  // A remainder of one vector ends in two tiles of two vectors instead: a one-vector tile has
+  // too few accumulators to hide the FMA latency.
+  const int64_t full = T % 24 == 8 && T > 8 ? T - 32 : T;
+  for (; t + 8 * kVecs <= full; t += 8 * kVecs) gemm_tile<R, kVecs>(u, v + t, ld, C, m + t);
+  for (; t + 16 <= T; t += 16) gemm_tile<R, 2>(u, v + t, ld, C, m + t);
+  if (t < T) gemm_tile<R, 1>(u, v + t, ld, C, m + t);
+}
+
+/// M_p = U_p V_p for one position: u packed by transform_weights, v (C rows), m (O rows).
+__attribute__((target("avx2,fma"))) void gemm_position(const float* u, const float* v, int64_t ld,
+                                                       int64_t C, int64_t O, float* m, int64_t T) {
+  for (int64_t o0 = 0; o0 < O; o0 += kRows) {
+    const float* uo = u + o0 * C;
+    float* mo = m + o0 * ld;
+    switch (std::min<int64_t>(kRows, O - o0)) {
+      case 4:
+        gemm_rows<4>(uo, v, ld, C, mo, T);
+        break;
+      case 3:
+        gemm_rows<3>(uo, v, ld, C, mo, T);
+        break;
+      case 2:
+        gemm_rows<2>(uo, v, ld, C, mo, T);
+        break;
+      default:
+        gemm_rows<1>(uo, v, ld, C, mo, T);
+        break;
+    }
+  }
+}
+
+/// U = G g G^T for every (o, c), g = weight(o, c, i, j). Position p's (O, C) matrix starts at
+/// p * O * C, packed per block of kRows output channels: block o0 holds [c][r] = U(o0 + r, c) for
+/// its R = min(kRows, O - o0) rows, at offset o0 * C.
+template <class Weight>
+std::vector<float> transform_weights(int64_t O, int64_t C, Weight weight) {
+  std::vector<float> u(static_cast<size_t>(kPos * O * C));
+  for (int64_t o = 0; o < O; ++o) {
+    const int64_t o0 = o / kRows * kRows, R = std::min<int64_t>(kRows, O - o0);
+    for (int64_t c = 0; c < C; ++c) {
+      double g[3][3], gg[4][3];
+      for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j) g[i][j] = weight(o, c, i, j);
+      for (int j = 0; j < 3; ++j) {
+        gg[0][j] = g[0][j];
+        gg[1][j] = 0.5 * (g[0][j] + g[1][j] + g[2][j]);
+        gg[2][j] = 0.5 * (g[0][j] - g[1][j] + g[2][j]);
+        gg[3][j] = g[2][j];
+      }
+      for (int a = 0; a < 4; ++a) {
+        const double row[4] = {gg[a][0], 0.5 * (gg[a][0] + gg[a][1] + gg[a][2]),
+                               0.5 * (gg[a][0] - gg[a][1] + gg[a][2]), gg[a][2]};
+        for (int b = 0; b < 4; ++b)
+          u[static_cast<size_t>((4 * a + b) * O * C + o0 * C + c * R + (o - o0))] =
+              static_cast<float>(row[b]);
+      }
+    }
+  }
+  return u;
+}
+
+/// Transforms channels [0, t.C) of tile rows [g0, g1) of x into v (kPos * C rows of t.ld).
+__attribute__((target("avx2,fma"))) void transform_inputs(const Tiling& t, const float* x,
+                                                          int64_t g0, int64_t g1,
+                                                          SplitChannels& split, float* v) {
+  const int64_t n0 = g0 / t.th, n1 = (g1 - 1) / t.th + 1;
+  split.split(x, n0, n1, 0);
+  for (int64_t c = 0; c < t.C; ++c) {
+    if (c + 1 < t.C) split.split(x, n0, n1, c + 1);
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t i = 0; i < t.th; ++i) {
+        const float* r[4];
+        for (int64_t k = 0; k < 4; ++k) r[k] = split.row(c, n - n0, 2 * i - t.ph + k);
+        input_tiles(r, t.L, t.lanes, v + c * t.ld + (n * t.th + i - g0) * t.tw, t.vp);
+      }
+  }
+}
+
+/// Writes tile rows [g0, g1) of y (N, O, Ho, Wo) [+ b] from their transformed outputs m.
+__attribute__((target("avx2,fma"))) void transform_outputs(const Tiling& t, const float* m,
+                                                           int64_t g0, int64_t g1, const float* b,
+                                                           float* y) {
+  for (int64_t o = 0; o < t.O; ++o)
+    for (int64_t n = g0 / t.th; n < g1 / t.th; ++n)
+      for (int64_t i = 0; i < t.th; ++i) {
+        float* yo = y + (n * t.O + o) * t.Ho * t.Wo + 2 * i * t.Wo;
+        output_tiles(m + o * t.ld + (n * t.th + i - g0) * t.tw, t.mp, t.tw, b ? b[o] : 0.0f, yo,
+                     2 * i + 1 < t.Ho ? yo + t.Wo : nullptr, t.Wo);
+      }
+}
+
+/// Prefetches part `k` of `parts` of [p, p + bytes) into L2: spread over a block's GEMMs, this
+/// brings in the next block's inputs and this one's output lines, which the transforms would
+/// otherwise wait for.
+__attribute__((target("avx2,fma"))) void prefetch_part(const void* p, int64_t bytes, int64_t k,
+                                                       int64_t parts) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = bytes * k / parts / 64 * 64; off < bytes * (k + 1) / parts; off += 64)
+    _mm_prefetch(c + off, _MM_HINT_T1);
+}
+
+/// One block of forward_tiles, with v and m its transformed inputs and outputs.
+__attribute__((target("avx2,fma"))) void forward_block(const Tiling& t, const float* x,
+                                                       const float* u, const float* b, float* y,
+                                                       int64_t blk, SplitChannels& split, float* v,
+                                                       float* m) {
+  const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
+  transform_inputs(t, x, g0, g1, split, v);
+  const int64_t T = ((g1 - g0) * t.tw + 7) / 8 * 8;
+  const int64_t images = t.rows / t.th, n0 = g0 / t.th, n1 = (g1 - 1) / t.th + 1;
+  const int64_t n_next = std::min(t.N, n1 + images);
+  for (int64_t p = 0; p < kPos; ++p) {
+    gemm_position(u + p * t.O * t.C, v + p * t.vp, t.ld, t.C, t.O, m + p * t.mp, T);
+    prefetch_part(x + n1 * t.C * t.H * t.W, (n_next - n1) * t.C * t.H * t.W * 4, p, kPos);
+    prefetch_part(y + n0 * t.O * t.Ho * t.Wo, (n1 - n0) * t.O * t.Ho * t.Wo * 4, p, kPos);
+  }
+  transform_outputs(t, m, g0, g1, b, y);
+}
+
+/// y (N, O, Ho, Wo) = conv(x, w) [+ b] with u = transform_weights(w).
+void forward_tiles(const Tiling& t, const float* x, const std::vector<float>& u, const float* b,
+                   float* y) {
+  parallel_for(t.blocks(), 1, [&](int64_t b0, int64_t b1) {
+    Array va = workspace({kPos * t.vp}, Dtype::f32), ma = workspace({kPos * t.mp}, Dtype::f32);
+    Array ra = workspace({SplitChannels::floats(t)}, Dtype::f32);
+    float *v = va.data<float>(), *m = ma.data<float>();
+    // The GEMMs read up to 7 columns past the tiles that the transforms write, and the output
+    // transform past the GEMMs' columns (lanes it drops): zeros, not whatever the allocation
+    // held, which could be denormals (slow) or NaNs.
+    std::fill(v, v + va.numel(), 0.0f);
+    std::fill(m, m + ma.numel(), 0.0f);
+    SplitChannels split(ra.data<float>(), t);
+    for (int64_t blk = b0; blk < b1; ++blk) forward_block(t, x, u.data(), b, y, blk, split, v, m);
+  });
+}
+
+/// Transposes 8 rows of 8 floats in place.
+__attribute__((target("avx2,fma"))) void transpose8(__m256 r[8]) {
+  __m256 t[8], q[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    q[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    q[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    q[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    q[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(q[i], q[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(q[i], q[i + 4], 0x31);
+  }
+}
+
+/// The first n (<= 8) floats of src, zeros after them.
+__attribute__((target("avx2,fma"))) __m256 load_first(const float* src, int64_t n) {
+  if (n >= 8) return _mm256_loadu_ps(src);
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_ps(src,
+                            _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), iota));
+}
+
+/// A dY A^T for the tiles of tile row i of image n and output channels [o0, o0 + 8) (zeros past
+/// O), transposed: position p of block column tcol + j goes to gt[p * gp + (tcol + j) * ldo +
+/// o - o0]. The two gradient rows of 8 channels are transposed 8 columns at a time, so that the
+/// transform runs on vectors of 8 channels: a quarter of the transposing that its output would
+/// need.
+__attribute__((target("avx2,fma"))) void grad_tiles(const Tiling& t, const float* gy, int64_t n,
+                                                    int64_t i, int64_t o0, float* gt, int64_t gp,
+                                                    int64_t ldo, int64_t tcol) {
+  const int64_t count = std::min<int64_t>(8, t.O - o0);
+  const float* rows[2][8];
+  for (int a = 0; a < 2; ++a)
+    for (int k = 0; k < 8; ++k)
+      rows[a][k] = k < count && 2 * i + a < t.Ho
+                       ? gy + ((n * t.O + o0 + k) * t.Ho + 2 * i + a) * t.Wo
+                       : nullptr;
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t w0 = 0; w0 < 2 * t.tw; w0 += 8) {
+    __m256 y[2][8];
+    for (int a = 0; a < 2; ++a) {
+      for (int k = 0; k < 8; ++k)
+        y[a][k] = rows[a][k] ? load_first(rows[a][k] + w0, t.Wo - w0) : zero;
+      transpose8(y[a]);  // y[a][w]: column w0 + w of row 2i + a, over the 8 channels
+    }
+    for (int64_t jj = 0; jj < std::min<int64_t>(4, t.tw - w0 / 2); ++jj) {
+      const __m256 e0 = y[0][2 * jj], d0 = y[0][2 * jj + 1];
+      const __m256 e1 = y[1][2 * jj], d1 = y[1][2 * jj + 1];
+      // Rows of A dY (even and odd column), then the same combination along the row.
+      const __m256 ze[4] = {e0, _mm256_add_ps(e0, e1), _mm256_sub_ps(e0, e1),
+                            _mm256_sub_ps(zero, e1)};
+      const __m256 zo[4] = {d0, _mm256_add_ps(d0, d1), _mm256_sub_ps(d0, d1),
+                            _mm256_sub_ps(zero, d1)};
+      float* g = gt + (tcol + w0 / 2 + jj) * ldo + o0;
+#pragma GCC unroll 4
+      for (int a = 0; a < 4; ++a) {
+        _mm256_storeu_ps(g + (4 * a + 0) * gp, ze[a]);
+        _mm256_storeu_ps(g + (4 * a + 1) * gp, _mm256_add_ps(ze[a], zo[a]));
+        _mm256_storeu_ps(g + (4 * a + 2) * gp, _mm256_sub_ps(ze[a], zo[a]));
+        _mm256_storeu_ps(g + (4 * a + 3) * gp, _mm256_sub_ps(zero, zo[a]));
+      }
+    }
+  }
+}
+
+/// du[r][o] += sum_t v[r * ld + t] * gt[t * ldo + o] for R input channels and 8 NV output
+/// channels, t in [0, T).
+template <int R, int NV>
+__attribute__((target("avx2,fma"))) void weight_tile(const float* v, int64_t ld, const float* gt,
+                                                     int64_t ldo, int64_t T, float* du) {
+  __m256 acc[R][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int k = 0; k < NV; ++k) acc[r][k] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < T; ++t) {
+    __m256 gv[NV];
+#pragma GCC unroll 3
+    for (int k = 0; k < NV; ++k) gv[k] = _mm256_loadu_ps(gt + t * ldo + 8 * k);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_broadcast_ss(v + r * ld + t);
+#pragma GCC unroll 3
+      for (int k = 0; k < NV; ++k) acc[r][k] = _mm256_fmadd_ps(xv, gv[k], acc[r][k]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int k = 0; k < NV; ++k) {
+      float* d = du + r * ldo + 8 * k;
+      _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), acc[r][k]));
+    }
+}
+
+/// weight_tile over all ldo output channels.
+template <int R>
+__attribute__((target("avx2,fma"))) void weight_rows(const float* v, int64_t ld, const float* gt,
+                                                     int64_t ldo, int64_t T, float* du) {
+  int64_t o = 0;
+  const int64_t full = ldo % 24 == 8 && ldo > 8 ? ldo - 32 : ldo;  // as in gemm_rows
+  for (; o + 8 * kVecs <= full; o += 8 * kVecs)
+    weight_tile<R, kVecs>(v, ld, gt + o, ldo, T, du + o);
+  for (; o + 16 <= ldo; o += 16) weight_tile<R, 2>(v, ld, gt + o, ldo, T, du + o);
+  if (o < ldo) weight_tile<R, 1>(v, ld, gt + o, ldo, T, du + o);
+}
+
+/// du (C, ldo) += v gt for one position: v (C rows of ld), gt (T rows of ldo).
+__attribute__((target("avx2,fma"))) void weight_position(const float* v, int64_t ld,
+                                                         const float* gt, int64_t ldo, int64_t C,
+                                                         int64_t T, float* du) {
+  for (int64_t c0 = 0; c0 < C; c0 += kRows) {
+    const float* vc = v + c0 * ld;
+    float* d = du + c0 * ldo;
+    switch (std::min<int64_t>(kRows, C - c0)) {
+      case 4:
+        weight_rows<4>(vc, ld, gt, ldo, T, d);
+        break;
+      case 3:
+        weight_rows<3>(vc, ld, gt, ldo, T, d);
+        break;
+      case 2:
+        weight_rows<2>(vc, ld, gt, ldo, T, d);
+        break;
+      default:
+        weight_rows<1>(vc, ld, gt, ldo, T, d);
+        break;
+    }
+  }
+}
+
+/// du (kPos, C, ldo) += one block's sums for the weight gradient, with v its transformed inputs.
+__attribute__((target("avx2,fma"))) void weight_block(const Tiling& t, const float* x,
+                                                      const float* gy, int64_t blk,
+                                                      SplitChannels& split, float* v, float* gt,
+                                                      int64_t gp, int64_t ldo, float* du) {
+  const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
+  transform_inputs(t, x, g0, g1, split, v);
+  for (int64_t o0 = 0; o0 < t.O; o0 += 8)
+    for (int64_t n = g0 / t.th; n < g1 / t.th; ++n)
+      for (int64_t i = 0; i < t.th; ++i)
+        grad_tiles(t, gy, n, i, o0, gt, gp, ldo, (n * t.th + i - g0) * t.tw);
+  const int64_t images = t.rows / t.th, n1 = (g1 - 1) / t.th + 1;
+  const int64_t n_next = std::min(t.N, n1 + images);
+  for (int64_t p = 0; p < kPos; ++p) {
+    weight_position(v + p * t.vp, t.ld, gt + p * gp, ldo, t.C, (g1 - g0) * t.tw,
+                    du + p * t.C * ldo);
+    prefetch_part(x + n1 * t.C * t.H * t.W, (n_next - n1) * t.C * t.H * t.W * 4, p, kPos);
+    prefetch_part(gy + n1 * t.O * t.Ho * t.Wo, (n_next - n1) * t.O * t.Ho * t.Wo * 4, p, kPos);
+  }
+}
+
+std::atomic<bool>& disabled_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* v = std::getenv("HETRAIN_CONV_WINOGRAD");
+    return v && std::strcmp(v, "0") == 0;
+  }()};
+  return flag;
+}
+std::atomic<int64_t> runs{0};
+
+bool applies(const ConvShape& s) {
+  if (disabled_flag() || s.N <= 0 || s.C <= 0 || s.O <= 0) return false;
+  if (s.kh != 3 || s.kw != 3 || s.sh != 1 || s.sw != 1) return false;
+  if (s.ph < 0 || s.ph > 1 || s.pw < 0 || s.pw > 1 || s.Ho < 1 || s.Wo < 1) return false;
+  // Blocks hold at least one whole image: past 8 MiB of transformed arrays per image (64 + 64
+  // channels past 64x64) they run from L3 or memory, a case not tuned or measured.
+  const int64_t tiles = (std::max(s.H, s.Ho) + 1) / 2 * ((std::max(s.W, s.Wo) + 1) / 2);
+  if (kPos * (s.C + s.O) * tiles * 4 > (int64_t{8} << 20)) return false;
+  const CpuFeatures& f = cpu_features();
+  return f.avx2 && f.fma;
+}
+
+/// Tiles per block for the forward pass: the transformed inputs and outputs of a block,
+/// kPos * (C + O) * tiles floats, take about half of a 512 KiB L2.
+int64_t forward_block_tiles(int64_t C, int64_t O) {
+  return std::clamp<int64_t>(4096 / (C + O), 24, 512);
+}
+
+}  // namespace
+
+void set_winograd_conv_disabled(bool disabled) { disabled_flag() = disabled; }
+int64_t winograd_conv_runs() { return runs; }
+
+bool winograd_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
+                           float* y) {
+  if (!applies(s)) return false;
+  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, forward_block_tiles(s.C, s.O));
+  const auto u = transform_weights(s.O, s.C, [&](int64_t o, int64_t c, int i, int j) {
+    return w[((o * s.C + c) * 3 + i) * 3 + j];
+  });
+  forward_tiles(t, x, u, b, y);
+  ++runs;
+  return true;
+}
+
+bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx) {
+  if (!applies(s)) return false;
+  // dx = conv(gy, w rotated 180 degrees with O and C swapped), padding 2 - p.
+  const Tiling t =
+      make_tiling(s.N, s.O, s.C, s.Ho, s.Wo, 2 - s.ph, 2 - s.pw, forward_block_tiles(s.O, s.C));
+  const auto u = transform_weights(s.C, s.O, [&](int64_t c, int64_t o, int i, int j) {
+    return w[((o * s.C + c) * 3 + (2 - i)) * 3 + (2 - j)];
+  });
+  forward_tiles(t, gy, u, nullptr, dx);
+  ++runs;
+  return true;
+}
+
+bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const float* gy,
+                                    float* dw) {
+  if (!applies(s)) return false;
+  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, forward_block_tiles(s.C, s.O));
+  const int64_t ldo = (s.O + 7) / 8 * 8, gp = odd_lines(t.ld * ldo), D = kPos * s.C * ldo;
+  // Fewer chunks where their sums would take more than 64 MiB (over ~250 channels each side): a
+  // count that depends on the shape only, never on the thread count.
+  const int64_t chunks =
+      std::clamp<int64_t>((int64_t{16} << 20) / D, 1, std::min(t.blocks(), kChunks));
+  const int64_t nb = t.blocks();
+  Array partial = workspace({chunks, D}, Dtype::f32);
+  parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
+    Array va = workspace({kPos * t.vp}, Dtype::f32), ga = workspace({kPos * gp}, Dtype::f32);
+    Array ra = workspace({SplitChannels::floats(t)}, Dtype::f32);
+    SplitChannels split(ra.data<float>(), t);
+    for (int64_t chunk = c0; chunk < c1; ++chunk) {
+      float* du = partial.data<float>() + chunk * D;
+      std::fill(du, du + D, 0.0f);
+      for (int64_t blk = chunk * nb / chunks; blk < (chunk + 1) * nb / chunks; ++blk)
+        weight_block(t, x, gy, blk, split, va.data<float>(), ga.data<float>(), gp, ldo, du);
+    }
+  });
+  // dw = G^T dU G per (o, c), from the chunks' sums added in chunk order.
+  const float* p = partial.data<float>();
+  std::vector<float> du(p, p + D);
+  for (int64_t c = 1; c < chunks; ++c)
+    for (int64_t i = 0; i < D; ++i) du[i] += p[c * D + i];
+  for (int64_t i = 0; i < s.O * s.C; ++i) {
+    const int64_t o = i / s.C, c = i % s.C;
+    double d[4][4], gd[3][4];
+    for (int a = 0; a < 4; ++a)
+      for (int b = 0; b < 4; ++b) d[a][b] = du[((4 * a + b) * s.C + c) * ldo + o];
+    for (int b = 0; b < 4; ++b) {
+      gd[0][b] = d[0][b] + 0.5 * (d[1][b] + d[2][b]);
+      gd[1][b] = 0.5 * (d[1][b] - d[2][b]);
+      gd[2][b] = 0.5 * (d[1][b] + d[2][b]) + d[3][b];
+    }
+    for (int a = 0; a < 3; ++a) {
+      float* out = dw + i * 9 + a * 3;
+      out[0] = static_cast<float>(gd[a][0] + 0.5 * (gd[a][1] + gd[a][2]));
+      out[1] = static_cast<float>(0.5 * (gd[a][1] - gd[a][2]));
+      out[2] = static_cast<float>(0.5 * (gd[a][1] + gd[a][2]) + gd[a][3]);
+    }
+  }
+  ++runs;
+  return true;
+}
+
+}  // namespace hetrain::cpu

@@ -1,0 +1,30 @@
+// Winograd F(2x2, 3x3) f32 convolution for 3x3 kernels at stride 1 on AVX2 + FMA, on plain
+// NCHW / OIHW arrays. Per 2x2 output tile it multiplies 16 transformed weights by 16 transformed
+// inputs instead of 36 products; the transforms cost most where channels are few (16), where it
+// gains least over the direct kernels. Each function returns false when it does not apply (a
+// kernel other than 3x3, stride other than 1, padding other than 0 or 1 per side, images so large
+// that one image's transformed arrays pass 8 MiB, a CPU without AVX2/FMA, or
+// HETRAIN_CONV_WINOGRAD=0 in the environment), and the caller falls back to another path. Inputs
+// are added up in another order than a direct convolution, so results differ from it by rounding
+// (about 1e-6 of the output's scale).
+#pragma once
+
+#include "backends/cpu/conv_dnnl.h"
+
+namespace hetrain::cpu {
+
+/// y (N, O, Ho, Wo) = conv(x, w) [+ b]; b may be null.
+bool winograd_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
+                           float* y);
+/// dx (N, C, H, W) from gy (N, O, Ho, Wo) and w (O, C, 3, 3).
+bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx);
+/// dw (O, C, 3, 3) from x (N, C, H, W) and gy (N, O, Ho, Wo).
+bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw);
+
+/// Turns the Winograd path off (true) or back on, for tests and benchmarks that compare paths.
+/// Also off when the environment sets HETRAIN_CONV_WINOGRAD=0.
+void set_winograd_conv_disabled(bool disabled);
+/// How many conv passes the Winograd kernels have run in this process.
+int64_t winograd_conv_runs();
+
+}  // namespace hetrain::cpu

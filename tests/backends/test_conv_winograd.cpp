@@ -1,0 +1,168 @@
+// The Winograd F(2x2, 3x3) conv kernels (conv_winograd.cpp) against plain f64 loops: forward,
+// input gradient and weight gradient on odd shapes (ragged tiles, one channel, batches that split
+// unevenly over the threads) and one fashion-cnn shape, with padding 0 and 1; the shapes they must
+// refuse; and results that do not depend on the thread count.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/conv_winograd.h"
+#include "hetrain/base/cpu_features.h"
+#include "hetrain/base/thread_pool.h"
+
+using namespace hetrain;
+using cpu::ConvShape;
+
+namespace {
+
+bool has_avx2_fma() { return cpu_features().avx2 && cpu_features().fma; }
+
+ConvShape shape3x3(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t ph, int64_t pw) {
+  return {N, C, H, W, O, H + 2 * ph - 2, W + 2 * pw - 2, 3, 3, 1, 1, ph, pw};
+}
+
+/// Values in [-1, 1) from a fixed linear congruential sequence.
+std::vector<float> values(int64_t n, uint32_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) {
+    seed = seed * 1664525u + 1013904223u;
+    x = static_cast<float>(seed >> 8) / 8388608.0f - 1.0f;
+  }
+  return v;
+}
+
+/// Calls f(n, o, oh, ow, c, i, j, h, w) for every product of the convolution, h and w the input
+/// position (inside the image).
+template <class F>
+void each_product(const ConvShape& s, F f) {
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t o = 0; o < s.O; ++o)
+      for (int64_t oh = 0; oh < s.Ho; ++oh)
+        for (int64_t ow = 0; ow < s.Wo; ++ow)
+          for (int64_t c = 0; c < s.C; ++c)
+            for (int64_t i = 0; i < 3; ++i)
+              for (int64_t j = 0; j < 3; ++j) {
+                const int64_t h = oh + i - s.ph, w = ow + j - s.pw;
+                if (h >= 0 && h < s.H && w >= 0 && w < s.W) f(n, o, oh, ow, c, i, j, h, w);
+              }
+}
+
+/// Largest |got - want| over the largest |want|.
+double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::abs(got[i] - want[i]);
+    err = std::isnan(e) ? INFINITY : std::max(err, e);
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return err / scale;
+}
+
+struct Passes {
+  std::vector<float> y, dx, dw;
+};
+
+Passes run_winograd(const ConvShape& s, const std::vector<float>& x, const std::vector<float>& w,
+                    const std::vector<float>& b, const std::vector<float>& gy) {
+  Passes r{std::vector<float>(gy.size(), NAN), std::vector<float>(x.size(), NAN),
+           std::vector<float>(w.size(), NAN)};
+  EXPECT_TRUE(cpu::winograd_conv_forward(s, x.data(), w.data(), b.data(), r.y.data()));
+  EXPECT_TRUE(cpu::winograd_conv_backward_data(s, gy.data(), w.data(), r.dx.data()));
+  EXPECT_TRUE(cpu::winograd_conv_backward_weights(s, x.data(), gy.data(), r.dw.data()));
+  return r;
+}
+
+void check_against_reference(const ConvShape& s) {
+  const auto x = values(s.N * s.C * s.H * s.W, 1), w = values(s.O * s.C * 9, 2), b = values(s.O, 3),
+             gy = values(s.N * s.O * s.Ho * s.Wo, 4);
+  std::vector<double> y(gy.size()), dx(x.size(), 0.0), dw(w.size(), 0.0);
+  for (int64_t i = 0; i < static_cast<int64_t>(y.size()); ++i) y[i] = b[i / (s.Ho * s.Wo) % s.O];
+  each_product(s, [&](int64_t n, int64_t o, int64_t oh, int64_t ow, int64_t c, int64_t i, int64_t j,
+                      int64_t h, int64_t ww) {
+    const int64_t yi = ((n * s.O + o) * s.Ho + oh) * s.Wo + ow;
+    const int64_t xi = ((n * s.C + c) * s.H + h) * s.W + ww, wi = ((o * s.C + c) * 3 + i) * 3 + j;
+    y[yi] += static_cast<double>(x[xi]) * w[wi];
+    dx[xi] += static_cast<double>(gy[yi]) * w[wi];
+    dw[wi] += static_cast<double>(gy[yi]) * x[xi];
+  });
+  const Passes got = run_winograd(s, x, w, b, gy);
+  // Rounding of f32 sums over C * 9 (forward, input gradient) or N * Ho * Wo (weight gradient)
+  // terms, plus the transforms' few extra additions: measured up to ~1e-6.
+  const std::string what = "N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
+                           " H=" + std::to_string(s.H) + " W=" + std::to_string(s.W) +
+                           " O=" + std::to_string(s.O) + " p=" + std::to_string(s.ph) + "," +
+                           std::to_string(s.pw);
+  EXPECT_LT(relative_error(got.y, y), 1e-5) << what << ": forward";
+  EXPECT_LT(relative_error(got.dx, dx), 1e-5) << what << ": input gradient";
+  EXPECT_LT(relative_error(got.dw, dw), 1e-5) << what << ": weight gradient";
+}
+
+}  // namespace
+
+TEST(ConvWinograd, MatchesReferenceOnOddShapes) {
+  if (!has_avx2_fma()) GTEST_SKIP() << "needs AVX2 and FMA";
+  const int64_t runs = cpu::winograd_conv_runs();
+  int64_t cases = 0;
+  for (int64_t p : {0, 1}) {
+    check_against_reference(shape3x3(3, 5, 9, 11, 7, p, p));     // odd Ho, Wo: ragged tiles
+    check_against_reference(shape3x3(2, 1, 28, 28, 16, p, p));   // fashion-cnn's stem
+    check_against_reference(shape3x3(5, 9, 6, 19, 10, p, p));    // O, C not multiples of 4 or 8
+    check_against_reference(shape3x3(1, 2, 3, 3, 3, p, p));      // a single tile
+    check_against_reference(shape3x3(2, 40, 31, 30, 40, p, p));  // image over the block target
+    cases += 5;
+  }
+  check_against_reference(shape3x3(2, 3, 4, 5, 6, 1, 0));  // padding differs per axis
+  check_against_reference(shape3x3(2, 4, 7, 4, 5, 0, 1));
+  cases += 2;
+  EXPECT_EQ(cpu::winograd_conv_runs() - runs, 3 * cases);
+}
+
+TEST(ConvWinograd, MatchesReferenceOnFashionCnnShape) {
+  if (!has_avx2_fma()) GTEST_SKIP() << "needs AVX2 and FMA";
+  for (int64_t p : {0, 1}) check_against_reference(shape3x3(3, 32, 14, 14, 32, p, p));
+}
+
+TEST(ConvWinograd, RefusesOtherConvolutions) {
+  const auto x = values(2 * 4 * 12 * 12, 1), w = values(4 * 4 * 25, 2), y = values(2 * 4 * 144, 3);
+  std::vector<float> out(4096);
+  ConvShape stride2 = shape3x3(2, 4, 12, 12, 4, 1, 1);
+  stride2.sh = stride2.sw = 2;
+  stride2.Ho = stride2.Wo = 6;
+  ConvShape k5 = {2, 4, 12, 12, 4, 12, 12, 5, 5, 1, 1, 2, 2};
+  ConvShape pad2 = shape3x3(2, 4, 12, 12, 4, 2, 2);
+  ConvShape large = shape3x3(2, 64, 80, 80, 64, 1, 1);  // refused before reading any data
+  for (const ConvShape& s : {stride2, k5, pad2, large}) {
+    EXPECT_FALSE(cpu::winograd_conv_forward(s, x.data(), w.data(), nullptr, out.data()));
+    EXPECT_FALSE(cpu::winograd_conv_backward_data(s, y.data(), w.data(), out.data()));
+    EXPECT_FALSE(cpu::winograd_conv_backward_weights(s, x.data(), y.data(), out.data()));
+  }
+  const ConvShape ok = shape3x3(2, 4, 12, 12, 4, 1, 1);
+  cpu::set_winograd_conv_disabled(true);
+  EXPECT_FALSE(cpu::winograd_conv_forward(ok, x.data(), w.data(), nullptr, out.data()));
+  EXPECT_FALSE(cpu::winograd_conv_backward_data(ok, y.data(), w.data(), out.data()));
+  EXPECT_FALSE(cpu::winograd_conv_backward_weights(ok, x.data(), y.data(), out.data()));
+  cpu::set_winograd_conv_disabled(false);
+  EXPECT_EQ(cpu::winograd_conv_forward(ok, x.data(), w.data(), nullptr, out.data()),
+            has_avx2_fma());
+}
+
+TEST(ConvWinograd, SameBitsOnOneAndTwoThreads) {
+  if (!has_avx2_fma()) GTEST_SKIP() << "needs AVX2 and FMA";
+  // 7 images: blocks split unevenly over two threads.
+  const ConvShape s = shape3x3(7, 16, 28, 28, 16, 1, 1);
+  const auto x = values(s.N * s.C * s.H * s.W, 5), w = values(s.O * s.C * 9, 6), b = values(s.O, 7),
+             gy = values(s.N * s.O * s.Ho * s.Wo, 8);
+  const int threads = num_threads();
+  set_num_threads(1);
+  const Passes one = run_winograd(s, x, w, b, gy);
+  set_num_threads(2);
+  const Passes two = run_winograd(s, x, w, b, gy);
+  set_num_threads(threads);
+  EXPECT_EQ(one.y, two.y) << "forward";
+  EXPECT_EQ(one.dx, two.dx) << "input gradient";
+  EXPECT_EQ(one.dw, two.dw) << "weight gradient";
+}
