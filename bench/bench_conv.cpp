@@ -2,8 +2,9 @@
 // (forward + backward, no optimizer) of the fashion-cnn ResNet (widths 16/32/64, one block per
 // stage). The last argument of the conv and step benchmarks picks the conv path: 0 = im2col + GEMM
 // (the path before oneDNN), 1 = oneDNN, 2 = the direct stride-1 kernels where they apply (oneDNN
-// for the other shapes); BM_BatchNorm's: 1 = fused batch_norm2d, 0 = the composite of
-// mean/var/elementwise ops it replaced, 2 = fused with relu, 3 = fused then a separate relu.
+// for the other shapes), 3 = Winograd F(2x2,3x3) for 3x3 stride 1, then as 2; BM_BatchNorm's: 1 =
+// fused batch_norm2d, 0 = the composite of mean/var/elementwise ops it replaced, 2 = fused with
+// relu, 3 = fused then a separate relu.
 //   cmake -S . -B build -G Ninja -DHETRAIN_BUILD_BENCH=ON && cmake --build build -j2
 //   [THREADS=N] ./build/bench/bench_conv --benchmark_filter=Step
 // "Time" is wall clock, "CPU" the whole process's CPU time (a steadier measure of work on a shared
@@ -14,6 +15,7 @@
 
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_dnnl.h"
+#include "backends/cpu/conv_winograd.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
@@ -47,8 +49,10 @@ const bool kThreadsSet = [] {
   return t != nullptr;
 }();
 
-/// 0: im2col, 1: oneDNN, 2: direct (then oneDNN); -1 restores the default order.
+/// 0: im2col, 1: oneDNN, 2: direct (then oneDNN), 3: Winograd (then direct, then oneDNN); -1
+/// restores the default order.
 void use_conv_path(int64_t path) {
+  cpu::set_winograd_conv_disabled(path >= 0 && path != 3);
   cpu::set_direct_conv_disabled(path == 0 || path == 1);
   cpu::set_dnnl_conv_disabled(path == 0);
 }
@@ -83,7 +87,7 @@ void BM_Conv(benchmark::State& st) {
 void conv_args(benchmark::internal::Benchmark* b) {
   for (int64_t i = 0; i < static_cast<int64_t>(std::size(kConvs)); ++i)
     for (int64_t pass = 0; pass < 3; ++pass)
-      for (int64_t path : {0, 1, 2}) b->Args({i, pass, path});
+      for (int64_t path : {0, 1, 2, 3}) b->Args({i, pass, path});
 }
 
 /// Batch norm on (128, 16, 28, 28): forward and the gradients of x, weight and bias. Arg 2: with
@@ -154,6 +158,7 @@ BENCHMARK(BM_FashionCnnStep)
     ->Arg(0)
     ->Arg(1)
     ->Arg(2)
+    ->Arg(3)
     ->MeasureProcessCPUTime()
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);

@@ -132,9 +132,7 @@ Linear::Linear(int64_t in, int64_t out, bool bias, Generator& gen) {
   weight_ = &register_parameter("weight", uniform_init({out, in}, bound, gen));
   if (bias) bias_ = &register_parameter("bias", uniform_init({out}, bound, gen));
 }
-Tensor Linear::forward(const Tensor& x) {
-  return linear(x, *weight_, bias_ ? *bias_ : Tensor());
-}
+Tensor Linear::forward(const Tensor& x) { return linear(x, *weight_, bias_ ? *bias_ : Tensor()); }
 
 Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding, bool bias,
                Generator& gen)
@@ -275,7 +273,8 @@ struct ResNet::Block : Module {
     c2 = register_module("conv2", std::make_shared<Conv2d>(out, out, 3, 1, 1, false, gen));
     b2 = register_module("bn2", std::make_shared<BatchNorm2d>(out));
     if (stride != 1 || in != out) {
-      shortcut = register_module("shortcut", std::make_shared<Conv2d>(in, out, 1, stride, 0, false, gen));
+      shortcut =
+          register_module("shortcut", std::make_shared<Conv2d>(in, out, 1, stride, 0, false, gen));
       bs = register_module("bn_shortcut", std::make_shared<BatchNorm2d>(out));
     }
   }
@@ -320,9 +319,9 @@ Gpt::Gpt(const GptConfig& cfg, Generator& gen) : cfg_(cfg) {
   wpe_ = register_module("wpe", std::make_shared<Embedding>(cfg.context, cfg.dim, gen));
   drop_ = register_module("drop", std::make_shared<Dropout>(cfg.dropout));
   for (int64_t l = 0; l < cfg.layers; ++l)
-    blocks_.push_back(register_module("blocks." + std::to_string(l),
-                                      std::make_shared<TransformerBlock>(cfg.dim, cfg.heads,
-                                                                         cfg.dropout, gen)));
+    blocks_.push_back(
+        register_module("blocks." + std::to_string(l),
+                        std::make_shared<TransformerBlock>(cfg.dim, cfg.heads, cfg.dropout, gen)));
   ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(cfg.dim));
   // GPT-2 initialisation: N(0, 0.02) for weights, zero biases, residual projections scaled.
   std::map<Tensor*, double> residual;
@@ -334,9 +333,12 @@ Gpt::Gpt(const GptConfig& cfg, Generator& gen) : cfg_(cfg) {
   for (auto& [name, p] : params) {
     bool is_bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
     bool is_norm = name.find("ln") != std::string::npos;
-    if (is_norm) init[name] = *p;
-    else if (is_bias) init[name] = constant(p->shape(), 0.0);
-    else init[name] = normal_init(p->shape(), residual.count(p) ? residual[p] : 0.02, gen);
+    if (is_norm)
+      init[name] = *p;
+    else if (is_bias)
+      init[name] = constant(p->shape(), 0.0);
+    else
+      init[name] = normal_init(p->shape(), residual.count(p) ? residual[p] : 0.02, gen);
   }
   for (auto& [name, b] : named_buffers()) init[name] = *b;
   load_state_dict(init);
@@ -345,8 +347,7 @@ Gpt::Gpt(const GptConfig& cfg, Generator& gen) : cfg_(cfg) {
 Tensor Gpt::forward(const Tensor& ids) {
   if (ids.ndim() != 2) fail("[gpt] expected token ids (B, T), got ", shape_str(ids.shape()));
   const int64_t T = ids.shape()[1];
-  if (T > cfg_.context)
-    fail("[gpt] sequence length ", T, " exceeds the context of ", cfg_.context);
+  if (T > cfg_.context) fail("[gpt] sequence length ", T, " exceeds the context of ", cfg_.context);
   Tensor pos = arange(0, static_cast<double>(T), 1, Dtype::i64);
   Tensor h = drop_->forward(wte_->forward(ids) + wpe_->forward(pos));
   for (auto& b : blocks_) h = b->forward(h);

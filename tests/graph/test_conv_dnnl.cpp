@@ -1,7 +1,7 @@
-// The f32 conv paths (direct stride-1 kernels, oneDNN, im2col) against the im2col kernels in f64
-// on odd shapes: stride 2, padding, non-square kernels and images, batches that split unevenly
-// over the threads; each case checks which path ran, then turns the faster paths off one by one
-// and checks the slower ones on the same case.
+// The f32 conv paths (Winograd, direct stride-1 kernels, oneDNN, im2col) against the im2col kernels
+// in f64 on odd shapes: stride 2, padding, non-square kernels and images, batches that split
+// unevenly over the threads; each case checks which path ran, then turns the faster paths off one
+// by one and checks the slower ones on the same case.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_dnnl.h"
+#include "backends/cpu/conv_winograd.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
@@ -31,7 +32,7 @@ struct Case {
   Shape x, w;
   std::vector<int64_t> s, p;
   bool bias;
-  enum Path { im2col, dnnl, direct } path;  // the path expected to run
+  enum Path { im2col, dnnl, direct, winograd } path;  // the path expected to run
 };
 
 /// y, then the gradients of sum(y * r) for x, w and b, as f64 vectors.
@@ -58,20 +59,22 @@ void expect_matches(const std::vector<std::vector<double>>& got,
 }
 
 const Case kCases[] = {
-    {{2, 8, 10, 6}, {16, 8, 3, 2}, {1, 2}, {1, 0}, true, Case::dnnl},      // non-square kernel
-    {{5, 12, 11, 13}, {9, 12, 5, 3}, {2, 1}, {2, 1}, false, Case::dnnl},   // odd everything
-    {{3, 16, 9, 8}, {32, 16, 3, 3}, {2, 2}, {1, 1}, false, Case::dnnl},    // stride 2 both ways
-    {{1, 16, 7, 7}, {16, 16, 3, 3}, {1, 1}, {1, 1}, false, Case::dnnl},    // one image: one chunk
-    {{3, 5, 9, 7}, {6, 5, 3, 3}, {2, 2}, {1, 1}, true, Case::im2col},      // < 8 channels
-    {{4, 16, 5, 5}, {8, 16, 1, 1}, {1, 1}, {0, 0}, true, Case::im2col},    // 1x1
-    {{3, 16, 9, 8}, {32, 16, 1, 1}, {2, 2}, {0, 0}, false, Case::im2col},  // 1x1 stride 2 (a
-                                                                           // shortcut)
-    {{2, 1, 8, 8}, {16, 1, 3, 3}, {1, 1}, {1, 1}, false, Case::im2col},    // the 1-channel stem,
-                                                                           // narrow
+    {{2, 8, 10, 6}, {16, 8, 3, 2}, {1, 2}, {1, 0}, true, Case::dnnl},        // non-square kernel
+    {{5, 12, 11, 13}, {9, 12, 5, 3}, {2, 1}, {2, 1}, false, Case::dnnl},     // odd everything
+    {{3, 16, 9, 8}, {32, 16, 3, 3}, {2, 2}, {1, 1}, false, Case::dnnl},      // stride 2 both ways
+    {{1, 16, 7, 7}, {16, 16, 3, 3}, {1, 1}, {1, 1}, false, Case::winograd},  // one image
+    {{3, 5, 9, 7}, {6, 5, 3, 3}, {2, 2}, {1, 1}, true, Case::im2col},        // < 8 channels
+    {{4, 16, 5, 5}, {8, 16, 1, 1}, {1, 1}, {0, 0}, true, Case::im2col},      // 1x1
+    {{3, 16, 9, 8}, {32, 16, 1, 1}, {2, 2}, {0, 0}, false, Case::im2col},    // 1x1 stride 2 (a
+                                                                             // shortcut)
+    {{2, 1, 8, 8}, {16, 1, 3, 3}, {1, 1}, {1, 1}, false, Case::im2col},      // the 1-channel stem,
+                                                                             // narrow
     // Direct: 4 output channels per tile and 24 grid positions per tile, so odd channel counts
     // (remainder rows), images whose grid is not a whole number of tiles, groups of images in
     // the weight gradient that do not divide the batch, non-square kernels and partial padding.
-    {{3, 16, 14, 14}, {32, 16, 3, 3}, {1, 1}, {1, 1}, true, Case::direct},
+    // Winograd takes 3x3 stride 1 with at least 8 channels each side: the direct kernels run
+    // here when it is off.
+    {{3, 16, 14, 14}, {32, 16, 3, 3}, {1, 1}, {1, 1}, true, Case::winograd},
     {{5, 7, 13, 17}, {11, 7, 3, 3}, {1, 1}, {1, 1}, false, Case::direct},
     {{2, 1, 28, 28}, {16, 1, 3, 3}, {1, 1}, {1, 1}, true, Case::direct},  // the stem at 28x28
     {{3, 9, 12, 15}, {6, 9, 5, 3}, {1, 1}, {2, 0}, true, Case::direct},
@@ -84,20 +87,32 @@ TEST(ConvDnnl, MatchesIm2colAndF64) {
   for (const Case& c : kCases) {
     const std::string what = shape_str(c.x) + " * " + shape_str(c.w);
     auto want = conv_and_grads(c, Dtype::f64);
-    const int64_t dnnl_runs = cpu::dnnl_conv_runs(), direct_runs = cpu::direct_conv_runs();
+    const int64_t dnnl_runs = cpu::dnnl_conv_runs(), direct_runs = cpu::direct_conv_runs(),
+                  winograd_runs = cpu::winograd_conv_runs();
     auto got = conv_and_grads(c, Dtype::f32);
-    const bool direct = c.path == Case::direct && cpu_features().avx2 && cpu_features().fma;
+    // Both AVX2 paths fall back to oneDNN on a CPU without AVX2 and FMA.
+    const bool avx2 = cpu_features().avx2 && cpu_features().fma;
+    const bool winograd = c.path == Case::winograd && avx2;
+    const bool direct = c.path == Case::direct && avx2;
+    const bool dnnl = c.path == Case::dnnl || (c.path >= Case::direct && !avx2);
+    EXPECT_EQ(cpu::winograd_conv_runs() - winograd_runs, winograd ? 3 : 0)
+        << what << ": Winograd passes";
     EXPECT_EQ(cpu::direct_conv_runs() - direct_runs, direct ? 3 : 0) << what << ": direct passes";
-    EXPECT_EQ(cpu::dnnl_conv_runs() - dnnl_runs,
-              c.path == Case::dnnl || (c.path == Case::direct && !direct) ? 3 : 0)
-        << what << ": oneDNN passes";
+    EXPECT_EQ(cpu::dnnl_conv_runs() - dnnl_runs, dnnl ? 3 : 0) << what << ": oneDNN passes";
     expect_matches(got, want, "default path " + what);
+    cpu::set_winograd_conv_disabled(true);
+    if (c.path == Case::winograd) {
+      const int64_t before = cpu::direct_conv_runs();
+      expect_matches(conv_and_grads(c, Dtype::f32), want, "direct " + what);
+      EXPECT_EQ(cpu::direct_conv_runs() - before, avx2 && c.x[2] >= 12 ? 3 : 0) << what;
+    }
     cpu::set_direct_conv_disabled(true);
     expect_matches(conv_and_grads(c, Dtype::f32), want, "oneDNN or im2col " + what);
     cpu::set_dnnl_conv_disabled(true);
     expect_matches(conv_and_grads(c, Dtype::f32), want, "im2col " + what);
     cpu::set_dnnl_conv_disabled(false);
     cpu::set_direct_conv_disabled(false);
+    cpu::set_winograd_conv_disabled(false);
   }
 }
 

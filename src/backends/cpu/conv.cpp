@@ -15,6 +15,7 @@
 #include "backends/cpu/compute_buffers.h"
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_dnnl.h"
+#include "backends/cpu/conv_winograd.h"
 #include "hetrain/base/dispatch.h"
 #include "hetrain/base/thread_pool.h"
 
@@ -187,6 +188,15 @@ void conv_backward_weight(const T* x, const T* gy, T* dw, const ConvGeom& g, Dty
 
 }  // namespace
 
+namespace {
+/// f32 convolutions try Winograd F(2x2,3x3) first, then the direct stride-1 kernels, then
+/// oneDNN, then im2col + GEMM; each kernel declines shapes it cannot do. Winograd is skipped
+/// where a side has fewer than 8 channels: the transforms then outweigh the products it saves
+/// (fashion-cnn's 1 -> 16 stem ran 1.7-2.5x slower than the direct kernels; bench_conv
+/// BM_Conv/0, one thread).
+bool winograd_pays(const cpu::ConvShape& s) { return std::min(s.C, s.O) >= 8; }
+}  // namespace
+
 void Conv2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
   const Dtype dt = compute_dtype(in[0]->dtype);
   Array x = as_contiguous(*in[0], dt), w = as_contiguous(*in[1], dt);
@@ -198,7 +208,9 @@ void Conv2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Arr
     const T* bp = b.has_data() ? b.data<T>() : nullptr;
     if constexpr (std::is_same_v<T, float>) {
       const cpu::ConvShape s = dnnl_shape(g);
-      if (cpu::direct_conv_forward(s, x.data<T>(), w.data<T>(), bp, y.data<T>()) ||
+      if ((winograd_pays(s) &&
+           cpu::winograd_conv_forward(s, x.data<T>(), w.data<T>(), bp, y.data<T>())) ||
+          cpu::direct_conv_forward(s, x.data<T>(), w.data<T>(), bp, y.data<T>()) ||
           cpu::dnnl_conv_forward(s, x.data<T>(), w.data<T>(), bp, y.data<T>()))
         return;
     }
@@ -216,7 +228,9 @@ void Conv2dBackwardInput::eval_cpu(const std::vector<const Array*>& in,
   dispatch_compute(dt, [&]<class T>() {
     if constexpr (std::is_same_v<T, float>) {
       const cpu::ConvShape s = dnnl_shape(g);
-      if (cpu::direct_conv_backward_data(s, gy.data<T>(), w.data<T>(), dx.data<T>()) ||
+      if ((winograd_pays(s) &&
+           cpu::winograd_conv_backward_data(s, gy.data<T>(), w.data<T>(), dx.data<T>())) ||
+          cpu::direct_conv_backward_data(s, gy.data<T>(), w.data<T>(), dx.data<T>()) ||
           cpu::dnnl_conv_backward_data(s, gy.data<T>(), w.data<T>(), dx.data<T>()))
         return;
     }
@@ -238,7 +252,9 @@ void Conv2dBackwardWeight::eval_cpu(const std::vector<const Array*>& in,
     }
     if constexpr (std::is_same_v<T, float>) {
       const cpu::ConvShape s = dnnl_shape(g);
-      if (cpu::direct_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>()) ||
+      if ((winograd_pays(s) &&
+           cpu::winograd_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>())) ||
+          cpu::direct_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>()) ||
           cpu::dnnl_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>()))
         return;
     }

@@ -150,8 +150,8 @@ void BatchNorm2dBackward::eval_cpu(const std::vector<const Array*>& in,
             }
           else
             for (int64_t i = 0; i < HW; ++i)
-              dxr[i] = from_compute<T>(k * (to_compute(gr[i]) - gmean -
-                                            (to_compute(xr[i]) - mu) * proj));
+              dxr[i] = from_compute<T>(
+                  k * (to_compute(gr[i]) - gmean - (to_compute(xr[i]) - mu) * proj));
         }
       }
     });
