@@ -1,6 +1,7 @@
 // CPU kernels for the fused batch_norm2d forward and backward. Channels are split over the thread
 // pool (each channel's sums are one thread's, so results do not depend on the thread count); per
-// (n, c) plane sums use eight partial sums in the compute type and planes are added in f64.
+// (n, c) plane sums use eight partial sums in the compute type and planes are added in f64; the
+// forward's statistics read each plane from memory once (its second pass hits L1).
 #include "graph/prims/norm2d.h"
 
 #include <algorithm>
@@ -8,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "backends/cpu/vec_math.h"
 #include "graph/prims/elementwise.h"
@@ -74,14 +77,26 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
     T* yp = y.data<T>();
     A *mp = mean.data<A>(), *vp = var.data<A>();
     parallel_for(C, 1, [&](int64_t cb, int64_t ce) {
+      std::vector<std::pair<A, A>> plane(static_cast<size_t>(N));  // mean, squared deviations
       for (int64_t c = cb; c < ce; ++c) {
+        // Each plane's mean and squared deviations from it while the plane is in L1 (one read
+        // of x from memory for the statistics), then the planes merged in f64 (Chan et al.):
+        // sum of squares = sum over planes of (plane's + HW * (plane mean - mean)^2).
         double s = 0;
-        for (int64_t n = 0; n < N; ++n)
-          s += row_sum(xp + (n * C + c) * HW, HW, [](A v) { return v; });
+        for (int64_t n = 0; n < N; ++n) {
+          const T* xr = xp + (n * C + c) * HW;
+          const A sp = row_sum(xr, HW, [](A v) { return v; });
+          const A mp_n = sp / static_cast<A>(HW);
+          plane[static_cast<size_t>(n)] = {
+              mp_n, row_sum(xr, HW, [mp_n](A v) { return (v - mp_n) * (v - mp_n); })};
+          s += static_cast<double>(sp);
+        }
         const A mu = static_cast<A>(s / M);
         double ss = 0;
-        for (int64_t n = 0; n < N; ++n)
-          ss += row_sum(xp + (n * C + c) * HW, HW, [mu](A v) { return (v - mu) * (v - mu); });
+        for (const auto& [pm, pq] : plane) {
+          const double d = static_cast<double>(pm) - s / M;
+          ss += static_cast<double>(pq) + static_cast<double>(HW) * d * d;
+        }
         const double v = ss / M;
         mp[c] = mu;
         vp[c] = static_cast<A>(v);
