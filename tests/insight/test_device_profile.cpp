@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -33,9 +34,13 @@ TEST(DeviceProfile, QuickMeasurementIsPlausibleAndPlannerReadsIt) {
   ASSERT_EQ(p.gemm_f32_grid.rates.size(), 8u);
   for (double r : p.gemm_f32_grid.rates) EXPECT_LE(r, p.fma_peak_gflops * 1.1);
   ASSERT_FALSE(p.conv_f32_rates.empty());
+  // Rates count a direct convolution's products; Winograd F(2x2,3x3), which the engine runs for
+  // 3x3 stride-1 layers of 8+ channels, does 16 of every 36 of them: up to 2.25x the ceiling.
   for (const auto& r : p.conv_f32_rates) {
     EXPECT_GT(r.gflops, 0.0);
-    EXPECT_LE(r.gflops, p.fma_peak_gflops * 1.1) << r.kernel << "x" << r.kernel << " " << r.in;
+    const double products = r.kernel == 3 && r.stride == 1 && std::min(r.in, r.out) >= 8 ? 2.25 : 1;
+    EXPECT_LE(r.gflops, p.fma_peak_gflops * products * 1.1)
+        << r.kernel << "x" << r.kernel << " " << r.in;
   }
   ASSERT_EQ(p.attention_f32_curve.size(), 2u);
   for (auto [size, r] : p.attention_f32_curve) EXPECT_LE(r, p.fma_peak_gflops * 2.2) << size;
