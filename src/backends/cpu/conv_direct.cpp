@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "backends/cpu/compute_buffers.h"
+#include "backends/cpu/fma_tile.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/thread_pool.h"
 
@@ -33,7 +34,6 @@ namespace hetrain::cpu {
 
 namespace {
 
-constexpr int kRows = 4;  // output channels per register tile
 constexpr int kVecs = 3;  // 8-float vectors of grid positions per tile
 constexpr int64_t kTile = 8 * kVecs;
 
@@ -86,13 +86,13 @@ std::vector<int32_t> tap_offsets(const Grid& g, int64_t cstride) {
   return off;
 }
 
-/// Weights packed per block of kRows output channels: block o0 holds [k][r] = weight(o0 + r, k)
-/// for its R = min(kRows, O - o0) rows, at offset o0 * K.
+/// Weights packed per block of kTileRows output channels: block o0 holds [k][r] = weight(o0 + r, k)
+/// for its R = min(kTileRows, O - o0) rows, at offset o0 * K.
 template <class Weight>
 std::vector<float> pack_weights(int64_t O, int64_t K, Weight weight) {
   std::vector<float> p(static_cast<size_t>(O * K));
-  for (int64_t o0 = 0; o0 < O; o0 += kRows) {
-    const int64_t R = std::min<int64_t>(kRows, O - o0);
+  for (int64_t o0 = 0; o0 < O; o0 += kTileRows) {
+    const int64_t R = std::min<int64_t>(kTileRows, O - o0);
     float* blk = p.data() + o0 * K;
     for (int64_t k = 0; k < K; ++k)
       for (int64_t r = 0; r < R; ++r) blk[k * R + r] = weight(o0 + r, k);
@@ -105,55 +105,18 @@ template <int R>
 __attribute__((target("avx2,fma"))) void forward_rows(const float* in, const int32_t* off,
                                                       int64_t K, const float* w, float* out,
                                                       int64_t Qr) {
-  for (int64_t q = 0; q < Qr; q += kTile) {
-    __m256 acc[R][kVecs];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 3
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm256_setzero_ps();
-    const float* base = in + q;
-    for (int64_t k = 0; k < K; ++k) {
-      const float* src = base + off[k];
-      __m256 xv[kVecs];
-#pragma GCC unroll 3
-      for (int v = 0; v < kVecs; ++v) xv[v] = _mm256_loadu_ps(src + 8 * v);
-      const float* wk = w + k * R;
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const __m256 wv = _mm256_broadcast_ss(wk + r);
-#pragma GCC unroll 3
-        for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm256_fmadd_ps(wv, xv[v], acc[r][v]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 3
-      for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(out + r * Qr + q + 8 * v, acc[r][v]);
-  }
+  for (int64_t q = 0; q < Qr; q += kTile)
+    fma_tile<R, kVecs>([base = in + q, off](int64_t k) { return base + off[k]; }, w, K, out + q,
+                       Qr);
 }
 
 /// yq (O, Qr) for one padded image.
 void forward_image(const float* xp, const Grid& g, const std::vector<int32_t>& off,
                    const std::vector<float>& wpk, float* yq) {
   const int64_t K = g.K();
-  for (int64_t o0 = 0; o0 < g.O; o0 += kRows) {
-    const float* w = wpk.data() + o0 * K;
-    float* out = yq + o0 * g.Qr;
-    switch (std::min<int64_t>(kRows, g.O - o0)) {
-      case 4:
-        forward_rows<4>(xp, off.data(), K, w, out, g.Qr);
-        break;
-      case 3:
-        forward_rows<3>(xp, off.data(), K, w, out, g.Qr);
-        break;
-      case 2:
-        forward_rows<2>(xp, off.data(), K, w, out, g.Qr);
-        break;
-      default:
-        forward_rows<1>(xp, off.data(), K, w, out, g.Qr);
-        break;
-    }
-  }
+  for_row_blocks(g.O, [&]<int R>(int64_t o0) {
+    forward_rows<R>(xp, off.data(), K, wpk.data() + o0 * K, yq + o0 * g.Qr, g.Qr);
+  });
 }
 
 /// Runs the forward kernel over n images: x (n, C, H, W) -> y (n, O, Ho, Wo) [+ b].
@@ -312,24 +275,9 @@ bool direct_conv_backward_weights(const ConvShape& s, const float* x, const floa
                           static_cast<size_t>(s.Wo) * sizeof(float));
         }
         const int64_t Q = count * S;
-        for (int64_t o0 = 0; o0 < s.O; o0 += kRows) {
-          const float* go = gb + o0 * ld;
-          float* ao = a + o0 * K * 8;
-          switch (std::min<int64_t>(kRows, s.O - o0)) {
-            case 4:
-              weight_rows<4>(go, ld, Q, xb, off.data(), ao, K);
-              break;
-            case 3:
-              weight_rows<3>(go, ld, Q, xb, off.data(), ao, K);
-              break;
-            case 2:
-              weight_rows<2>(go, ld, Q, xb, off.data(), ao, K);
-              break;
-            default:
-              weight_rows<1>(go, ld, Q, xb, off.data(), ao, K);
-              break;
-          }
-        }
+        for_row_blocks(s.O, [&]<int R>(int64_t o0) {
+          weight_rows<R>(gb + o0 * ld, ld, Q, xb, off.data(), a + o0 * K * 8, K);
+        });
       }
       float* out = partial.data<float>() + c * s.O * K;
       for (int64_t i = 0; i < s.O * K; ++i) {

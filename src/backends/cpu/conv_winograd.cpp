@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "backends/cpu/compute_buffers.h"
+#include "backends/cpu/fma_tile.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/thread_pool.h"
 
@@ -45,7 +46,6 @@ namespace hetrain::cpu {
 namespace {
 
 constexpr int64_t kPos = 16;     // positions of a transformed 4x4 tile
-constexpr int kRows = 4;         // output channels per forward register tile
 constexpr int kVecs = 3;         // 8-tile vectors per forward register tile
 constexpr int64_t kChunks = 16;  // weight-gradient partial sums (more than threads, to balance)
 
@@ -244,27 +244,7 @@ __attribute__((target("avx2,fma"))) void output_tiles(const float* m, int64_t ps
 template <int R, int NV>
 __attribute__((target("avx2,fma"))) void gemm_tile(const float* u, const float* v, int64_t ld,
                                                    int64_t C, float* m) {
-  __m256 acc[R][NV];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 3
-    for (int k = 0; k < NV; ++k) acc[r][k] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < C; ++c) {
-    __m256 xv[NV];
-#pragma GCC unroll 3
-    for (int k = 0; k < NV; ++k) xv[k] = _mm256_loadu_ps(v + c * ld + 8 * k);
-    const float* uc = u + c * R;
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m256 wv = _mm256_broadcast_ss(uc + r);
-#pragma GCC unroll 3
-      for (int k = 0; k < NV; ++k) acc[r][k] = _mm256_fmadd_ps(wv, xv[k], acc[r][k]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 3
-    for (int k = 0; k < NV; ++k) _mm256_storeu_ps(m + r * ld + 8 * k, acc[r][k]);
+  fma_tile<R, NV>([v, ld](int64_t c) { return v + c * ld; }, u, C, m, ld);
 }
 
 /// gemm_tile over T tiles (a multiple of 8).
@@ -283,34 +263,17 @@ __attribute__((target("avx2,fma"))) void gemm_rows(const float* u, const float* 
 /// M_p = U_p V_p for one position: u packed by transform_weights, v (C rows), m (O rows).
 __attribute__((target("avx2,fma"))) void gemm_position(const float* u, const float* v, int64_t ld,
                                                        int64_t C, int64_t O, float* m, int64_t T) {
-  for (int64_t o0 = 0; o0 < O; o0 += kRows) {
-    const float* uo = u + o0 * C;
-    float* mo = m + o0 * ld;
-    switch (std::min<int64_t>(kRows, O - o0)) {
-      case 4:
-        gemm_rows<4>(uo, v, ld, C, mo, T);
-        break;
-      case 3:
-        gemm_rows<3>(uo, v, ld, C, mo, T);
-        break;
-      case 2:
-        gemm_rows<2>(uo, v, ld, C, mo, T);
-        break;
-      default:
-        gemm_rows<1>(uo, v, ld, C, mo, T);
-        break;
-    }
-  }
+  for_row_blocks(O, [&]<int R>(int64_t o0) { gemm_rows<R>(u + o0 * C, v, ld, C, m + o0 * ld, T); });
 }
 
 /// U = G g G^T for every (o, c), g = weight(o, c, i, j). Position p's (O, C) matrix starts at
-/// p * O * C, packed per block of kRows output channels: block o0 holds [c][r] = U(o0 + r, c) for
-/// its R = min(kRows, O - o0) rows, at offset o0 * C.
+/// p * O * C, packed per block of kTileRows output channels: block o0 holds [c][r] = U(o0 + r, c)
+/// for its R = min(kTileRows, O - o0) rows, at offset o0 * C.
 template <class Weight>
 std::vector<float> transform_weights(int64_t O, int64_t C, Weight weight) {
   std::vector<float> u(static_cast<size_t>(kPos * O * C));
   for (int64_t o = 0; o < O; ++o) {
-    const int64_t o0 = o / kRows * kRows, R = std::min<int64_t>(kRows, O - o0);
+    const int64_t o0 = o / kTileRows * kTileRows, R = std::min<int64_t>(kTileRows, O - o0);
     for (int64_t c = 0; c < C; ++c) {
       double g[3][3], gg[4][3];
       for (int i = 0; i < 3; ++i)
@@ -524,24 +487,8 @@ __attribute__((target("avx2,fma"))) void weight_rows(const float* v, int64_t ld,
 __attribute__((target("avx2,fma"))) void weight_position(const float* v, int64_t ld,
                                                          const float* gt, int64_t ldo, int64_t C,
                                                          int64_t T, float* du) {
-  for (int64_t c0 = 0; c0 < C; c0 += kRows) {
-    const float* vc = v + c0 * ld;
-    float* d = du + c0 * ldo;
-    switch (std::min<int64_t>(kRows, C - c0)) {
-      case 4:
-        weight_rows<4>(vc, ld, gt, ldo, T, d);
-        break;
-      case 3:
-        weight_rows<3>(vc, ld, gt, ldo, T, d);
-        break;
-      case 2:
-        weight_rows<2>(vc, ld, gt, ldo, T, d);
-        break;
-      default:
-        weight_rows<1>(vc, ld, gt, ldo, T, d);
-        break;
-    }
-  }
+  for_row_blocks(
+      C, [&]<int R>(int64_t c0) { weight_rows<R>(v + c0 * ld, ld, gt, ldo, T, du + c0 * ldo); });
 }
 
 /// du (kPos, C, ldo) += one block's sums for the weight gradient, with v its transformed inputs.

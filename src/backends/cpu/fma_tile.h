@@ -1,0 +1,69 @@
+// The AVX2 register tile that the direct and the Winograd convolutions multiply with, and the
+// split of a channel range into blocks of its rows. One definition, so a tuning of the tile
+// (rows, vectors, unrolling) reaches both.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace hetrain::cpu {
+
+/// Rows (output channels) of a register tile: 4 rows x 3 vectors = 12 accumulators, plus 3
+/// loaded vectors and one broadcast, fill AVX2's 16 registers.
+inline constexpr int kTileRows = 4;
+
+/// out[r * ldo + 8 v + i] = sum over k < K of w[k * R + r] * src(k)[8 v + i], for R rows and NV
+/// vectors of 8 floats; src(k) gives the k-th input row (an address computation, inlined).
+template <int R, int NV, class Src>
+__attribute__((target("avx2,fma"), always_inline)) inline void fma_tile(Src src, const float* w,
+                                                                         int64_t K, float* out,
+                                                                         int64_t ldo) {
+  __m256 acc[R][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const float* s = src(k);
+    __m256 xv[NV];
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) xv[v] = _mm256_loadu_ps(s + 8 * v);
+    const float* wk = w + k * R;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 wv = _mm256_broadcast_ss(wk + r);
+#pragma GCC unroll 3
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(wv, xv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + r * ldo + 8 * v, acc[r][v]);
+}
+
+/// Calls f.template operator()<R>(r0) for r0 = 0, kTileRows, ... < n with R = min(kTileRows,
+/// n - r0): the tile's row count as a compile-time constant, the last block possibly shorter.
+template <class F>
+inline void for_row_blocks(int64_t n, F&& f) {
+  for (int64_t r0 = 0; r0 < n; r0 += kTileRows) {
+    switch (std::min<int64_t>(kTileRows, n - r0)) {
+      case 4:
+        f.template operator()<4>(r0);
+        break;
+      case 3:
+        f.template operator()<3>(r0);
+        break;
+      case 2:
+        f.template operator()<2>(r0);
+        break;
+      default:
+        f.template operator()<1>(r0);
+        break;
+    }
+  }
+}
+
+}  // namespace hetrain::cpu
