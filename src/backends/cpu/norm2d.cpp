@@ -81,7 +81,9 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
       for (int64_t c = cb; c < ce; ++c) {
         // Each plane's mean and squared deviations from it while the plane is in L1 (one read
         // of x from memory for the statistics), then the planes merged in f64 (Chan et al.):
-        // sum of squares = sum over planes of (plane's + HW * (plane mean - mean)^2).
+        // sum of squares = sum over planes of (plane's + HW * (plane mean - mean)^2). The plane
+        // mean is rounded to the compute type; the cross term that rounding leaves is dropped,
+        // an error of that type's precision.
         double s = 0;
         for (int64_t n = 0; n < N; ++n) {
           const T* xr = xp + (n * C + c) * HW;

@@ -11,7 +11,7 @@ namespace hetrain {
 /// Inputs x (N, C, H, W), weight (C), bias (C). Outputs y = (x - mean) * invstd * weight + bias
 /// (x's dtype), or relu of it when `relu` (a ResNet's bn -> relu in one pass), the batch mean (C)
 /// and the biased batch variance (C), both in f32 (f64 for f64 x). The variance is of squared
-/// deviations from a mean (never E[x^2] - mean^2): per plane on the CPU, merged exactly; two passes
+/// deviations from a mean (never E[x^2] - mean^2): per plane on the CPU, then merged; two passes
 /// per channel on CUDA, as torch. The affine map uses invstd of the variance as stored, so
 /// that the backward recomputes exactly the forward's pre-activation for the relu mask.
 class BatchNorm2d final : public Primitive {
