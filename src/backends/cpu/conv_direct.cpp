@@ -86,17 +86,11 @@ std::vector<int32_t> tap_offsets(const Grid& g, int64_t cstride) {
   return off;
 }
 
-/// Weights packed per block of kTileRows output channels: block o0 holds [k][r] = weight(o0 + r, k)
-/// for its R = min(kTileRows, O - o0) rows, at offset o0 * K.
+/// Weights (O, K) packed for fma_tile (pack_tile_rows).
 template <class Weight>
 std::vector<float> pack_weights(int64_t O, int64_t K, Weight weight) {
   std::vector<float> p(static_cast<size_t>(O * K));
-  for (int64_t o0 = 0; o0 < O; o0 += kTileRows) {
-    const int64_t R = std::min<int64_t>(kTileRows, O - o0);
-    float* blk = p.data() + o0 * K;
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t r = 0; r < R; ++r) blk[k * R + r] = weight(o0 + r, k);
-  }
+  pack_tile_rows(O, K, weight, p.data());
   return p;
 }
 

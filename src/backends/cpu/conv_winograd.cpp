@@ -267,13 +267,11 @@ __attribute__((target("avx2,fma"))) void gemm_position(const float* u, const flo
 }
 
 /// U = G g G^T for every (o, c), g = weight(o, c, i, j). Position p's (O, C) matrix starts at
-/// p * O * C, packed per block of kTileRows output channels: block o0 holds [c][r] = U(o0 + r, c)
-/// for its R = min(kTileRows, O - o0) rows, at offset o0 * C.
+/// p * O * C, packed for fma_tile (pack_tile_rows).
 template <class Weight>
 std::vector<float> transform_weights(int64_t O, int64_t C, Weight weight) {
-  std::vector<float> u(static_cast<size_t>(kPos * O * C));
-  for (int64_t o = 0; o < O; ++o) {
-    const int64_t o0 = o / kTileRows * kTileRows, R = std::min<int64_t>(kTileRows, O - o0);
+  std::vector<float> full(static_cast<size_t>(kPos * O * C));  // [p][o][c]
+  for (int64_t o = 0; o < O; ++o)
     for (int64_t c = 0; c < C; ++c) {
       double g[3][3], gg[4][3];
       for (int i = 0; i < 3; ++i)
@@ -288,10 +286,14 @@ std::vector<float> transform_weights(int64_t O, int64_t C, Weight weight) {
         const double row[4] = {gg[a][0], 0.5 * (gg[a][0] + gg[a][1] + gg[a][2]),
                                0.5 * (gg[a][0] - gg[a][1] + gg[a][2]), gg[a][2]};
         for (int b = 0; b < 4; ++b)
-          u[static_cast<size_t>((4 * a + b) * O * C + o0 * C + c * R + (o - o0))] =
-              static_cast<float>(row[b]);
+          full[static_cast<size_t>(((4 * a + b) * O + o) * C + c)] = static_cast<float>(row[b]);
       }
     }
+  std::vector<float> u(full.size());
+  for (int64_t p = 0; p < kPos; ++p) {
+    const float* up = full.data() + p * O * C;
+    pack_tile_rows(
+        O, C, [up, C](int64_t o, int64_t c) { return up[o * C + c]; }, u.data() + p * O * C);
   }
   return u;
 }

@@ -18,8 +18,8 @@ inline constexpr int kTileRows = 4;
 /// vectors of 8 floats; src(k) gives the k-th input row (an address computation, inlined).
 template <int R, int NV, class Src>
 __attribute__((target("avx2,fma"), always_inline)) inline void fma_tile(Src src, const float* w,
-                                                                         int64_t K, float* out,
-                                                                         int64_t ldo) {
+                                                                        int64_t K, float* out,
+                                                                        int64_t ldo) {
   __m256 acc[R][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -42,6 +42,18 @@ __attribute__((target("avx2,fma"), always_inline)) inline void fma_tile(Src src,
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
     for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + r * ldo + 8 * v, acc[r][v]);
+}
+
+/// The weights of rows [0, n) laid out for fma_tile: per block of kTileRows rows starting at r0,
+/// [k][r] = weight(r0 + r, k) for its R = min(kTileRows, n - r0) rows, at dst + r0 * K.
+template <class Weight>
+void pack_tile_rows(int64_t n, int64_t K, Weight weight, float* dst) {
+  for (int64_t r0 = 0; r0 < n; r0 += kTileRows) {
+    const int64_t R = std::min<int64_t>(kTileRows, n - r0);
+    float* blk = dst + r0 * K;
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t r = 0; r < R; ++r) blk[k * R + r] = weight(r0 + r, k);
+  }
 }
 
 /// Calls f.template operator()<R>(r0) for r0 = 0, kTileRows, ... < n with R = min(kTileRows,
