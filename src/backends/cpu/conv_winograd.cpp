@@ -247,17 +247,23 @@ __attribute__((target("avx2,fma"))) void gemm_tile(const float* u, const float* 
   fma_tile<R, NV>([v, ld](int64_t c) { return v + c * ld; }, u, C, m, ld);
 }
 
+/// Calls f.template operator()<NV>(j) over columns [0, n) (a multiple of 8) in register tiles of
+/// NV vectors: kVecs where it can. A remainder of one vector ends in two tiles of two vectors
+/// instead: a one-vector tile has too few accumulators to hide the FMA latency.
+template <class F>
+__attribute__((target("avx2,fma"), always_inline)) inline void for_column_tiles(int64_t n, F&& f) {
+  int64_t j = 0;
+  const int64_t full = n % 24 == 8 && n > 8 ? n - 32 : n;
+  for (; j + 8 * kVecs <= full; j += 8 * kVecs) f.template operator()<kVecs>(j);
+  for (; j + 16 <= n; j += 16) f.template operator()<2>(j);
+  if (j < n) f.template operator()<1>(j);
+}
+
 /// gemm_tile over T tiles (a multiple of 8).
 template <int R>
 __attribute__((target("avx2,fma"))) void gemm_rows(const float* u, const float* v, int64_t ld,
                                                    int64_t C, float* m, int64_t T) {
-  int64_t t = 0;
-  // A remainder of one vector ends in two tiles of two vectors instead: a one-vector tile has
-  // too few accumulators to hide the FMA latency.
-  const int64_t full = T % 24 == 8 && T > 8 ? T - 32 : T;
-  for (; t + 8 * kVecs <= full; t += 8 * kVecs) gemm_tile<R, kVecs>(u, v + t, ld, C, m + t);
-  for (; t + 16 <= T; t += 16) gemm_tile<R, 2>(u, v + t, ld, C, m + t);
-  if (t < T) gemm_tile<R, 1>(u, v + t, ld, C, m + t);
+  for_column_tiles(T, [&]<int NV>(int64_t t) { gemm_tile<R, NV>(u, v + t, ld, C, m + t); });
 }
 
 /// M_p = U_p V_p for one position: u packed by transform_weights, v (C rows), m (O rows).
@@ -477,12 +483,8 @@ __attribute__((target("avx2,fma"))) void weight_tile(const float* v, int64_t ld,
 template <int R>
 __attribute__((target("avx2,fma"))) void weight_rows(const float* v, int64_t ld, const float* gt,
                                                      int64_t ldo, int64_t T, float* du) {
-  int64_t o = 0;
-  const int64_t full = ldo % 24 == 8 && ldo > 8 ? ldo - 32 : ldo;  // as in gemm_rows
-  for (; o + 8 * kVecs <= full; o += 8 * kVecs)
-    weight_tile<R, kVecs>(v, ld, gt + o, ldo, T, du + o);
-  for (; o + 16 <= ldo; o += 16) weight_tile<R, 2>(v, ld, gt + o, ldo, T, du + o);
-  if (o < ldo) weight_tile<R, 1>(v, ld, gt + o, ldo, T, du + o);
+  for_column_tiles(ldo,
+                   [&]<int NV>(int64_t o) { weight_tile<R, NV>(v, ld, gt + o, ldo, T, du + o); });
 }
 
 /// du (C, ldo) += v gt for one position: v (C rows of ld), gt (T rows of ldo).
