@@ -289,10 +289,10 @@ struct ResNet::Block : Module {
 ResNet::ResNet(int64_t in_channels, int64_t classes, std::vector<int64_t> widths,
                int64_t blocks_per_stage, Generator& gen) {
   if (widths.empty()) fail("[ResNet] needs at least one stage width");
-  stem_ = register_module("stem", std::make_shared<Sequential>());
   stem_conv_ = std::make_shared<Conv2d>(in_channels, widths[0], 3, 1, 1, false, gen);
   stem_bn_ = std::make_shared<BatchNorm2d>(widths[0]);
-  stem_->add(stem_conv_).add(stem_bn_);
+  // A Sequential only for the parameter names; forward runs the two with the relu fused.
+  register_module("stem", std::make_shared<Sequential>())->add(stem_conv_).add(stem_bn_);
   int64_t prev = widths[0];
   for (size_t s = 0; s < widths.size(); ++s) {
     for (int64_t b = 0; b < blocks_per_stage; ++b) {

@@ -207,14 +207,13 @@ std::shared_ptr<Sequential> make_mlp(int64_t in, const std::vector<int64_t>& hid
 /// pooling and a linear classifier.
 class ResNet : public Module {
  public:
-  ResNet(int64_t in_channels, int64_t classes, std::vector<int64_t> widths, int64_t blocks_per_stage,
-         Generator& gen = default_generator());
+  ResNet(int64_t in_channels, int64_t classes, std::vector<int64_t> widths,
+         int64_t blocks_per_stage, Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
 
  private:
   struct Block;
-  std::shared_ptr<Sequential> stem_;  // names its conv and bn stem.0 and stem.1, as in PyTorch
-  std::shared_ptr<Conv2d> stem_conv_;
+  std::shared_ptr<Conv2d> stem_conv_;     // registered as stem.0 and stem.1, as in PyTorch
   std::shared_ptr<BatchNorm2d> stem_bn_;  // with the stem's relu fused in
   std::vector<std::shared_ptr<Module>> blocks_;
   std::shared_ptr<Linear> head_;

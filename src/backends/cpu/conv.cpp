@@ -186,9 +186,6 @@ void conv_backward_weight(const T* x, const T* gy, T* dw, const ConvGeom& g, Dty
   }
 }
 
-}  // namespace
-
-namespace {
 /// f32 convolutions try Winograd F(2x2,3x3) first, then the direct stride-1 kernels, then
 /// oneDNN, then im2col + GEMM; each kernel declines shapes it cannot do. Winograd is skipped
 /// where a side has fewer than 8 channels: the transforms then outweigh the products it saves
