@@ -60,6 +60,15 @@ void plane_sums(const T* g, const T* x, int64_t n, C mu, const BnAffine<C>& aff,
   sgx += ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
 }
 
+/// y = x * scale + shift over n elements, relu of it when Relu.
+template <bool Relu, class T, class C>
+void apply_plane(const T* x, T* y, int64_t n, const BnAffine<C>& a) {
+  for (int64_t i = 0; i < n; ++i) {
+    const C v = to_compute(x[i]) * a.scale + a.shift;
+    y[i] = from_compute<T>(Relu ? std::max(v, C(0)) : v);
+  }
+}
+
 }  // namespace
 
 void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
@@ -105,14 +114,11 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
         const BnAffine<A> a(static_cast<double>(to_compute(wp[c])), to_compute(bp[c]), mu, vp[c],
                             eps_);
         for (int64_t n = 0; n < N; ++n) {
-          const T* xr = xp + (n * C + c) * HW;
-          T* yr = yp + (n * C + c) * HW;
+          const int64_t off = (n * C + c) * HW;
           if (relu_)
-            for (int64_t i = 0; i < HW; ++i)
-              yr[i] = from_compute<T>(std::max(to_compute(xr[i]) * a.scale + a.shift, A(0)));
+            apply_plane<true>(xp + off, yp + off, HW, a);
           else
-            for (int64_t i = 0; i < HW; ++i)
-              yr[i] = from_compute<T>(to_compute(xr[i]) * a.scale + a.shift);
+            apply_plane<false>(xp + off, yp + off, HW, a);
         }
       }
     });
@@ -135,41 +141,38 @@ void BatchNorm2dBackward::eval_cpu(const std::vector<const Array*>& in,
     const T *xp = x.data<T>(), *gp = g.data<T>(), *wp = w.data<T>(), *bp = b.data<T>();
     const A *mp = mean.data<A>(), *vp = var.data<A>();
     T *dxp = dx.data<T>(), *dwp = dw.data<T>(), *dbp = db.data<T>();
+    // One channel's sums, then its dx; Relu masks g where the forward's relu was off.
+    auto channel = [&]<bool Relu>(int64_t c) {
+      const A mu = mp[c];
+      const double invstd = 1.0 / std::sqrt(static_cast<double>(vp[c]) + eps_);
+      const BnAffine<A> a(static_cast<double>(to_compute(wp[c])), to_compute(bp[c]), mu, vp[c],
+                          eps_);
+      double sg = 0, sgx = 0;
+      for (int64_t n = 0; n < N; ++n)
+        plane_sums<Relu>(gp + (n * C + c) * HW, xp + (n * C + c) * HW, HW, mu, a, sg, sgx);
+      dbp[c] = from_compute<T>(static_cast<A>(sg));
+      dwp[c] = from_compute<T>(static_cast<A>(sgx * invstd));
+      // dx = w * invstd * (g - sg / M - (x - mu) * invstd^2 * sgx / M)
+      const A k = static_cast<A>(to_compute(wp[c]) * invstd);
+      const A gmean = static_cast<A>(sg / M);
+      const A proj = static_cast<A>(sgx * invstd * invstd / M);
+      for (int64_t n = 0; n < N; ++n) {
+        const T* xr = xp + (n * C + c) * HW;
+        const T* gr = gp + (n * C + c) * HW;
+        T* dxr = dxp + (n * C + c) * HW;
+        for (int64_t i = 0; i < HW; ++i) {
+          const A xv = to_compute(xr[i]);
+          const A gv = masked<Relu>(to_compute(gr[i]), xv, a.scale, a.shift);
+          dxr[i] = from_compute<T>(k * (gv - gmean - (xv - mu) * proj));
+        }
+      }
+    };
     parallel_for(C, 1, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
-        const A mu = mp[c];
-        const double invstd = 1.0 / std::sqrt(static_cast<double>(vp[c]) + eps_);
-        const BnAffine<A> a(static_cast<double>(to_compute(wp[c])), to_compute(bp[c]), mu, vp[c],
-                            eps_);
-        double sg = 0, sgx = 0;
-        for (int64_t n = 0; n < N; ++n) {
-          const T *gr = gp + (n * C + c) * HW, *xr = xp + (n * C + c) * HW;
-          if (relu_)
-            plane_sums<true>(gr, xr, HW, mu, a, sg, sgx);
-          else
-            plane_sums<false>(gr, xr, HW, mu, a, sg, sgx);
-        }
-        dbp[c] = from_compute<T>(static_cast<A>(sg));
-        dwp[c] = from_compute<T>(static_cast<A>(sgx * invstd));
-        // dx = w * invstd * (g - sg / M - (x - mu) * invstd^2 * sgx / M)
-        const A k = static_cast<A>(to_compute(wp[c]) * invstd);
-        const A gmean = static_cast<A>(sg / M);
-        const A proj = static_cast<A>(sgx * invstd * invstd / M);
-        for (int64_t n = 0; n < N; ++n) {
-          const T* xr = xp + (n * C + c) * HW;
-          const T* gr = gp + (n * C + c) * HW;
-          T* dxr = dxp + (n * C + c) * HW;
-          if (relu_)
-            for (int64_t i = 0; i < HW; ++i) {
-              const A xv = to_compute(xr[i]);
-              const A gv = masked<true>(to_compute(gr[i]), xv, a.scale, a.shift);
-              dxr[i] = from_compute<T>(k * (gv - gmean - (xv - mu) * proj));
-            }
-          else
-            for (int64_t i = 0; i < HW; ++i)
-              dxr[i] = from_compute<T>(
-                  k * (to_compute(gr[i]) - gmean - (to_compute(xr[i]) - mu) * proj));
-        }
+        if (relu_)
+          channel.template operator()<true>(c);
+        else
+          channel.template operator()<false>(c);
       }
     });
   });
