@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Training throughput of the three presets: Hetrain against PyTorch CPU (same model, batch,
 # thread count, AdamW), one after the other in the same run; both time STEPS steps after 5
-# warm-up steps. Usage: [THREADS=N] tools/bench_train.sh [STEPS]  (threads default: nproc)
+# warm-up steps. Usage: [THREADS=N] [ROUNDS=R] [PRESETS="a b"] tools/bench_train.sh [STEPS]
+# (threads default: nproc; rounds 1; presets all three).
+# With ROUNDS > 1 the pair (Hetrain, then PyTorch) is run R times per preset, the presets in turn,
+# and a summary gives the median, lowest and highest ratio of each: on a VM whose speed drifts
+# by tens of percent within minutes, the median of adjacent pairs is the ratio to quote.
 # Memory, measured the same way in both processes: growth of the resident set over the training
 # loop (high-water mark, reset before the first step, minus the RSS then; "RSS+"). Hetrain's
 # allocator peak (live tensors, all tags) is shown beside it. "cpu ms": CPU time per timed step
@@ -11,12 +15,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-30}
 threads=${THREADS:-$(nproc)}
+rounds=${ROUNDS:-1}
+presets=${PRESETS:-fashion-mlp fashion-cnn gpt-mini}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "threads $threads, load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%-12s %11s %11s %6s %9s %9s %6s %13s %13s %13s %6s\n" preset "hetrain s/s" \
   "pytorch s/s" ratio "h cpu ms" "pt cpu ms" ratio "hetrain alloc" "hetrain RSS+" "pytorch RSS+" ratio
-for preset in fashion-mlp fashion-cnn gpt-mini; do
+for round in $(seq "$rounds"); do
+for preset in $presets; do
   # As the PyTorch script: 5 warm-up steps, then STEPS timed ones (per-step records of the log).
   ./build/hetrain train --preset "$preset" --steps $((steps + 5)) --threads "$threads" --no-progress \
     --log-every 1 --eval-batches 1 --no-record --json-log "$tmp/$preset.jsonl" > /dev/null 2>&1
@@ -32,7 +39,7 @@ print(json.dumps(final))
 PY
 )
   t=$(/usr/bin/python3 tools/bench_train_torch.py "$preset" --steps "$steps" --threads "$threads")
-  python3 - "$preset" "$h" "$t" <<'PY'
+  python3 - "$preset" "$h" "$t" "$tmp/ratios.jsonl" <<'PY'
 import json, sys
 p, h, t = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 hs, ts = h["samples_per_s"], t["samples_per_s"]
@@ -42,6 +49,21 @@ hc, tc = 1e3 * h["cpu_s_per_step"], 1e3 * t["cpu_s_per_step"]
 print(f"{p:<12} {hs:11.1f} {ts:11.1f} {hs/ts:6.2f} {hc:9.1f} {tc:9.1f} {tc/hc:6.2f} "
       f"{mib(h['peak_memory_bytes']['total']):>13} {mib(hr) if hr >= 0 else 'n/a':>13} "
       f"{mib(tr):>13} {hr / tr if hr >= 0 and tr > 0 else 0:6.2f}")
+print(json.dumps({"preset": p, "ratio": hs / ts, "cpu_ratio": tc / hc}),
+      file=open(sys.argv[4], "a"))
 PY
 done
+done
+if [ "$rounds" -gt 1 ]; then
+  python3 - "$tmp/ratios.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{'preset':<12} {'rounds':>6} {'median ratio':>12} {'range':>13} {'median cpu ratio':>16}")
+for p in dict.fromkeys(r["preset"] for r in rows):
+    r = [x["ratio"] for x in rows if x["preset"] == p]
+    c = [x["cpu_ratio"] for x in rows if x["preset"] == p]
+    print(f"{p:<12} {len(r):>6} {statistics.median(r):12.2f} {min(r):6.2f}-{max(r):<6.2f} "
+          f"{statistics.median(c):16.2f}")
+PY
+fi
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
