@@ -241,11 +241,14 @@ double best_eval(int reps, F&& build) {
   return best_time(reps, [&] { eval(build()); });
 }
 
-double measure_conv(DeviceProfile& p, planning::ConvRate r, double flops, int reps) {
+/// min_batch: at least this many images, so that per-call costs (weight transforms and
+/// reorders, workspaces, the split over threads) weigh about as little as in a training batch.
+double measure_conv(DeviceProfile& p, planning::ConvRate r, double flops, int reps,
+                    int64_t min_batch) {
   Generator gen(11);
   const double per_image = 2.0 * r.out_hw * r.out_hw * r.out * r.in * r.kernel * r.kernel;
-  const int64_t batch =
-      std::clamp<int64_t>(std::llround(flops / per_image), std::max(8, 2 * p.threads), 256);
+  const int64_t batch = std::clamp<int64_t>(std::llround(flops / per_image),
+                                            std::max<int64_t>(min_batch, 2 * p.threads), 256);
   const int64_t in_hw = r.out_hw * r.stride, pad = r.kernel / 2;
   Tensor x = randn({batch, r.in, in_hw, in_hw}, Dtype::f32, gen).eval();
   Tensor w = randn({r.out, r.in, r.kernel, r.kernel}, Dtype::f32, gen).eval();
@@ -298,7 +301,9 @@ void measure_convs(DeviceProfile& p, bool quick) {
       for (int64_t c : widths)
         if (c < 128) cases.push_back({k, 2, c, 2 * c, hw, 0});
   for (auto r : cases) {
-    r.gflops = measure_conv(p, r, quick ? 15e6 : 50e6, quick ? 2 : 3);
+    // 32 images at least (8 for --quick): at 8, the 128-channel layers' fixed costs made the
+    // wide CNN's predicted step 23-28% too slow; at 32, -6% and +4% (docs/PLANNING.md).
+    r.gflops = measure_conv(p, r, quick ? 15e6 : 50e6, quick ? 2 : 3, quick ? 8 : 32);
     p.conv_f32_rates.push_back(r);
   }
 }
