@@ -450,33 +450,12 @@ __attribute__((target("avx2,fma"))) void grad_tiles(const Tiling& t, const float
 }
 
 /// du[r][o] += sum_t v[r * ld + t] * gt[t * ldo + o] for R input channels and 8 NV output
-/// channels, t in [0, T).
+/// channels, t in [0, T): the register tile, broadcasting v along its rows.
 template <int R, int NV>
 __attribute__((target("avx2,fma"))) void weight_tile(const float* v, int64_t ld, const float* gt,
                                                      int64_t ldo, int64_t T, float* du) {
-  __m256 acc[R][NV];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 3
-    for (int k = 0; k < NV; ++k) acc[r][k] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < T; ++t) {
-    __m256 gv[NV];
-#pragma GCC unroll 3
-    for (int k = 0; k < NV; ++k) gv[k] = _mm256_loadu_ps(gt + t * ldo + 8 * k);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_broadcast_ss(v + r * ld + t);
-#pragma GCC unroll 3
-      for (int k = 0; k < NV; ++k) acc[r][k] = _mm256_fmadd_ps(xv, gv[k], acc[r][k]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 3
-    for (int k = 0; k < NV; ++k) {
-      float* d = du + r * ldo + 8 * k;
-      _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), acc[r][k]));
-    }
+  fma_tile_at<R, NV, true>([gt, ldo](int64_t t) { return gt + t * ldo; },
+                           [v, ld](int64_t t, int r) { return v + r * ld + t; }, T, du, ldo);
 }
 
 /// weight_tile over all ldo output channels.

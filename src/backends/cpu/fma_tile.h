@@ -14,12 +14,14 @@ namespace hetrain::cpu {
 /// loaded vectors and one broadcast, fill AVX2's 16 registers.
 inline constexpr int kTileRows = 4;
 
-/// out[r * ldo + 8 v + i] = sum over k < K of w[k * R + r] * src(k)[8 v + i], for R rows and NV
-/// vectors of 8 floats; src(k) gives the k-th input row (an address computation, inlined).
-template <int R, int NV, class Src>
-__attribute__((target("avx2,fma"), always_inline)) inline void fma_tile(Src src, const float* w,
-                                                                        int64_t K, float* out,
-                                                                        int64_t ldo) {
+/// out[r * ldo + 8 v + i] (+)= sum over k < K of *wt(k, r) * src(k)[8 v + i], for R rows and
+/// NV vectors of 8 floats: src(k) gives the k-th input row, wt(k, r) the address of the value
+/// broadcast to row r (both address computations, inlined). Accumulate adds the sums to out
+/// instead of storing them.
+template <int R, int NV, bool Accumulate, class Src, class Wt>
+__attribute__((target("avx2,fma"), always_inline)) inline void fma_tile_at(Src src, Wt wt,
+                                                                           int64_t K, float* out,
+                                                                           int64_t ldo) {
   __m256 acc[R][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -30,10 +32,9 @@ __attribute__((target("avx2,fma"), always_inline)) inline void fma_tile(Src src,
     __m256 xv[NV];
 #pragma GCC unroll 3
     for (int v = 0; v < NV; ++v) xv[v] = _mm256_loadu_ps(s + 8 * v);
-    const float* wk = w + k * R;
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const __m256 wv = _mm256_broadcast_ss(wk + r);
+      const __m256 wv = _mm256_broadcast_ss(wt(k, r));
 #pragma GCC unroll 3
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(wv, xv[v], acc[r][v]);
     }
@@ -41,7 +42,19 @@ __attribute__((target("avx2,fma"), always_inline)) inline void fma_tile(Src src,
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + r * ldo + 8 * v, acc[r][v]);
+    for (int v = 0; v < NV; ++v) {
+      float* d = out + r * ldo + 8 * v;
+      _mm256_storeu_ps(d, Accumulate ? _mm256_add_ps(_mm256_loadu_ps(d), acc[r][v]) : acc[r][v]);
+    }
+}
+
+/// fma_tile_at with the broadcast values packed by pack_tile_rows: w[k * R + r]; stores out.
+template <int R, int NV, class Src>
+__attribute__((target("avx2,fma"), always_inline)) inline void fma_tile(Src src, const float* w,
+                                                                        int64_t K, float* out,
+                                                                        int64_t ldo) {
+  fma_tile_at<R, NV, false>(
+      src, [w](int64_t k, int r) { return w + k * R + r; }, K, out, ldo);
 }
 
 /// The weights of rows [0, n) laid out for fma_tile: per block of kTileRows rows starting at r0,
