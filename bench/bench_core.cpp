@@ -19,9 +19,10 @@
 
 #include "backends/cpu/gemm.h"
 #include "hetrain/base/cpu_features.h"
-#include "hetrain/insight/device_profile.h"
 #include "hetrain/base/thread_pool.h"
+#include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
+#include "hetrain/insight/device_profile.h"
 #include "hetrain/runtime/eval.h"
 
 namespace {
@@ -261,10 +262,14 @@ void BM_Elementwise(benchmark::State& state) {
   Tensor x = rand({n}, -1, 1, Dtype::f32, gen).eval(), y = rand({n}, -1, 1, Dtype::f32, gen).eval();
   auto build = [&] {
     switch (op) {
-      case EwOp::add: return add(x, y);
-      case EwOp::mul: return mul(x, y);
-      case EwOp::exp: return exp(x);
-      case EwOp::sum: return sum(x);
+      case EwOp::add:
+        return add(x, y);
+      case EwOp::mul:
+        return mul(x, y);
+      case EwOp::exp:
+        return exp(x);
+      case EwOp::sum:
+        return sum(x);
     }
     return Tensor();
   };
@@ -283,6 +288,38 @@ void BM_Elementwise(benchmark::State& state) {
   state.SetLabel(names[state.range(0)]);
 }
 BENCHMARK(BM_Elementwise)->DenseRange(0, 3)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- attention as a GPT layer runs it
+// -------------------------------------------------------
+
+/// Causal attention forward + gradient to the fused (B, s, 3 H d) projection, gpt-mini's shape
+/// (B 32, s 64, H 4, d 32). Arg 0: split the projection, view each part as (B, H, s, d), attend
+/// and merge the heads (the copies and the split's gradient adds included); arg 1: the packed
+/// op, which reads and writes those layouts in place.
+void BM_AttentionLayout(benchmark::State& state) {
+  const int64_t B = 32, s = 64, H = 4, d = 32, D = H * d;
+  const bool packed = state.range(0) == 1;
+  Generator gen(5);
+  Tensor qkv = randn({B, s, 3 * D}, Dtype::f32, gen).eval();
+  Tensor cot = randn({B, s, D}, Dtype::f32, gen).eval();
+  auto step = [&] {
+    Tensor y;
+    if (packed) {
+      y = scaled_dot_product_attention_packed(qkv, H, true);
+    } else {
+      auto parts = split(qkv, {D, D, D}, 2);
+      auto heads = [&](const Tensor& x) { return transpose(reshape(x, {B, s, H, d}), 1, 2); };
+      y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), true);
+      y = reshape(transpose(y, 1, 2), {B, s, D});
+    }
+    std::vector<Tensor> g = grad({y}, {qkv}, {cot});
+    eval({y, g[0]});
+  };
+  step();
+  for (auto _ : state) step();
+  state.SetLabel(packed ? "packed" : "split heads");
+}
+BENCHMARK(BM_AttentionLayout)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // ---- per-node overhead
 // ---------------------------------------------------------------------

@@ -16,9 +16,10 @@ constexpr const char* kOp = "scaled_dot_product_attention";
 
 Dtype lse_dtype(Dtype dt) { return dt == Dtype::f64 ? Dtype::f64 : Dtype::f32; }
 
-std::string fmt_scale(bool causal, double scale) {
+std::string fmt_scale(bool causal, double scale, int64_t heads) {
   std::ostringstream os;
   os << "scale=" << scale << (causal ? " causal" : "");
+  if (heads > 0) os << " packed heads=" << heads;
   return os.str();
 }
 
@@ -35,9 +36,19 @@ double attention_flops(const Shape& q, const Shape& v, bool causal) {
   return batch * pairs * (2 * e + 2 * ev + 4);
 }
 
+/// The (batch-heads, L, d) shape of each of q, k and v in a packed (N, L, 3D) projection.
+Shape packed_head_shape(const Shape& qkv, int64_t heads) {
+  return {qkv[0] * heads, qkv[1], qkv[2] / 3 / heads};
+}
+
 }  // namespace
 
 std::vector<TensorMeta> SdpaForward::infer(const std::vector<TensorMeta>& in) const {
+  if (heads_ > 0) {
+    const Shape& x = in[0].shape;
+    HT_ASSERT(in.size() == 1 && x.size() == 3 && x[2] % (3 * heads_) == 0);
+    return {{{x[0], x[1], x[2] / 3}, in[0].dtype}, {{x[0], heads_, x[1]}, lse_dtype(in[0].dtype)}};
+  }
   const Shape &q = in[0].shape, &k = in[1].shape, &v = in[2].shape;
   HT_ASSERT(q.size() >= 2 && q.size() == k.size() && k.size() == v.size());
   HT_ASSERT(in[0].dtype == in[1].dtype && in[1].dtype == in[2].dtype);
@@ -50,12 +61,17 @@ std::vector<TensorMeta> SdpaForward::infer(const std::vector<TensorMeta>& in) co
 Cost SdpaForward::cost(const std::vector<TensorMeta>& in,
                        const std::vector<TensorMeta>& out) const {
   Cost c = Primitive::cost(in, out);
-  c.flops = attention_flops(in[0].shape, in[2].shape, causal_);
+  if (heads_ > 0) {
+    const Shape h = packed_head_shape(in[0].shape, heads_);
+    c.flops = attention_flops(h, h, causal_);
+  } else {
+    c.flops = attention_flops(in[0].shape, in[2].shape, causal_);
+  }
   return c;
 }
 
-std::string SdpaForward::attrs() const { return fmt_scale(causal_, scale_); }
-std::string SdpaBackward::attrs() const { return fmt_scale(causal_, scale_); }
+std::string SdpaForward::attrs() const { return fmt_scale(causal_, scale_, heads_); }
+std::string SdpaBackward::attrs() const { return fmt_scale(causal_, scale_, heads_); }
 
 std::vector<Tensor> SdpaForward::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                                      const std::vector<Tensor>& g,
@@ -65,13 +81,19 @@ std::vector<Tensor> SdpaForward::vjp(const std::vector<Tensor>& x, const std::ve
     for (int i : argnums) r.push_back(zeros_like(x[static_cast<size_t>(i)]));
     return r;
   }
-  auto grads = make_node(std::make_shared<SdpaBackward>(causal_, scale_),
-                         {x[0], x[1], x[2], y[0], cast(g[0], y[0].dtype()), y[1]});
+  auto grads = heads_ > 0 ? make_node(std::make_shared<SdpaBackward>(causal_, scale_, heads_),
+                                      {x[0], y[0], cast(g[0], y[0].dtype()), y[1]})
+                          : make_node(std::make_shared<SdpaBackward>(causal_, scale_),
+                                      {x[0], x[1], x[2], y[0], cast(g[0], y[0].dtype()), y[1]});
   for (int i : argnums) r.push_back(grads[static_cast<size_t>(i)]);
   return r;
 }
 
 std::vector<TensorMeta> SdpaBackward::infer(const std::vector<TensorMeta>& in) const {
+  if (heads_ > 0) {
+    HT_ASSERT(in.size() == 4 && in[2].shape == in[1].shape);
+    return {in[0]};
+  }
   HT_ASSERT(in.size() == 6 && in[4].shape == in[3].shape);
   return {in[0], in[1], in[2]};
 }
@@ -80,7 +102,12 @@ Cost SdpaBackward::cost(const std::vector<TensorMeta>& in,
                         const std::vector<TensorMeta>& out) const {
   Cost c = Primitive::cost(in, out);
   // Recomputing q k^T plus four GEMMs: 2.5x the forward.
-  c.flops = 2.5 * attention_flops(in[0].shape, in[2].shape, causal_);
+  if (heads_ > 0) {
+    const Shape h = packed_head_shape(in[0].shape, heads_);
+    c.flops = 2.5 * attention_flops(h, h, causal_);
+  } else {
+    c.flops = 2.5 * attention_flops(in[0].shape, in[2].shape, causal_);
+  }
   return c;
 }
 
@@ -133,6 +160,21 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     std::optional<double> scale) {
   Prepared p = check_and_prepare(q, k, v, scale);
   return make_node(std::make_shared<SdpaForward>(causal, p.scale), {p.q, p.k, p.v})[0];
+}
+
+Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t heads, bool causal,
+                                           std::optional<double> scale) {
+  constexpr const char* op = "scaled_dot_product_attention_packed";
+  const Shape& s = qkv.shape();
+  if (heads <= 0) fail("[", op, "] heads must be positive, got ", heads);
+  if (s.size() != 3 || s[2] % (3 * heads) != 0 || s[1] == 0)
+    fail("[", op, "] expected qkv (N, L, 3 * D) with L > 0 and D a multiple of ", heads,
+         " heads, got ", shape_str(s));
+  if (!is_floating(qkv.dtype()))
+    fail("[", op, "] needs a floating-point qkv, got ", dtype_name(qkv.dtype()));
+  const double d = static_cast<double>(s[2] / 3 / heads);
+  return make_node(
+      std::make_shared<SdpaForward>(causal, scale ? *scale : 1.0 / std::sqrt(d), heads), {qkv})[0];
 }
 
 Tensor scaled_dot_product_attention_reference(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -223,12 +223,8 @@ CausalSelfAttention::CausalSelfAttention(int64_t dim, int64_t heads, double drop
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   if (x.ndim() != 3 || x.shape()[2] != dim_)
     fail("[CausalSelfAttention] expected (B, T, ", dim_, "), got ", shape_str(x.shape()));
-  const int64_t B = x.shape()[0], T = x.shape()[1], hd = dim_ / heads_;
-  Tensor qkv = qkv_->forward(x);  // (B, T, 3D)
-  auto parts = split(qkv, {dim_, dim_, dim_}, 2);
-  auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, heads_, hd}), 1, 2); };
-  Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), true);
-  y = reshape(transpose(y, 1, 2), {B, T, dim_});
+  // On the packed (B, T, 3D) projection: q, k and v and their heads are read where they lie.
+  Tensor y = scaled_dot_product_attention_packed(qkv_->forward(x), heads_, true);
   return drop_->forward(proj_->forward(y));
 }
 

@@ -351,6 +351,28 @@ TEST_F(Cuda, AttentionStridedAndBatchDims) {
   }
 }
 
+TEST_F(Cuda, AttentionPackedLayout) {
+  // A GPT layer's fused projection (N, L, 3D) with 2 and 12 heads: the CUDA path gathers the
+  // heads and scatters the output and the packed gradient back.
+  for (Dtype dt : {Dtype::f32, Dtype::bf16}) {
+    for (auto [heads, d] : {std::pair<int64_t, int64_t>{2, 32}, {12, 64}}) {
+      Tensor qkv = input({2, 77, 3 * heads * d}, dt, 49);
+      compare(
+          [&] {
+            auto [val, g] = value_and_grad(
+                [&](const std::vector<Tensor>& in) {
+                  Tensor o = scaled_dot_product_attention_packed(in[0], heads, true);
+                  return sum(o * o);
+                },
+                {qkv});
+            return std::vector<Tensor>{scaled_dot_product_attention_packed(qkv, heads, true), g[0]};
+          },
+          kGradients,
+          "sdpa packed heads=" + std::to_string(heads) + " " + std::string(dtype_name(dt)));
+    }
+  }
+}
+
 // ---- convolution, pooling, batch norm -------------------------------------------------------
 
 namespace {

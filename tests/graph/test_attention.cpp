@@ -120,6 +120,89 @@ TEST(Attention, FusedMatchesReferenceAcrossTiles) {
   }
 }
 
+/// The packed op's definition: split qkv (N, L, 3D), view each part as (N, H, L, d), attend with
+/// the reference composition, merge the heads.
+Tensor packed_by_composition(const Tensor& qkv, int64_t heads, bool causal, double scale) {
+  const int64_t N = qkv.size(0), L = qkv.size(1), D = qkv.size(2) / 3, d = D / heads;
+  auto parts = split(qkv, {D, D, D}, 2);
+  auto head = [&](const Tensor& t) { return transpose(reshape(t, {N, L, heads, d}), 1, 2); };
+  Tensor y = scaled_dot_product_attention_reference(head(parts[0]), head(parts[1]), head(parts[2]),
+                                                    causal, scale);
+  return reshape(transpose(y, 1, 2), {N, L, D});
+}
+
+TEST(Attention, PackedMatchesSplitHeadsAcrossTiles) {
+  // L = 300 crosses the 128-row query and 256-key tiles; N * H = 2 batch-heads on 2 threads
+  // splits the key blocks of a head in the backward (dQ partials). Values and the gradient
+  // with respect to qkv against the composition with splits, head views and the reference.
+  struct Case {
+    int64_t N, L, D, heads;
+    bool causal;
+  };
+  for (const Case& c : {Case{2, 7, 6, 2, false}, Case{2, 7, 6, 2, true}, Case{1, 300, 16, 2, true},
+                        Case{3, 40, 24, 4, true}, Case{1, 300, 8, 1, false}}) {
+    for (Dtype dt : {Dtype::f64, Dtype::f32}) {
+      const double scale = 0.6;
+      Tensor qkv = seq({c.N, c.L, 3 * c.D}, 1, dt);
+      Tensor r = seq({c.N, c.L, c.D}, 5, dt);  // a fixed, non-uniform cotangent
+      auto fused = [&](const std::vector<Tensor>& in) {
+        return sum(scaled_dot_product_attention_packed(in[0], c.heads, c.causal, scale) * r);
+      };
+      auto ref = [&](const std::vector<Tensor>& in) {
+        return sum(packed_by_composition(in[0], c.heads, c.causal, scale) * r);
+      };
+      const double tol = dt == Dtype::f64 ? 1e-10 : 2e-4;
+      const std::string what = "N " + std::to_string(c.N) + " L " + std::to_string(c.L) +
+                               " heads " + std::to_string(c.heads) + (c.causal ? " causal " : " ") +
+                               std::string(dtype_name(dt));
+      Tensor o = scaled_dot_product_attention_packed(qkv, c.heads, c.causal, scale);
+      EXPECT_EQ(o.shape(), (Shape{c.N, c.L, c.D})) << what;
+      expect_close(o, packed_by_composition(qkv, c.heads, c.causal, scale).to_vector<double>(), tol,
+                   tol, what);
+      auto [lf, gf] = value_and_grad(fused, {qkv});
+      auto [lr, gr] = value_and_grad(ref, {qkv});
+      EXPECT_NEAR(lf.item<double>(), lr.item<double>(), tol * 100) << what;
+      EXPECT_EQ(gf[0].shape(), qkv.shape());
+      expect_close(gf[0], gr[0].to_vector<double>(), tol * 10, tol * 10, what + " grad");
+    }
+  }
+}
+
+TEST(Attention, PackedGradientMatchesFiniteDifferences) {
+  for (bool causal : {false, true}) {
+    auto f = [&](const std::vector<Tensor>& in) {
+      return scaled_dot_product_attention_packed(in[0], 2, causal, 0.8);
+    };
+    check_grad_fd(f, {seq({2, 5, 12}, 1)}, 1e-6, 1e-7);
+  }
+}
+
+TEST(Attention, PackedBadShapesGiveClearErrors) {
+  const std::string op = "[scaled_dot_product_attention_packed] ";
+  expect_error(
+      [] {
+        scaled_dot_product_attention_packed(zeros({2, 8, 12}), 0);
+      },
+      op + "heads must be positive, got 0");
+  expect_error(
+      [] {
+        scaled_dot_product_attention_packed(zeros({2, 8, 12}), 3);
+      },
+      op + "expected qkv (N, L, 3 * D) with L > 0 and D a multiple of 3 heads, got "
+           "(2, 8, 12)");
+  expect_error(
+      [] {
+        scaled_dot_product_attention_packed(zeros({8, 12}), 2);
+      },
+      op + "expected qkv (N, L, 3 * D) with L > 0 and D a multiple of 2 heads, got "
+           "(8, 12)");
+  expect_error(
+      [] {
+        scaled_dot_product_attention_packed(zeros({2, 8, 12}, Dtype::i64), 2);
+      },
+      op + "needs a floating-point qkv, got i64");
+}
+
 TEST(Attention, GradientsMatchFiniteDifferences) {
   for (bool causal : {false, true}) {
     auto f = [&](const std::vector<Tensor>& in) {

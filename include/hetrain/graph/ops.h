@@ -182,6 +182,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 /// scale defaults to 1/sqrt(E).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal = false, std::optional<double> scale = {});
+/// Multi-head attention on a fused projection, as a transformer layer holds it: qkv (N, L, 3D)
+/// with q, k and v side by side, each `heads` heads of d = D / heads columns; returns (N, L, D)
+/// with the heads side by side. The same as splitting qkv, viewing each part as (N, heads, L, d),
+/// scaled_dot_product_attention and merging the heads, but without the copies those layout
+/// changes cost (and its gradient arrives packed, not as three slices to add). scale defaults
+/// to 1/sqrt(d).
+Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t heads, bool causal = false,
+                                           std::optional<double> scale = {});
 
 // ---- joining ----------------------------------------------------------------------------
 Tensor concat(const std::vector<Tensor>& xs, int64_t axis = 0);
@@ -197,7 +205,7 @@ struct AdamWStepArgs {
 /// One fused AdamW step: returns {p', m', v'} with m' = b1 m + (1-b1) g,
 /// v' = b2 v + (1-b2) g², p' = p (1 - lr wd) - lr/bc1 · m' / (sqrt(v')/sqrt(bc2) + eps).
 /// p, g, m, v must have one shape and one floating dtype. Not differentiable.
-std::vector<Tensor> adamw_update(const Tensor& p, const Tensor& g, const Tensor& m,
-                                 const Tensor& v, const AdamWStepArgs& args);
+std::vector<Tensor> adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                                 const AdamWStepArgs& args);
 
 }  // namespace hetrain

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "backends/cpu/compute_buffers.h"
@@ -40,10 +40,49 @@ AttnGeom attn_geom(const Shape& q, const Shape& v, bool causal) {
   return g;
 }
 
+/// Where one operand's rows are: batch-head b = n * heads + h starts at n * sn + h * sh, its rows
+/// are ld apart and its elements contiguous. A plain (B..., L, E) array is heads = 1, sn = L * E,
+/// ld = E; a packed (N, L, 3D) projection is heads = H, sn = 3LD, sh = D / H, ld = 3D, with q, k
+/// and v starting at columns 0, D and 2D.
+template <class T>
+struct Rows {
+  T* base;
+  int64_t heads, sn, sh, ld;
+  T* at(int64_t b, int64_t row = 0) const {
+    return base + b / heads * sn + b % heads * sh + row * ld;
+  }
+};
+
+template <class T>
+Rows<T> plain_rows(T* p, int64_t L, int64_t E) {
+  return {p, 1, L * E, 0, E};
+}
+
+/// A packed (N, L, 3D) projection with H heads of d = D / H: batch-head n * H + h of q, k or v
+/// (part 0, 1, 2) is columns [part * D + h * d, + d) of image n; the output (N, L, D) holds head
+/// h at columns [h * d, + d).
+struct PackedGeom {
+  AttnGeom g;
+  int64_t H, L, D;
+  template <class T>
+  Rows<T> rows(T* x, int64_t part) const {
+    return {x + part * D, H, L * 3 * D, D / H, 3 * D};
+  }
+  template <class T>
+  Rows<T> out_rows(T* y) const {
+    return {y, H, L * D, D / H, D};
+  }
+};
+
+PackedGeom packed_geom(const Shape& qkv, int64_t heads, bool causal) {
+  const int64_t N = qkv[0], L = qkv[1], D = qkv[2] / 3, d = D / heads;
+  return {{N * heads, L, L, d, d, causal}, heads, L, D};
+}
+
 /// e^x for f32 in a form the compiler vectorises (Cephes' expf polynomial, ~1 ulp): std::exp
 /// stays a scalar call without -ffast-math and would cost as much as the tile GEMMs.
 inline float exp_approx(float x) {
-  x = std::min(std::max(x, -87.3f), 88.3f);  // NaN passes through
+  x = std::min(std::max(x, -87.3f), 88.3f);                     // NaN passes through
   const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round(x / ln 2)
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -78,9 +117,15 @@ int64_t visible(const AttnGeom& g, int64_t i, int64_t j0, int64_t nk) {
   return g.causal ? std::clamp<int64_t>(i - j0 + 1, 0, nk) : nk;
 }
 
+/// Zeros rows [r0, r0 + n) of batch-head b, `width` elements each.
 template <class T>
-void attention_forward(const T* Q, const T* K, const T* V, T* O, T* LSE, const AttnGeom& g, T scale,
-                       Dtype dt) {
+void zero_rows(const Rows<T>& a, int64_t b, int64_t r0, int64_t n, int64_t width) {
+  for (int64_t r = r0; r < r0 + n; ++r) std::fill(a.at(b, r), a.at(b, r) + width, T(0));
+}
+
+template <class T>
+void attention_forward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<T> O, T* LSE,
+                       const AttnGeom& g, T scale, Dtype dt) {
   const int64_t nqb = (g.Lq + kBq - 1) / kBq;
   parallel_for(g.B * nqb, 1, [&](int64_t t0, int64_t t1) {
     Array ws = workspace({kBq * kBk + kBq * g.Ev + 2 * kBq}, dt);
@@ -90,16 +135,16 @@ void attention_forward(const T* Q, const T* K, const T* V, T* O, T* LSE, const A
     T* l = m + kBq;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / nqb, i0 = (t % nqb) * kBq, nq = std::min(kBq, g.Lq - i0);
-      const T* q = Q + (b * g.Lq + i0) * g.E;
-      const T* k = K + b * g.Lk * g.E;
-      const T* v = V + b * g.Lk * g.Ev;
+      const T* q = Q.at(b, i0);
+      const T* k = K.at(b);
+      const T* v = V.at(b);
       std::fill(m, m + nq, -std::numeric_limits<T>::infinity());
       std::fill(l, l + nq, T(0));
       std::fill(acc, acc + nq * g.Ev, T(0));
       const int64_t kend = g.causal ? std::min(g.Lk, i0 + nq) : g.Lk;
       for (int64_t j0 = 0; j0 < kend; j0 += kBk) {
         const int64_t nk = std::min(kBk, kend - j0);
-        gemm<T>(false, true, nq, nk, g.E, scale, q, g.E, k + j0 * g.E, g.E, T(0), S, kBk);
+        gemm<T>(false, true, nq, nk, g.E, scale, q, Q.ld, k + j0 * K.ld, K.ld, T(0), S, kBk);
         for (int64_t r = 0; r < nq; ++r) {
           T* s = S + r * kBk;
           const int64_t lim = visible(g, i0 + r, j0, nk);
@@ -114,11 +159,11 @@ void attention_forward(const T* Q, const T* K, const T* V, T* O, T* LSE, const A
           if (alpha != T(1))
             for (int64_t e = 0; e < g.Ev; ++e) acc[r * g.Ev + e] *= alpha;
         }
-        gemm<T>(false, false, nq, g.Ev, nk, T(1), S, kBk, v + j0 * g.Ev, g.Ev, T(1), acc, g.Ev);
+        gemm<T>(false, false, nq, g.Ev, nk, T(1), S, kBk, v + j0 * V.ld, V.ld, T(1), acc, g.Ev);
       }
       for (int64_t r = 0; r < nq; ++r) {
         const T inv = T(1) / l[r];
-        T* o = O + (b * g.Lq + i0 + r) * g.Ev;
+        T* o = O.at(b, i0 + r);
         for (int64_t e = 0; e < g.Ev; ++e) o[e] = acc[r * g.Ev + e] * inv;
         LSE[b * g.Lq + i0 + r] = m[r] + std::log(l[r]);
       }
@@ -127,15 +172,17 @@ void attention_forward(const T* Q, const T* K, const T* V, T* O, T* LSE, const A
 }
 
 template <class T>
-void attention_backward(const T* Q, const T* K, const T* V, const T* O, const T* dO, const T* LSE,
-                        T* dQ, T* dK, T* dV, const AttnGeom& g, T scale, Dtype dt) {
+void attention_backward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<const T> O,
+                        Rows<const T> dO, const T* LSE, Rows<T> dQ, Rows<T> dK, Rows<T> dV,
+                        const AttnGeom& g, T scale, Dtype dt) {
   // D_i = rowsum(dO_i * O_i), the softmax-backward correction per query row.
   Array dws = workspace({g.B * g.Lq}, dt);
   T* D = dws.data<T>();
   parallel_for(g.B * g.Lq, 256, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
+      const T *dor = dO.at(r / g.Lq, r % g.Lq), *orow = O.at(r / g.Lq, r % g.Lq);
       T s = 0;
-      for (int64_t e = 0; e < g.Ev; ++e) s += dO[r * g.Ev + e] * O[r * g.Ev + e];
+      for (int64_t e = 0; e < g.Ev; ++e) s += dor[e] * orow[e];
       D[r] = s;
     }
   });
@@ -151,56 +198,61 @@ void attention_backward(const T* Q, const T* K, const T* V, const T* O, const T*
     partial = workspace({(splits - 1) * g.B * qsize}, dt);
     std::fill(partial.data<T>(), partial.data<T>() + partial.numel(), T(0));
   }
-  std::fill(dQ, dQ + g.B * qsize, T(0));
+  parallel_for(g.B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) zero_rows(dQ, b, 0, g.Lq, g.E);
+  });
   parallel_for(g.B * splits, 1, [&](int64_t t0, int64_t t1) {
     Array ws = workspace({2 * kBq * kBk}, dt);
     T* P = ws.data<T>();
     T* dS = P + kBq * kBk;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / splits, sp = t % splits;
-      const T* q = Q + b * qsize;
-      const T* k = K + b * g.Lk * g.E;
-      const T* v = V + b * g.Lk * g.Ev;
-      const T* dout = dO + b * g.Lq * g.Ev;
+      const T* q = Q.at(b);
+      const T* k = K.at(b);
+      const T* v = V.at(b);
       const T* lse = LSE + b * g.Lq;
       const T* Db = D + b * g.Lq;
-      T* dq = sp == 0 ? dQ + b * qsize : partial.data<T>() + ((sp - 1) * g.B + b) * qsize;
+      T* dq = sp == 0 ? dQ.at(b) : partial.data<T>() + ((sp - 1) * g.B + b) * qsize;
+      const int64_t ldq = sp == 0 ? dQ.ld : g.E;
       for (int64_t jb = sp * nkb / splits; jb < (sp + 1) * nkb / splits; ++jb) {
         const int64_t j0 = jb * kBk, nk = std::min(kBk, g.Lk - j0);
-        T* dk = dK + (b * g.Lk + j0) * g.E;
-        T* dv = dV + (b * g.Lk + j0) * g.Ev;
-        std::fill(dk, dk + nk * g.E, T(0));
-        std::fill(dv, dv + nk * g.Ev, T(0));
+        T* dk = dK.at(b, j0);
+        T* dv = dV.at(b, j0);
+        zero_rows(dK, b, j0, nk, g.E);
+        zero_rows(dV, b, j0, nk, g.Ev);
         // Causal: rows before j0 see none of these keys.
         for (int64_t i0 = g.causal ? j0 : 0; i0 < g.Lq; i0 += kBq) {
           const int64_t nq = std::min(kBq, g.Lq - i0);
-          gemm<T>(false, true, nq, nk, g.E, scale, q + i0 * g.E, g.E, k + j0 * g.E, g.E, T(0), P,
-                  kBk);
+          gemm<T>(false, true, nq, nk, g.E, scale, q + i0 * Q.ld, Q.ld, k + j0 * K.ld, K.ld, T(0),
+                  P, kBk);
           for (int64_t r = 0; r < nq; ++r) {
             T* p = P + r * kBk;
             const int64_t lim = visible(g, i0 + r, j0, nk);
             exp_shifted(p, lim, lse[i0 + r]);
             std::fill(p + lim, p + nk, T(0));
           }
-          const T* doi = dout + i0 * g.Ev;
-          gemm<T>(true, false, nk, g.Ev, nq, T(1), P, kBk, doi, g.Ev, T(1), dv, g.Ev);
-          gemm<T>(false, true, nq, nk, g.Ev, T(1), doi, g.Ev, v + j0 * g.Ev, g.Ev, T(0), dS, kBk);
+          const T* doi = dO.at(b, i0);
+          gemm<T>(true, false, nk, g.Ev, nq, T(1), P, kBk, doi, dO.ld, T(1), dv, dV.ld);
+          gemm<T>(false, true, nq, nk, g.Ev, T(1), doi, dO.ld, v + j0 * V.ld, V.ld, T(0), dS, kBk);
           for (int64_t r = 0; r < nq; ++r) {
             const T d = Db[i0 + r];
             for (int64_t c = 0; c < nk; ++c)
               dS[r * kBk + c] = P[r * kBk + c] * (dS[r * kBk + c] - d);
           }
-          gemm<T>(false, false, nq, g.E, nk, scale, dS, kBk, k + j0 * g.E, g.E, T(1), dq + i0 * g.E,
-                  g.E);
-          gemm<T>(true, false, nk, g.E, nq, scale, dS, kBk, q + i0 * g.E, g.E, T(1), dk, g.E);
+          gemm<T>(false, false, nq, g.E, nk, scale, dS, kBk, k + j0 * K.ld, K.ld, T(1),
+                  dq + i0 * ldq, ldq);
+          gemm<T>(true, false, nk, g.E, nq, scale, dS, kBk, q + i0 * Q.ld, Q.ld, T(1), dk, dK.ld);
         }
       }
     }
   });
   for (int64_t sp = 1; sp < splits; ++sp)
-    parallel_for(g.B * qsize, 1 << 14, [&](int64_t a, int64_t e) {
+    parallel_for(g.B * g.Lq, 256, [&](int64_t r0, int64_t r1) {
       const T* p = partial.data<T>() + (sp - 1) * g.B * qsize;
-      for (int64_t i = a; i < e; ++i) dQ[i] += p[i];
+      for (int64_t r = r0; r < r1; ++r) {
+        T* dq = dQ.at(r / g.Lq, r % g.Lq);
+        for (int64_t e = 0; e < g.E; ++e) dq[e] += p[r * g.E + e];
+      }
     });
 }
 
@@ -209,21 +261,50 @@ void attention_backward(const T* Q, const T* K, const T* V, const T* O, const T*
 void SdpaForward::eval_cpu(const std::vector<const Array*>& in,
                            const std::vector<Array*>& out) const {
   const Dtype dt = compute_dtype(in[0]->dtype);
-  Array q = as_contiguous(*in[0], dt), k = as_contiguous(*in[1], dt), v = as_contiguous(*in[2], dt);
   Array o = start_output(*out[0], dt);
   Array& lse = *out[1];
   lse.allocate();
-  AttnGeom g = attn_geom(q.shape, v.shape, causal_);
-  dispatch_compute(dt, [&]<class T>() {
-    attention_forward<T>(q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), lse.data<T>(), g,
-                         static_cast<T>(scale_), dt);
-  });
+  if (heads_ > 0) {  // one packed (N, L, 3D) projection in, (N, L, D) out
+    Array qkv = as_contiguous(*in[0], dt);
+    const PackedGeom p = packed_geom(qkv.shape, heads_, causal_);
+    dispatch_compute(dt, [&]<class T>() {
+      const T* x = qkv.data<T>();
+      attention_forward<T>(p.rows(x, 0), p.rows(x, 1), p.rows(x, 2), p.out_rows(o.data<T>()),
+                           lse.data<T>(), p.g, static_cast<T>(scale_), dt);
+    });
+  } else {
+    Array q = as_contiguous(*in[0], dt), k = as_contiguous(*in[1], dt),
+          v = as_contiguous(*in[2], dt);
+    AttnGeom g = attn_geom(q.shape, v.shape, causal_);
+    dispatch_compute(dt, [&]<class T>() {
+      attention_forward<T>(
+          plain_rows<const T>(q.data<T>(), g.Lq, g.E), plain_rows<const T>(k.data<T>(), g.Lk, g.E),
+          plain_rows<const T>(v.data<T>(), g.Lk, g.Ev), plain_rows(o.data<T>(), g.Lq, g.Ev),
+          lse.data<T>(), g, static_cast<T>(scale_), dt);
+    });
+  }
   finish_output(o, *out[0]);
 }
 
 void SdpaBackward::eval_cpu(const std::vector<const Array*>& in,
                             const std::vector<Array*>& out) const {
   const Dtype dt = compute_dtype(in[0]->dtype);
+  if (heads_ > 0) {  // inputs qkv, o, do, lse; output dqkv, all in the packed layout
+    Array qkv = as_contiguous(*in[0], dt), o = as_contiguous(*in[1], dt),
+          dout = as_contiguous(*in[2], dt), lse = as_contiguous(*in[3], dt);
+    Array dqkv = start_output(*out[0], dt);
+    const PackedGeom p = packed_geom(qkv.shape, heads_, causal_);
+    dispatch_compute(dt, [&]<class T>() {
+      const T* x = qkv.data<T>();
+      T* dx = dqkv.data<T>();
+      attention_backward<T>(
+          p.rows(x, 0), p.rows(x, 1), p.rows(x, 2), p.out_rows(static_cast<const T*>(o.data<T>())),
+          p.out_rows(static_cast<const T*>(dout.data<T>())), lse.data<T>(), p.rows(dx, 0),
+          p.rows(dx, 1), p.rows(dx, 2), p.g, static_cast<T>(scale_), dt);
+    });
+    finish_output(dqkv, *out[0]);
+    return;
+  }
   Array q = as_contiguous(*in[0], dt), k = as_contiguous(*in[1], dt), v = as_contiguous(*in[2], dt);
   Array o = as_contiguous(*in[3], dt), dout = as_contiguous(*in[4], dt);
   Array lse = as_contiguous(*in[5], dt);
@@ -231,9 +312,12 @@ void SdpaBackward::eval_cpu(const std::vector<const Array*>& in,
         dv = start_output(*out[2], dt);
   AttnGeom g = attn_geom(q.shape, v.shape, causal_);
   dispatch_compute(dt, [&]<class T>() {
-    attention_backward<T>(q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), dout.data<T>(),
-                          lse.data<T>(), dq.data<T>(), dk.data<T>(), dv.data<T>(), g,
-                          static_cast<T>(scale_), dt);
+    attention_backward<T>(
+        plain_rows<const T>(q.data<T>(), g.Lq, g.E), plain_rows<const T>(k.data<T>(), g.Lk, g.E),
+        plain_rows<const T>(v.data<T>(), g.Lk, g.Ev), plain_rows<const T>(o.data<T>(), g.Lq, g.Ev),
+        plain_rows<const T>(dout.data<T>(), g.Lq, g.Ev), lse.data<T>(),
+        plain_rows(dq.data<T>(), g.Lq, g.E), plain_rows(dk.data<T>(), g.Lk, g.E),
+        plain_rows(dv.data<T>(), g.Lk, g.Ev), g, static_cast<T>(scale_), dt);
   });
   finish_output(dq, *out[0]);
   finish_output(dk, *out[1]);

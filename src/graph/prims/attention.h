@@ -11,9 +11,14 @@ namespace hetrain {
 /// o (B..., Lq, Ev) and the row logsumexp of the scaled scores, lse (B..., Lq), in the
 /// compute dtype (f64 for f64, else f32); backward recomputes the probabilities from it.
 /// causal: query i sees keys j <= i (top-left aligned, as torch's is_causal).
+/// heads > 0: the packed layout of a transformer's attention instead. The one input is the fused
+/// projection qkv (N, L, 3D) (q, k and v side by side, each with `heads` heads of D / heads
+/// columns); o is (N, L, D) with the heads side by side again, lse (N, heads, L). The kernel
+/// reads and writes these layouts in place, so the head split and merge cost no copies.
 class SdpaForward final : public Primitive {
  public:
-  SdpaForward(bool causal, double scale) : causal_(causal), scale_(scale) {}
+  SdpaForward(bool causal, double scale, int64_t heads = 0)
+      : causal_(causal), scale_(scale), heads_(heads) {}
   const char* name() const override { return "sdpa"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
@@ -30,13 +35,16 @@ class SdpaForward final : public Primitive {
  private:
   bool causal_;
   double scale_;
+  int64_t heads_;
 };
 
 /// Inputs q, k, v, o, do, lse; outputs dq, dk, dv. Recomputes P block by block from q, k and
 /// lse (flash-attention-2 backward), so it too needs memory linear in sequence length.
+/// heads > 0 (the packed layout): inputs qkv, o, do, lse; one output dqkv, packed as qkv.
 class SdpaBackward final : public Primitive {
  public:
-  SdpaBackward(bool causal, double scale) : causal_(causal), scale_(scale) {}
+  SdpaBackward(bool causal, double scale, int64_t heads = 0)
+      : causal_(causal), scale_(scale), heads_(heads) {}
   const char* name() const override { return "sdpa_backward"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
@@ -51,6 +59,7 @@ class SdpaBackward final : public Primitive {
  private:
   bool causal_;
   double scale_;
+  int64_t heads_;
 };
 
 /// The unfused composition softmax(q k^T * scale + mask) v built from simple ops: the
