@@ -19,6 +19,7 @@
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
+#include "hetrain/planning/model_spec.h"
 #include "hetrain/runtime/eval.h"
 
 namespace hetrain::insight {
@@ -360,6 +361,46 @@ void measure_norm(DeviceProfile& p, bool quick) {
   }
 }
 
+// The elementwise ops of a GPT layer (width h, 4h MLP, biases, no dropout), forward and
+// gradients, with the matmuls' and the attention's outputs as inputs and their inputs' gradients
+// as cotangents: two layer norms, the four bias adds, two residual adds and the tanh GELU. Rated
+// on the bytes planning::transformer_elementwise_passes counts for such a layer.
+void measure_layer_elementwise(DeviceProfile& p, bool quick) {
+  Generator gen(15);
+  const std::vector<std::pair<int64_t, int64_t>> shapes =
+      quick ? std::vector<std::pair<int64_t, int64_t>>{{2048, 128}}
+            : std::vector<std::pair<int64_t, int64_t>>{
+                  {1024, 128}, {2048, 128}, {2048, 256}, {4096, 256}};
+  for (auto [tok, h] : shapes) {
+    auto in = [&](int64_t width) { return randn({tok, width}, Dtype::f32, gen).eval(); };
+    auto vec = [&](int64_t n) { return randn({n}, Dtype::f32, gen).eval(); };
+    Tensor x = in(h), qkv = in(3 * h), att = in(h), fc = in(4 * h), proj = in(h);
+    Tensor bq = vec(3 * h), ba = vec(h), bf = vec(4 * h), bp = vec(h);
+    Tensor w1 = vec(h), c1 = vec(h), w2 = vec(h), c2 = vec(h);
+    Tensor g_n1 = in(h), g_q = in(3 * h), g_n2 = in(h), g_g = in(4 * h), g_out = in(h);
+    const std::vector<Tensor> wrt = {x, qkv, att, fc, proj, bq, ba, bf, bp, w1, c1, w2, c2};
+    const double t = best_eval(quick ? 2 : 3, [&] {
+      Tensor n1 = layer_norm(x, {h}, w1, c1);
+      Tensor q = qkv + bq;
+      Tensor h1 = x + (att + ba);
+      Tensor n2 = layer_norm(h1, {h}, w2, c2);
+      Tensor g = gelu(fc + bf, "tanh");
+      Tensor out = h1 + (proj + bp);
+      std::vector<Tensor> r = grad({n1, q, n2, g, out}, wrt, {g_n1, g_q, g_n2, g_g, g_out});
+      r.insert(r.end(), {n1, q, n2, g, out});
+      return r;
+    });
+    planning::TransformerSpec tf;
+    tf.hidden = h, tf.heads = 1, tf.kv_heads = 1, tf.ffn_hidden = 4 * h, tf.dropout = false;
+    const planning::ElementwisePasses e = planning::transformer_elementwise_passes(tf, 1, false);
+    const double bytes = 4.0 * static_cast<double>(tok) * (e.forward + e.backward);
+    p.layer_f32_curve.emplace_back(bytes, bytes / t * 1e-9);
+    p.rows.push_back(
+        {"gpt layer elementwise, " + std::to_string(tok) + " tokens x " + std::to_string(h),
+         bytes / t * 1e-9, "GB/s", t, "norms, bias adds, residuals, gelu: forward + gradients"});
+  }
+}
+
 // Eight chained adds of n floats: 12 n bytes moved per node, node costs included.
 void measure_stream(DeviceProfile& p, bool quick) {
   Generator gen(13);
@@ -426,6 +467,7 @@ json DeviceProfile::to_json() const {
           {"attention_f32_curve", attention_f32_curve},
           {"stream_f32_curve", stream_f32_curve},
           {"norm_f32_curve", norm_f32_curve},
+          {"layer_f32_curve", layer_f32_curve},
           {"cache_bw_gbs", cache_bw_gbs},
           {"cache_bytes", cache_bytes},
           {"mem_bytes", mem_bytes},
@@ -473,6 +515,7 @@ DeviceProfile measure_device(const BenchOptions& opts) {
   measure_attention(p, opts.quick);
   measure_stream(p, opts.quick);
   measure_norm(p, opts.quick);
+  measure_layer_elementwise(p, opts.quick);
   return p;
 }
 
@@ -525,6 +568,7 @@ DeviceProfile DeviceProfile::from_json(const json& j) {
   pairs("attention_f32_curve", p.attention_f32_curve);
   pairs("stream_f32_curve", p.stream_f32_curve);
   pairs("norm_f32_curve", p.norm_f32_curve);
+  pairs("layer_f32_curve", p.layer_f32_curve);
   if (j.contains("conv_f32_rates") && j["conv_f32_rates"].is_array())
     for (const auto& r : j["conv_f32_rates"])
       if (r.is_object())

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "hetrain/base/cpu_features.h"
@@ -211,7 +211,8 @@ std::vector<std::pair<double, double>> profile_curve(const json& j, const char* 
 GemmGrid profile_grid(const json& g) {
   if (!g.is_object()) fail("'gemm_f32_grid' must be an object with m, n, k and gflops");
   GemmGrid out;
-  for (auto [key, v] : {std::pair{"m", &out.m}, {"n", &out.n}, {"k", &out.k}, {"gflops", &out.rates}}) {
+  for (auto [key, v] :
+       {std::pair{"m", &out.m}, {"n", &out.n}, {"k", &out.k}, {"gflops", &out.rates}}) {
     if (!g.contains(key) || !g[key].is_array() || g[key].empty())
       fail("'gemm_f32_grid' field '", key, "' must be a non-empty array of numbers");
     for (const auto& e : g[key]) {
@@ -223,8 +224,8 @@ GemmGrid profile_grid(const json& g) {
       fail("'gemm_f32_grid' field '", key, "' must be strictly increasing");
   }
   if (out.rates.size() != out.m.size() * out.n.size() * out.k.size())
-    fail("'gemm_f32_grid' has ", out.rates.size(), " rates for ", out.m.size(), " x ",
-         out.n.size(), " x ", out.k.size(), " shapes");
+    fail("'gemm_f32_grid' has ", out.rates.size(), " rates for ", out.m.size(), " x ", out.n.size(),
+         " x ", out.k.size(), " shapes");
   for (double& r : out.rates) r *= 1e-3;
   return out;
 }
@@ -259,8 +260,8 @@ double GemmGrid::at(double mm, double nn, double kk) const {
       for (int l = 0; l < 2; ++l) {
         const double w = (i ? am.t : 1 - am.t) * (j ? an.t : 1 - an.t) * (l ? ak.t : 1 - ak.t);
         if (w == 0) continue;
-        const size_t idx = ((i ? am.hi : am.lo) * n.size() + (j ? an.hi : an.lo)) * k.size() +
-                           (l ? ak.hi : ak.lo);
+        const size_t idx =
+            ((i ? am.hi : am.lo) * n.size() + (j ? an.hi : an.lo)) * k.size() + (l ? ak.hi : ak.lo);
         log_rate += w * std::log(rates[idx]);
       }
   return std::exp(log_rate) * am.below * an.below * ak.below;
@@ -306,14 +307,18 @@ bool Catalog::load_device_profile(const std::string& path, std::string* warning)
     h.attention_curve = profile_curve(j, "attention_f32_curve", "size, GFLOP/s", 1e-3);
     h.stream_curve = profile_curve(j, "stream_f32_curve", "bytes, GB/s", 1);
     h.norm_curve = profile_curve(j, "norm_f32_curve", "bytes, GB/s", 1);
+    h.layer_curve = profile_curve(j, "layer_f32_curve", "bytes, GB/s", 1);
     if (j.contains("conv_f32_rates")) {
       const json& c = j["conv_f32_rates"];
       if (!c.is_array()) fail("'conv_f32_rates' must be an array of objects");
       for (const auto& e : c) {
         if (!e.is_object()) fail("'conv_f32_rates' entries must be objects");
         ConvRate r;
-        for (auto [key, field] : {std::pair{"kernel", &r.kernel}, {"stride", &r.stride},
-                                  {"in", &r.in}, {"out", &r.out}, {"out_hw", &r.out_hw}}) {
+        for (auto [key, field] : {std::pair{"kernel", &r.kernel},
+                                  {"stride", &r.stride},
+                                  {"in", &r.in},
+                                  {"out", &r.out},
+                                  {"out_hw", &r.out_hw}}) {
           if (!e.contains(key) || !e[key].is_number_integer() || e[key].get<int64_t>() < 1)
             fail("'conv_f32_rates' entry field '", key, "' must be a positive integer");
           *field = e[key].get<int64_t>();

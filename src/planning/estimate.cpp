@@ -167,6 +167,13 @@ struct Rates {
     const double f32 = 4 * elements;  // the norm runs in f32 whatever the precision
     return scale(TimePart::memory) * f32 / (curve_at(hw.norm_curve, f32) * 1e9) / 3;
   }
+  /// Time of `bytes` of a transformer layer's elementwise passes, of `layer_bytes` in the
+  /// whole layer forward and backward: at the rate the engine's layer reached at that size
+  /// where measured, else as `stream` with operands of `working_set` bytes.
+  double layer_elementwise(double bytes, double layer_bytes, double working_set) const {
+    if (hw.layer_curve.empty()) return stream(bytes, working_set);
+    return scale(TimePart::memory) * bytes / (curve_at(hw.layer_curve, layer_bytes) * 1e9);
+  }
   /// Time to move `bytes` whose working set is `working_set` bytes.
   double stream(double bytes, double working_set) const {
     return scale(TimePart::memory) * stream_unscaled(bytes, working_set);
@@ -293,7 +300,6 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
   StageCompute c;
   const Rates r(hw, job.precision);
   const double elem = r.elem;
-  double act_scale = job.precision == Precision::fp32 ? 2 : 1;
   double b = static_cast<double>(s.micro_batch);
   if (!m.is_transformer()) {
     for (const auto& l : m.conv.layers) {
@@ -331,17 +337,34 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
   double heads = b * tf.heads / t;
   double core =
       heads * (r.gemm(sq, sq, d, TimePart::attention) + r.gemm(sq, d, sq, TimePart::attention));
-  // Elementwise (norms, activation functions, softmax, dropout, residuals): memory bound,
-  // about twice the bytes the layer keeps for backward; each op's operands are about one
-  // (tokens x hidden) tensor.
-  double kept = act_scale * transformer_layer_activation_bytes(
-                                tf, s.micro_batch, s.tp, s.sequence_parallel, Recompute::none);
-  double elementwise = r.stream(2 * kept, 3 * elem * tok * h / t);
-  double layer_fwd = mm + core + elementwise;
+  // Elementwise work, memory bound: the passes transformer_elementwise_passes counts, at the
+  // rate the engine's own layer reached where the device profile measured it, else at the
+  // stream rate. (Before this count the model charged twice the bytes a layer keeps for
+  // backward at the stream rate of one op's operands, hot in cache: a third of what gpt-mini's
+  // steps spent in these ops.)
+  const ElementwisePasses passes = transformer_elementwise_passes(tf, s.tp, s.sequence_parallel);
+  const double ew_bytes_f = elem * tok * passes.forward, ew_bytes_b = elem * tok * passes.backward;
+  double ew_f = r.layer_elementwise(ew_bytes_f, ew_bytes_f + ew_bytes_b, 3 * elem * tok * h / t);
+  double ew_b = r.layer_elementwise(ew_bytes_b, ew_bytes_f + ew_bytes_b, 3 * elem * tok * h / t);
+  if (hw.attention_curve.empty()) {
+    // No measured attention kernel: an unfused one, as Megatron-LM ran it, whose mask, softmax
+    // and dropout pass over the (s x s) scores: about twice the 5 bytes per score it keeps
+    // (Korthikanti et al. 2022) forward, twice that backward. A measured curve (hetrain bench)
+    // already holds the fused kernel's own cost.
+    const double scores = b * tf.heads / t * sq * sq;
+    ew_f += r.stream(2 * 5 * scores, 5 * scores);
+    ew_b += r.stream(4 * 5 * scores, 5 * scores);
+  }
+  double layer_fwd = mm + core + ew_f;
   double lps = std::ceil(static_cast<double>(tf.layers) / s.pp);
-  double logits = tf.lm_head ? r.gemm(tok, tf.vocab / t, h) : 0;
-  c.fwd = lps * layer_fwd + logits;
-  c.bwd = 2 * c.fwd;
+  // The logits and the loss: softmax over f32 logits, read and written forward and backward.
+  double logits = 0, loss = 0;
+  if (tf.lm_head) {
+    logits = r.gemm(tok, tf.vocab / t, h);
+    loss = r.stream(4 * tok * static_cast<double>(tf.vocab) / t * 2, 4 * tok * tf.vocab / t);
+  }
+  c.fwd = lps * layer_fwd + logits + loss;
+  c.bwd = lps * (2 * (mm + core) + ew_b) + 2 * logits + loss;
   if (s.recompute == Recompute::full) c.recompute = lps * layer_fwd;
   if (s.recompute == Recompute::selective) c.recompute = lps * core;
   c.fwd *= hw.compute_scale, c.bwd *= hw.compute_scale, c.recompute *= hw.compute_scale;

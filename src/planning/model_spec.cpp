@@ -294,6 +294,22 @@ void ModelSpec::check() const {
     fail("[plan] --seq ", t.seq, " exceeds the ", t.max_positions, " learned positions");
 }
 
+ElementwisePasses transformer_elementwise_passes(const TransformerSpec& tf, int64_t tp,
+                                                 bool sequence_parallel) {
+  const double t = static_cast<double>(tp), h = static_cast<double>(tf.hidden);
+  const double kv = static_cast<double>(tf.kv_heads) * h / static_cast<double>(tf.heads);
+  const double hs = h / (sequence_parallel ? t : 1), q3 = (h + 2 * kv) / t;
+  const double fi = static_cast<double>(tf.ffn_hidden) / t;
+  const bool swiglu = tf.mlp == MlpKind::swiglu;
+  const double fo = swiglu ? 2 * fi : fi;  // width of the MLP's first projection
+  ElementwisePasses e;
+  e.forward = 2 * 2 * hs + 2 * 3 * hs + (swiglu ? 3 : 2) * fi;
+  e.backward = 2 * 3 * hs + 2 * 3 * hs + (swiglu ? 5 : 3) * fi;
+  if (tf.bias) e.forward += 2 * (q3 + fo + 2 * hs), e.backward += q3 + fo + 2 * hs;
+  if (tf.dropout) e.forward += 2 * 3 * hs, e.backward += 2 * 3 * hs;
+  return e;
+}
+
 double transformer_layer_activation_bytes(const TransformerSpec& t, int64_t b, int64_t tp, bool sp,
                                           Recompute rc) {
   double s = static_cast<double>(t.seq), h = static_cast<double>(t.hidden);

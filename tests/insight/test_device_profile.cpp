@@ -46,6 +46,12 @@ TEST(DeviceProfile, QuickMeasurementIsPlausibleAndPlannerReadsIt) {
   for (auto [size, r] : p.attention_f32_curve) EXPECT_LE(r, p.fma_peak_gflops * 2.2) << size;
   ASSERT_EQ(p.stream_f32_curve.size(), 2u);
   ASSERT_EQ(p.norm_f32_curve.size(), 1u);
+  ASSERT_EQ(p.layer_f32_curve.size(), 1u);
+  // Bytes of a 2048-token, width-128 GPT layer's passes (69 widths of f32 per token); a rate
+  // between nothing and far past any memory.
+  EXPECT_DOUBLE_EQ(p.layer_f32_curve[0].first, 2048.0 * 69 * 128 * 4);
+  EXPECT_GT(p.layer_f32_curve[0].second, 0.0);
+  EXPECT_LT(p.layer_f32_curve[0].second, 1000.0);
 
   const std::string dir =
       std::filesystem::temp_directory_path() / ("hetrain_profile_" + std::to_string(getpid()));
@@ -64,6 +70,8 @@ TEST(DeviceProfile, QuickMeasurementIsPlausibleAndPlannerReadsIt) {
   EXPECT_EQ(h.attention_curve.size(), 2u);
   EXPECT_NEAR(h.stream_curve[1].second, p.stream_f32_curve[1].second, 1e-9);
   EXPECT_NEAR(h.norm_curve[0].second, p.norm_f32_curve[0].second, 1e-9);
+  ASSERT_EQ(h.layer_curve.size(), 1u);
+  EXPECT_NEAR(h.layer_curve[0].second, p.layer_f32_curve[0].second, 1e-9);
   std::filesystem::remove_all(dir);
 }
 

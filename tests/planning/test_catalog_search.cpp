@@ -311,8 +311,10 @@ TEST(PlanLocal, GemmGridInterpolatesInLogSpaceAndExtrapolatesAsDocumented) {
 }
 
 TEST(PlanLocal, ConvRateIsTheNearestMeasuredShapeOfThatKernel) {
-  std::vector<ConvRate> rates = {{3, 1, 16, 16, 28, 40}, {3, 1, 64, 64, 7, 60},
-                                 {3, 2, 16, 32, 14, 30}, {1, 2, 16, 32, 14, 10}};
+  std::vector<ConvRate> rates = {{3, 1, 16, 16, 28, 40},
+                                 {3, 1, 64, 64, 7, 60},
+                                 {3, 2, 16, 32, 14, 30},
+                                 {1, 2, 16, 32, 14, 10}};
   ConvLayer l{ConvLayer::Kind::conv, 16, 16, 3, 1, 28, 28, false, 0};
   EXPECT_DOUBLE_EQ(conv_rate_gflops(rates, l), 40);  // a measured shape: its rate
   l = {ConvLayer::Kind::conv, 16, 32, 3, 2, 14, 14, false, 0};
@@ -365,7 +367,8 @@ TEST(PlanLocal, ProfileRatesReachTheStepTime) {
     if (l.kind == ConvLayer::Kind::batchnorm) norm_bytes += 4 * px * l.out;
     if (l.kind == ConvLayer::Kind::activation) act_bytes += 2 * 4 * px * l.out;
   }
-  const double head = compute(load(R"(, "conv_f32_rates": [{"kernel": 3, "stride": 1, "in": 16, "out": 16, "out_hw": 28, "gflops": 1e12},
+  const double head = compute(load(
+      R"(, "conv_f32_rates": [{"kernel": 3, "stride": 1, "in": 16, "out": 16, "out_hw": 28, "gflops": 1e12},
        {"kernel": 1, "stride": 1, "in": 16, "out": 16, "out_hw": 28, "gflops": 1e12}],
        "norm_f32_curve": [[1e3, 1e12]], "stream_f32_curve": [[1e3, 1e12]])"));
   const double expected = 3 * conv_flops / 50e9 + norm_bytes / 1e9 + 2.5 * act_bytes / 10e9 + head;
@@ -374,19 +377,74 @@ TEST(PlanLocal, ProfileRatesReachTheStepTime) {
   std::string faster = convs;
   for (size_t at; (at = faster.find("\"gflops\": 50")) != std::string::npos;)
     faster.replace(at, 12, "\"gflops\": 100");
-  EXPECT_NEAR(compute(measured) - compute(load(faster)), 1.5 * conv_flops / 50e9,
-              1e-3 * expected);
+  EXPECT_NEAR(compute(measured) - compute(load(faster)), 1.5 * conv_flops / 50e9, 1e-3 * expected);
+}
+
+TEST(PlanLocal, LayerElementwiseRateReachesTheGptStepTime) {
+  // A GPT whose elementwise passes are charged at the measured layer rate: 1 GB/s against
+  // 2 GB/s takes exactly those bytes' time more, forward and backward, on every layer.
+  const std::string base =
+      R"({"version": 1, "gemm_tflops": {"f32": 0.1}, "mem_bw_gbs": 10, "mem_bytes": 16e9,
+          "gemm_f32_curve": [[64, 20], [2048, 100]], "layer_f32_curve": )";
+  auto load = [&](const std::string& curve) {
+    std::string path = write_temp("local_layer.json", base + curve + "}");
+    Catalog c;
+    std::string warning;
+    EXPECT_TRUE(c.load_device_profile(path, &warning)) << warning;
+    fs::remove(path);
+    return c.get("local");
+  };
+  Job job;
+  job.model = gpt_model(4, 128, 4, 64, 256);
+  job.global_batch = 32;
+  job.tokens = 32 * 64;
+  job.precision = Precision::fp32;
+  Strategy s;
+  s.micro_batch = 32;
+  const double slow = evaluate(job, load("[[1e3, 1], [1e12, 1]]"), 1, s).time.compute;
+  const double fast = evaluate(job, load("[[1e3, 2], [1e12, 2]]"), 1, s).time.compute;
+  const ElementwisePasses e = transformer_elementwise_passes(job.model.tf, 1, false);
+  const double bytes = 4.0 * job.model.tf.layers * 32 * 64 * (e.forward + e.backward);
+  EXPECT_NEAR(slow - fast, bytes / 1e9 - bytes / 2e9, 1e-6 * slow);
+}
+
+TEST(PlanTime, ElementwisePassesCountTheLayersOps) {
+  // GPT-2 (GELU 4h MLP, biases): forward 2 norms x 2 + 2 residual adds x 3 + GELU 2 x 4h + bias
+  // adds 2 x (3h + h + 4h + h) = 36h; backward norms 2 x 3 + residual sums 2 x 3 + GELU 3 x 4h
+  // + bias sums (3h + h + 4h + h) = 33h; dropout adds 2 x 3h each way.
+  TransformerSpec gpt = gpt_model(4, 128, 4, 64, 256).tf;
+  gpt.dropout = false;
+  ElementwisePasses e = transformer_elementwise_passes(gpt, 1, false);
+  EXPECT_DOUBLE_EQ(e.forward, 36 * 128);
+  EXPECT_DOUBLE_EQ(e.backward, 33 * 128);
+  gpt.dropout = true;
+  e = transformer_elementwise_passes(gpt, 1, false);
+  EXPECT_DOUBLE_EQ(e.forward, 42 * 128);
+  EXPECT_DOUBLE_EQ(e.backward, 39 * 128);
+  // LLaMA-style (SwiGLU of f, no biases, no dropout), tp 2 with sequence parallelism: every
+  // width halves. Forward 4h + 6h + 3f, backward 6h + 6h + 5f.
+  TransformerSpec llama = gpt;
+  llama.mlp = MlpKind::swiglu, llama.bias = false, llama.dropout = false, llama.ffn_hidden = 344;
+  e = transformer_elementwise_passes(llama, 2, true);
+  EXPECT_DOUBLE_EQ(e.forward, (10 * 128 + 3 * 344) / 2.0);
+  EXPECT_DOUBLE_EQ(e.backward, (12 * 128 + 5 * 344) / 2.0);
+  // Without sequence parallelism the (tokens x hidden) passes stay whole on each device.
+  e = transformer_elementwise_passes(llama, 2, false);
+  EXPECT_DOUBLE_EQ(e.forward, 10 * 128 + 3 * 344 / 2.0);
 }
 
 TEST(PlanLocal, MalformedMeasuredRatesAreNamedAndTheProfileSkipped) {
   const std::string base =
       R"({"version": 1, "gemm_tflops": {"f32": 0.1}, "mem_bw_gbs": 10, "mem_bytes": 16e9, )";
-  for (auto [extra, field] : std::vector<std::pair<std::string, std::string>>{
-           {R"("gemm_f32_grid": {"m": [1, 2], "n": [1], "k": [1], "gflops": [5]})", "gemm_f32_grid"},
-           {R"("gemm_f32_grid": {"m": [2, 1], "n": [1], "k": [1], "gflops": [5, 5]})", "strictly increasing"},
-           {R"("conv_f32_rates": [{"kernel": 3, "stride": 0, "in": 1, "out": 1, "out_hw": 1, "gflops": 1}])", "'stride'"},
-           {R"("stream_f32_curve": [[1, 2], [1, 3]])", "two entries"},
-           {R"("norm_f32_curve": [[1, -2]])", "norm_f32_curve"}}) {
+  for (
+      auto [extra, field] : std::vector<std::pair<std::string, std::string>>{
+          {R"("gemm_f32_grid": {"m": [1, 2], "n": [1], "k": [1], "gflops": [5]})", "gemm_f32_grid"},
+          {R"("gemm_f32_grid": {"m": [2, 1], "n": [1], "k": [1], "gflops": [5, 5]})",
+           "strictly increasing"},
+          {R"("conv_f32_rates": [{"kernel": 3, "stride": 0, "in": 1, "out": 1, "out_hw": 1, "gflops": 1}])",
+           "'stride'"},
+          {R"("stream_f32_curve": [[1, 2], [1, 3]])", "two entries"},
+          {R"("norm_f32_curve": [[1, -2]])", "norm_f32_curve"}}) {
     std::string path = write_temp("bad_local.json", base + extra + "}");
     Catalog c;
     std::string warning;

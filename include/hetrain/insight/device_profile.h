@@ -47,11 +47,14 @@ struct DeviceProfile {
   double cache_bytes = 0;   // L2 size times threads
   // The engine's own kernels, forward and backward, on this thread count: what the planner
   // charges for convolutions, the attention core and elementwise work on `local`.
-  planning::GemmGrid gemm_f32_grid;  // f32 GEMM rates (GFLOP/s) on a grid of shapes
-  std::vector<planning::ConvRate> conv_f32_rates;              // GFLOP/s on 3x forward FLOPs
+  planning::GemmGrid gemm_f32_grid;                // f32 GEMM rates (GFLOP/s) on a grid of shapes
+  std::vector<planning::ConvRate> conv_f32_rates;  // GFLOP/s on 3x forward FLOPs
   std::vector<std::pair<double, double>> attention_f32_curve;  // cbrt(s*s*d) -> GFLOP/s
   std::vector<std::pair<double, double>> stream_f32_curve;     // bytes per op -> GB/s
   std::vector<std::pair<double, double>> norm_f32_curve;  // batch norm + ReLU: tensor bytes -> GB/s
+  // A GPT layer's elementwise ops: bytes of their passes (planning::transformer_elementwise_
+  // passes) -> GB/s.
+  std::vector<std::pair<double, double>> layer_f32_curve;
   std::vector<BenchRow> rows;
 
   /// The planner's device-profile format (version 1) plus the detail rows.

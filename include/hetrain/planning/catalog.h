@@ -84,6 +84,9 @@ struct Hardware {
   GemmGrid gemm_grid;  // replaces gemm_curve for matmul-shaped GEMMs when present
   std::vector<ConvRate> conv_rates;
   std::vector<std::pair<double, double>> attention_curve, stream_curve, norm_curve;
+  // A transformer layer's elementwise ops, forward and backward, as (bytes of the passes
+  // transformer_elementwise_passes counts, GB/s).
+  std::vector<std::pair<double, double>> layer_curve;
   bool measured = false;  // from this machine's device profile
   std::map<std::string, Source> sources;
 

@@ -108,6 +108,20 @@ ModelSpec gpt_model(int64_t layers, int64_t hidden, int64_t heads, int64_t seq, 
 double transformer_layer_activation_bytes(const TransformerSpec& tf, int64_t micro_batch,
                                           int64_t tp, bool sequence_parallel, Recompute rc);
 
+/// Elementwise passes of one transformer layer as Hetrain's engine runs it unfused, in tensor
+/// widths per token (multiply by tokens and element bytes for bytes moved). Forward: two norms
+/// (read, write), two residual adds (two reads, a write), the activation (GELU: read, write;
+/// SwiGLU: two reads, a write), the bias adds (read, write) and dropout (read, write, mask).
+/// Backward: the norms (read the input and the gradient, write), the residual gradients' sums,
+/// the activation (GELU: two reads, a write; SwiGLU: three reads, two writes), the bias
+/// gradients (a read) and dropout. Columns split by tensor parallelism divide by tp; the
+/// (tokens x hidden) ones only with sequence parallelism. The attention core is not included.
+struct ElementwisePasses {
+  double forward = 0, backward = 0;
+};
+ElementwisePasses transformer_elementwise_passes(const TransformerSpec& tf, int64_t tp,
+                                                 bool sequence_parallel);
+
 /// Activation bytes of a conv net for `micro_batch` images (16-bit): each conv/BN/linear
 /// output is kept (BN input and ReLU output); with full recompute only block inputs plus
 /// the largest block's activations.
