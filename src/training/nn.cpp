@@ -161,10 +161,12 @@ Tensor BatchNorm2d::normalize(const Tensor& x, bool relu) {
          shape_str(x.shape()));
   const int64_t c = x.shape()[1];
   if (!training()) {
+    // The running statistics folded into one per-channel scale and shift (C values), so the
+    // activations take two passes (x * scale, + shift) rather than four.
     Shape bshape{1, c, 1, 1};
-    Tensor w = reshape(*weight_, bshape), b = reshape(*bias_, bshape);
-    Tensor scale = rsqrt(reshape(*running_var_, bshape) + eps_);
-    Tensor y = (x - reshape(*running_mean_, bshape)) * scale * w + b;
+    Tensor scale = *weight_ * rsqrt(*running_var_ + eps_);
+    Tensor shift = *bias_ - *running_mean_ * scale;
+    Tensor y = x * reshape(scale, bshape) + reshape(shift, bshape);
     return relu ? hetrain::relu(y) : y;
   }
   // One fused kernel each way (batch_norm2d and its backward) instead of ~15 elementwise and
