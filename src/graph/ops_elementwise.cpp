@@ -90,7 +90,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   if (cond.dtype() != Dtype::boolean)
     fail("[where] condition must be bool, got ", dtype_name(cond.dtype()));
   Dtype dt = promote_types(a.dtype(), b.dtype());
-  Shape s = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
+  Shape s =
+      broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   return make_node1(stateless<Where>(),
                     {conform(cond, Dtype::boolean, s), conform(a, dt, s), conform(b, dt, s)});
 }
@@ -117,9 +118,8 @@ Tensor AbsOp::vjp(const Tensor& x, const Tensor&, const Tensor& g) {
   Tensor sign = cast(greater(x, zero), x.dtype()) - cast(less(x, zero), x.dtype());
   return g * sign;
 }
-Tensor ReluOp::vjp(const Tensor& x, const Tensor&, const Tensor& g) {
-  return binary<ReluGradOp>(x, g);
-}
+Tensor ReluOp::vjp(const Tensor& x, const Tensor&, const Tensor& g) { return relu_grad(x, g); }
+Tensor relu_grad(const Tensor& x, const Tensor& g) { return binary<ReluGradOp>(x, g); }
 Tensor ReluGradOp::vjp(int i, const Tensor& a, const Tensor&, const Tensor&, const Tensor& g) {
   // Linear in the gradient b; piecewise constant in a.
   return i == 0 ? zeros_like(a) : binary<ReluGradOp>(a, g);
@@ -168,17 +168,19 @@ Tensor MinimumOp::vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, co
   return g * (lt + 0.5 * eq);
 }
 
-std::vector<TensorMeta> Where::infer(const std::vector<TensorMeta>& in) const {
-  return {in[1]};
-}
+std::vector<TensorMeta> Where::infer(const std::vector<TensorMeta>& in) const { return {in[1]}; }
 std::vector<Tensor> Where::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>&,
-                               const std::vector<Tensor>& g, const std::vector<int>& argnums) const {
+                               const std::vector<Tensor>& g,
+                               const std::vector<int>& argnums) const {
   std::vector<Tensor> r;
   Tensor z = zeros({}, g[0].dtype());
   for (int a : argnums) {
-    if (a == 1) r.push_back(where(x[0], g[0], z));
-    else if (a == 2) r.push_back(where(x[0], z, g[0]));
-    else r.push_back({});
+    if (a == 1)
+      r.push_back(where(x[0], g[0], z));
+    else if (a == 2)
+      r.push_back(where(x[0], z, g[0]));
+    else
+      r.push_back({});
   }
   return r;
 }

@@ -154,8 +154,11 @@ BatchNorm2d::BatchNorm2d(int64_t c, double eps, double momentum) : eps_(eps), mo
 }
 Tensor BatchNorm2d::forward(const Tensor& x) { return normalize(x, false); }
 Tensor BatchNorm2d::forward_relu(const Tensor& x) { return normalize(x, true); }
+Tensor BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& residual) {
+  return normalize(x, true, residual);
+}
 
-Tensor BatchNorm2d::normalize(const Tensor& x, bool relu) {
+Tensor BatchNorm2d::normalize(const Tensor& x, bool relu, const Tensor& residual) {
   if (x.ndim() != 4 || x.shape()[1] != weight_->shape()[0])
     fail("[BatchNorm2d] expected input (N, ", weight_->shape()[0], ", H, W), got ",
          shape_str(x.shape()));
@@ -167,11 +170,12 @@ Tensor BatchNorm2d::normalize(const Tensor& x, bool relu) {
     Tensor scale = *weight_ * rsqrt(*running_var_ + eps_);
     Tensor shift = *bias_ - *running_mean_ * scale;
     Tensor y = x * reshape(scale, bshape) + reshape(shift, bshape);
+    if (residual.defined()) y = y + residual;
     return relu ? hetrain::relu(y) : y;
   }
   // One fused kernel each way (batch_norm2d and its backward) instead of ~15 elementwise and
   // reduction passes.
-  auto [y, mu, v] = batch_norm2d(x, *weight_, *bias_, eps_, relu);
+  auto [y, mu, v] = batch_norm2d(x, *weight_, *bias_, eps_, relu, residual);
   {
     // Running statistics: evaluated by the trainer after the step (Module buffers).
     NoGradScope ng;
@@ -278,9 +282,8 @@ struct ResNet::Block : Module {
   }
   Tensor forward(const Tensor& x) override {
     Tensor h = b1->forward_relu(c1->forward(x));
-    h = b2->forward(c2->forward(h));
     Tensor s = shortcut ? bs->forward(shortcut->forward(x)) : x;
-    return relu(h + s);
+    return b2->forward_add_relu(c2->forward(h), s);
   }
 };
 

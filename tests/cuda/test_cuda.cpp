@@ -498,6 +498,28 @@ TEST_F(Cuda, BatchNorm2dForwardBackward) {
   }
 }
 
+TEST_F(Cuda, BatchNorm2dResidualRelu) {
+  // relu(bn(x) + s) (a residual block's tail): the kernel, then the residual add and the relu.
+  for (Dtype dt : {Dtype::f32, Dtype::bf16}) {
+    const Shape s{3, 37, 5, 7};
+    Tensor x = cast(input(s, Dtype::f64, 66, 2.0) + 1.0, dt).eval();
+    Tensor w = input({s[1]}, dt, 67), b = input({s[1]}, dt, 68), res = input(s, dt, 69);
+    Tensor r = input(s, dt, 70);
+    compare(
+        [&] {
+          auto [v, g] = value_and_grad(
+              [&](const std::vector<Tensor>& t) {
+                return cast(sum(batch_norm2d(t[0], t[1], t[2], 1e-5, true, t[3])[0] * r),
+                            Dtype::f32);
+              },
+              {x, w, b, res});
+          return std::vector<Tensor>{batch_norm2d(x, w, b, 1e-5, true, res)[0], g[0], g[1], g[2],
+                                     g[3]};
+        },
+        kGradients, "batch_norm2d residual relu " + std::string(dtype_name(dt)));
+  }
+}
+
 TEST_F(Cuda, BatchNormModuleTrainThenEval) {
   // Training mode runs the fused kernels and updates the running statistics; eval mode
   // normalises with them (elementwise kernels).

@@ -115,6 +115,54 @@ TEST(BatchNorm2d, FusedReluEqualsReluOfBatchNorm) {
   check_grad_fd(y_relu, {seq({3, 2, 3, 4}, 1), seq({2}, 2), seq({2}, 3)}, 1e-6, 1e-6);
 }
 
+TEST(BatchNorm2d, FusedResidualEqualsReluOfSum) {
+  // relu(bn(x) + s) in one pass against the composite, forward and the gradients of x, weight,
+  // bias and the residual, with and without the relu, in f64 and f32; and finite differences.
+  for (Dtype dt : {Dtype::f64, Dtype::f32}) {
+    for (bool relu : {true, false}) {
+      Tensor x = cast(seq({3, 4, 5, 6}, 1) * 3.0 + 0.5, dt), w = seq({4}, 2, dt),
+             b = seq({4}, 3, dt), s = seq({3, 4, 5, 6}, 7, dt) * 0.8;
+      Tensor r = seq({3, 4, 5, 6}, 11, dt);
+      auto fused = [&](const std::vector<Tensor>& in) {
+        return sum(batch_norm2d(in[0], in[1], in[2], 1e-5, relu, in[3])[0] * r);
+      };
+      auto composite = [&](const std::vector<Tensor>& in) {
+        Tensor y = batch_norm2d(in[0], in[1], in[2], 1e-5)[0] + in[3];
+        return sum((relu ? hetrain::relu(y) : y) * r);
+      };
+      const std::string what = std::string(dtype_name(dt)) + (relu ? " relu" : " plain");
+      Tensor yf = batch_norm2d(x, w, b, 1e-5, relu, s)[0];
+      Tensor yc = batch_norm2d(x, w, b, 1e-5)[0] + s;
+      if (relu) yc = hetrain::relu(yc);
+      const double tol = dt == Dtype::f64 ? 1e-12 : 1e-5;
+      expect_close(yf, yc.to_vector<double>(), tol, tol, what);
+      if (relu) {  // some of each side of the relu, so that the mask matters
+        const auto v = yf.to_vector<double>();
+        const auto zeros = std::count(v.begin(), v.end(), 0.0);
+        EXPECT_GT(zeros, 60) << what;
+        EXPECT_LT(zeros, 300) << what;
+      }
+      auto gf = value_and_grad(fused, {x, w, b, s}).second;
+      auto gc = value_and_grad(composite, {x, w, b, s}).second;
+      for (size_t k = 0; k < 4; ++k)
+        expect_close(gf[k], gc[k].to_vector<double>(), tol * 10, tol * 10,
+                     what + " grad " + std::to_string(k));
+    }
+  }
+  auto y_res = [](const std::vector<Tensor>& in) {
+    return batch_norm2d(in[0], in[1], in[2], 1e-4, true, in[3])[0];
+  };
+  check_grad_fd(y_res, {seq({3, 2, 3, 4}, 1), seq({2}, 2), seq({2}, 3), seq({3, 2, 3, 4}, 4)}, 1e-6,
+                1e-6);
+  try {
+    batch_norm2d(zeros({2, 3, 4, 4}), {}, {}, 1e-5, true, zeros({2, 3, 4, 5}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "[batch_norm2d] residual must have the input's shape (2, 3, 4, 4), got (2, 3, 4, 5)");
+  }
+}
+
 TEST(BatchNorm2d, LowerPrecisionAndOptionalAffine) {
   Tensor x = seq({4, 3, 5, 5}, 1) * 2.0 + 0.5;
   auto [y64, m64, v64] = batch_norm2d(x);

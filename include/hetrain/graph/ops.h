@@ -157,8 +157,11 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
 /// batch mean (C) and the biased batch variance (C), the statistics in f32 (f64 for f64 x).
 /// weight/bias (C) optional. Running statistics are the caller's (nn::BatchNorm2d). With `relu`,
 /// y is relu of that, fused into the same passes each way (the backward recomputes the mask).
+/// `residual` (x's shape) is added before the relu: relu(bn(x) + residual), a residual block's
+/// tail in one pass instead of three.
 std::array<Tensor, 3> batch_norm2d(const Tensor& x, const Tensor& weight = {},
-                                   const Tensor& bias = {}, double eps = 1e-5, bool relu = false);
+                                   const Tensor& bias = {}, double eps = 1e-5, bool relu = false,
+                                   const Tensor& residual = {});
 /// Rows of weight (V, D) picked by integer ids of any shape: result ids.shape + (D).
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 /// torch.index_select.

@@ -90,9 +90,11 @@ class BatchNorm2d : public Module {
   Tensor forward(const Tensor& x) override;
   /// relu(forward(x)), one fused pass each way in training.
   Tensor forward_relu(const Tensor& x);
+  /// relu(forward(x) + residual): a residual block's tail, one fused pass forward in training.
+  Tensor forward_add_relu(const Tensor& x, const Tensor& residual);
 
  private:
-  Tensor normalize(const Tensor& x, bool relu);
+  Tensor normalize(const Tensor& x, bool relu, const Tensor& residual = {});
   Tensor *weight_, *bias_, *running_mean_, *running_var_, *num_batches_;
   double eps_, momentum_;
 };

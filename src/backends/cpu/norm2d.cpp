@@ -81,9 +81,16 @@ void plane_sums(const T* g, const T* x, int64_t n, C mu, const BnAffine<C>& aff,
   sgx += ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
 }
 
-/// y = x * scale + shift over n elements, relu of it when Relu.
+/// y = x * scale + shift (+ r) over n elements, relu of it when Relu.
 template <bool Relu, class T, class C>
-void apply_plane(const T* x, T* y, int64_t n, const BnAffine<C>& a) {
+void apply_plane(const T* x, const T* r, T* y, int64_t n, const BnAffine<C>& a) {
+  if (r) {
+    for (int64_t i = 0; i < n; ++i) {
+      const C v = to_compute(x[i]) * a.scale + a.shift + to_compute(r[i]);
+      y[i] = from_compute<T>(Relu ? std::max(v, C(0)) : v);
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const C v = to_compute(x[i]) * a.scale + a.shift;
     y[i] = from_compute<T>(Relu ? std::max(v, C(0)) : v);
@@ -95,6 +102,7 @@ void apply_plane(const T* x, T* y, int64_t n, const BnAffine<C>& a) {
 void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
                            const std::vector<Array*>& out) const {
   Array x = contiguous_array(*in[0]), w = contiguous_array(*in[1]), b = contiguous_array(*in[2]);
+  Array res = residual_ ? contiguous_array(*in[3]) : Array();
   Array &y = *out[0], &mean = *out[1], &var = *out[2];
   y.allocate();
   mean.allocate();
@@ -104,6 +112,7 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
   dispatch_float(x.dtype, name(), [&]<class T>() {
     using A = compute_t<T>;
     const T *xp = x.data<T>(), *wp = w.data<T>(), *bp = b.data<T>();
+    const T* rp = residual_ ? res.data<T>() : nullptr;
     T* yp = y.data<T>();
     A *mp = mean.data<A>(), *vp = var.data<A>();
     parallel_for(C, 1, [&](int64_t cb, int64_t ce) {
@@ -136,10 +145,11 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
                             eps_);
         for (int64_t n = 0; n < N; ++n) {
           const int64_t off = (n * C + c) * HW;
+          const T* r = rp ? rp + off : nullptr;
           if (relu_)
-            apply_plane<true>(xp + off, yp + off, HW, a);
+            apply_plane<true>(xp + off, r, yp + off, HW, a);
           else
-            apply_plane<false>(xp + off, yp + off, HW, a);
+            apply_plane<false>(xp + off, r, yp + off, HW, a);
         }
       }
     });

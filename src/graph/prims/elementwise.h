@@ -39,42 +39,60 @@ struct NegOp {
   static constexpr const char* name = "neg";
   static constexpr bool float_only = false;
   static constexpr double flops = 1;
-  template <class C> static C f(C x) { return -x; }
+  template <class C>
+  static C f(C x) {
+    return -x;
+  }
   static Tensor vjp(const Tensor&, const Tensor&, const Tensor& g) { return neg(g); }
 };
 struct AbsOp {
   static constexpr const char* name = "abs";
   static constexpr bool float_only = false;
   static constexpr double flops = 1;
-  template <class C> static C f(C x) { return x < 0 ? -x : x; }
+  template <class C>
+  static C f(C x) {
+    return x < 0 ? -x : x;
+  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g);
 };
 struct ExpOp {
   static constexpr const char* name = "exp";
   static constexpr bool float_only = true;
   static constexpr double flops = 8;
-  template <class C> static C f(C x) { return std::exp(x); }
+  template <class C>
+  static C f(C x) {
+    return std::exp(x);
+  }
   static Tensor vjp(const Tensor&, const Tensor& y, const Tensor& g) { return g * y; }
 };
 struct LogOp {
   static constexpr const char* name = "log";
   static constexpr bool float_only = true;
   static constexpr double flops = 8;
-  template <class C> static C f(C x) { return std::log(x); }
+  template <class C>
+  static C f(C x) {
+    return std::log(x);
+  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g) { return g / x; }
 };
 struct SqrtOp {
   static constexpr const char* name = "sqrt";
   static constexpr bool float_only = true;
   static constexpr double flops = 4;
-  template <class C> static C f(C x) { return std::sqrt(x); }
+  template <class C>
+  static C f(C x) {
+    return std::sqrt(x);
+  }
   static Tensor vjp(const Tensor&, const Tensor& y, const Tensor& g) { return g / (2.0 * y); }
 };
 struct RsqrtOp {
   static constexpr const char* name = "rsqrt";
   static constexpr bool float_only = true;
   static constexpr double flops = 4;
-  template <class C> static C f(C x) { return C(1) / std::sqrt(x); }
+  template <class C>
+  static C f(C x) {
+    return C(1) / std::sqrt(x);
+  }
   static Tensor vjp(const Tensor& x, const Tensor& y, const Tensor& g) {
     return g * (-0.5) * y / x;
   }
@@ -83,44 +101,51 @@ struct SquareOp {
   static constexpr const char* name = "square";
   static constexpr bool float_only = false;
   static constexpr double flops = 1;
-  template <class C> static C f(C x) { return x * x; }
+  template <class C>
+  static C f(C x) {
+    return x * x;
+  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g) { return g * 2.0 * x; }
 };
 struct TanhOp {
   static constexpr const char* name = "tanh";
   static constexpr bool float_only = true;
   static constexpr double flops = 10;
-  template <class C> static C f(C x) { return std::tanh(x); }
-  static Tensor vjp(const Tensor&, const Tensor& y, const Tensor& g) {
-    return g * (1.0 - y * y);
+  template <class C>
+  static C f(C x) {
+    return std::tanh(x);
   }
+  static Tensor vjp(const Tensor&, const Tensor& y, const Tensor& g) { return g * (1.0 - y * y); }
 };
 struct SigmoidOp {
   static constexpr const char* name = "sigmoid";
   static constexpr bool float_only = true;
   static constexpr double flops = 10;
-  template <class C> static C f(C x) {
+  template <class C>
+  static C f(C x) {
     // Stable for large |x|.
     if (x >= 0) return C(1) / (C(1) + std::exp(-x));
     C e = std::exp(x);
     return e / (C(1) + e);
   }
-  static Tensor vjp(const Tensor&, const Tensor& y, const Tensor& g) {
-    return g * y * (1.0 - y);
-  }
+  static Tensor vjp(const Tensor&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); }
 };
 struct ReluOp {
   static constexpr const char* name = "relu";
   static constexpr bool float_only = false;
   static constexpr double flops = 1;
-  template <class C> static C f(C x) { return x > C(0) ? x : C(0); }
+  template <class C>
+  static C f(C x) {
+    return x > C(0) ? x : C(0);
+  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g);
 };
 struct GeluErfOp {
   static constexpr const char* name = "gelu";
   static constexpr bool float_only = true;
   static constexpr double flops = 20;
-  template <class C> static C f(C x) {
+  template <class C>
+  static C f(C x) {
     return C(0.5) * x * (C(1) + std::erf(x * C(0.70710678118654752440)));
   }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g);
@@ -129,7 +154,8 @@ struct GeluTanhOp {
   static constexpr const char* name = "gelu_tanh";
   static constexpr bool float_only = true;
   static constexpr double flops = 20;
-  template <class C> static C f(C x) {
+  template <class C>
+  static C f(C x) {
     const C k = C(0.79788456080286535588);  // sqrt(2/pi)
     return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
   }
@@ -139,7 +165,10 @@ struct ErfOp {
   static constexpr const char* name = "erf";
   static constexpr bool float_only = true;
   static constexpr double flops = 10;
-  template <class C> static C f(C x) { return std::erf(x); }
+  template <class C>
+  static C f(C x) {
+    return std::erf(x);
+  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g) {
     return g * (2.0 / std::sqrt(M_PI)) * exp(neg(square(x)));
   }
@@ -148,7 +177,10 @@ struct SiluOp {
   static constexpr const char* name = "silu";
   static constexpr bool float_only = true;
   static constexpr double flops = 10;
-  template <class C> static C f(C x) { return x * SigmoidOp::f(x); }
+  template <class C>
+  static C f(C x) {
+    return x * SigmoidOp::f(x);
+  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g);
 };
 
@@ -183,13 +215,19 @@ class Binary final : public Primitive {
 struct AddOp {
   static constexpr const char* name = "add";
   static constexpr bool float_only = false, is_compare = false;
-  template <class C> static C f(C a, C b) { return a + b; }
+  template <class C>
+  static C f(C a, C b) {
+    return a + b;
+  }
   static Tensor vjp(int, const Tensor&, const Tensor&, const Tensor&, const Tensor& g) { return g; }
 };
 struct SubOp {
   static constexpr const char* name = "sub";
   static constexpr bool float_only = false, is_compare = false;
-  template <class C> static C f(C a, C b) { return a - b; }
+  template <class C>
+  static C f(C a, C b) {
+    return a - b;
+  }
   static Tensor vjp(int i, const Tensor&, const Tensor&, const Tensor&, const Tensor& g) {
     return i == 0 ? g : neg(g);
   }
@@ -197,7 +235,10 @@ struct SubOp {
 struct MulOp {
   static constexpr const char* name = "mul";
   static constexpr bool float_only = false, is_compare = false;
-  template <class C> static C f(C a, C b) { return a * b; }
+  template <class C>
+  static C f(C a, C b) {
+    return a * b;
+  }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g) {
     return i == 0 ? g * b : g * a;
   }
@@ -205,7 +246,8 @@ struct MulOp {
 struct DivOp {
   static constexpr const char* name = "div";
   static constexpr bool float_only = false, is_compare = false;
-  template <class C> static C f(C a, C b) {
+  template <class C>
+  static C f(C a, C b) {
     if constexpr (std::is_integral_v<C>) {
       // Integer division by zero is a user error PyTorch raises; give 0 rather than trap.
       return b == 0 ? C(0) : a / b;
@@ -220,19 +262,28 @@ struct DivOp {
 struct PowOp {
   static constexpr const char* name = "pow";
   static constexpr bool float_only = true, is_compare = false;
-  template <class C> static C f(C a, C b) { return std::pow(a, b); }
+  template <class C>
+  static C f(C a, C b) {
+    return std::pow(a, b);
+  }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor& y, const Tensor& g);
 };
 struct MaximumOp {
   static constexpr const char* name = "maximum";
   static constexpr bool float_only = false, is_compare = false;
-  template <class C> static C f(C a, C b) { return a >= b ? a : b; }
+  template <class C>
+  static C f(C a, C b) {
+    return a >= b ? a : b;
+  }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g);
 };
 struct MinimumOp {
   static constexpr const char* name = "minimum";
   static constexpr bool float_only = false, is_compare = false;
-  template <class C> static C f(C a, C b) { return a <= b ? a : b; }
+  template <class C>
+  static C f(C a, C b) {
+    return a <= b ? a : b;
+  }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g);
 };
 /// relu's gradient in one pass: b where a > 0, else 0 (a: relu's input, b: the incoming
@@ -268,7 +319,10 @@ struct GeluTanhGradOp {
   struct Name {                                                                          \
     static constexpr const char* name = str;                                             \
     static constexpr bool float_only = false, is_compare = true;                         \
-    template <class C> static bool f(C a, C b) { return expr; }                          \
+    template <class C>                                                                   \
+    static bool f(C a, C b) {                                                            \
+      return expr;                                                                       \
+    }                                                                                    \
     static Tensor vjp(int, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { \
       return {};                                                                         \
     }                                                                                    \
@@ -293,7 +347,8 @@ class Where final : public Primitive {
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
-                          const std::vector<Tensor>& g, const std::vector<int>& argnums) const override;
+                          const std::vector<Tensor>& g,
+                          const std::vector<int>& argnums) const override;
 };
 
 /// Converts dtype (round to nearest even into f16/bf16); also a contiguous copy.
@@ -330,5 +385,9 @@ class Cast final : public Primitive {
 void copy_strided(const Array& x, Array& out);
 /// A contiguous array with x's values (x itself, shared, when already contiguous).
 Array contiguous_array(const Array& x);
+
+/// g where x > 0, else 0 (ReluGradOp): the gradient through a relu, from its input or, as
+/// relu(x) > 0 exactly where x > 0, from its output.
+Tensor relu_grad(const Tensor& x, const Tensor& g);
 
 }  // namespace hetrain

@@ -14,9 +14,12 @@ namespace hetrain {
 /// deviations from a mean (never E[x^2] - mean^2): per plane on the CPU, then merged; two passes
 /// per channel on CUDA, as torch. The affine map uses invstd of the variance as stored, so
 /// that the backward recomputes exactly the forward's pre-activation for the relu mask.
+/// With `residual`, a fourth input r of x's shape joins before the relu: y = relu(bn(x) + r), a
+/// residual block's tail in one pass (its gradient takes the relu mask from y).
 class BatchNorm2d final : public Primitive {
  public:
-  BatchNorm2d(double eps, bool relu) : eps_(eps), relu_(relu) {}
+  BatchNorm2d(double eps, bool relu, bool residual = false)
+      : eps_(eps), relu_(relu), residual_(residual) {}
   const char* name() const override { return "batch_norm2d"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
@@ -29,12 +32,12 @@ class BatchNorm2d final : public Primitive {
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override {
-    return "eps=" + std::to_string(eps_) + (relu_ ? ",relu" : "");
+    return "eps=" + std::to_string(eps_) + (residual_ ? ",residual" : "") + (relu_ ? ",relu" : "");
   }
 
  private:
   double eps_;
-  bool relu_;
+  bool relu_, residual_;
 };
 
 /// The backward of BatchNorm2d (torch's batch_norm_backward). Inputs x, mean, var, g, weight,
