@@ -28,6 +28,16 @@ std::string write_temp(const std::string& name, const std::string& text) {
   return p.string();
 }
 
+/// The `local` hardware of a device profile given as JSON text (it must load).
+Hardware load_local(const std::string& json) {
+  std::string path = write_temp("local_profile.json", json);
+  Catalog c;
+  std::string warning;
+  EXPECT_TRUE(c.load_device_profile(path, &warning)) << warning;
+  fs::remove(path);
+  return c.get("local");
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -332,14 +342,7 @@ TEST(PlanLocal, ProfileRatesReachTheStepTime) {
   const std::string base =
       R"({"version": 1, "gemm_tflops": {"f32": 0.1}, "mem_bw_gbs": 10, "mem_bytes": 16e9,
           "gemm_f32_curve": [[64, 20], [2048, 100]])";
-  auto load = [&](const std::string& extra) {
-    std::string path = write_temp("local_profile.json", base + extra + "}");
-    Catalog c;
-    std::string warning;
-    EXPECT_TRUE(c.load_device_profile(path, &warning)) << warning;
-    fs::remove(path);
-    return c.get("local");
-  };
+  auto load = [&](const std::string& extra) { return load_local(base + extra + "}"); };
   Job job;
   job.model = small_resnet(1, 28, {16, 32}, 1, 10);
   job.global_batch = 64;
@@ -386,14 +389,7 @@ TEST(PlanLocal, LayerElementwiseRateReachesTheGptStepTime) {
   const std::string base =
       R"({"version": 1, "gemm_tflops": {"f32": 0.1}, "mem_bw_gbs": 10, "mem_bytes": 16e9,
           "gemm_f32_curve": [[64, 20], [2048, 100]], "layer_f32_curve": )";
-  auto load = [&](const std::string& curve) {
-    std::string path = write_temp("local_layer.json", base + curve + "}");
-    Catalog c;
-    std::string warning;
-    EXPECT_TRUE(c.load_device_profile(path, &warning)) << warning;
-    fs::remove(path);
-    return c.get("local");
-  };
+  auto load = [&](const std::string& curve) { return load_local(base + curve + "}"); };
   Job job;
   job.model = gpt_model(4, 128, 4, 64, 256);
   job.global_batch = 32;
