@@ -361,12 +361,16 @@ TEST(PlanLocal, ProfileRatesReachTheStepTime) {
                               {"kernel": 1, "stride": 2, "in": 16, "out": 32, "out_hw": 14, "gflops": 50}],
          "norm_f32_curve": [[1e3, 1], [1e9, 1]], "stream_f32_curve": [[1e3, 10], [1e9, 10]])";
   const Hardware measured = load(convs);
-  // Expected: conv FLOPs x 3 at 50 GFLOP/s + batch-norm tensors (f32) x 1 s/GB + the residual
-  // add/ReLU (2 tensors forward, 1.5x that backward) at 10 GB/s + the linear head from the curve.
-  double conv_flops = 0, norm_bytes = 0, act_bytes = 0;
+  // Expected: conv FLOPs x 3 at 50 GFLOP/s (x 2 for the stem: no gradient for the images) +
+  // batch-norm tensors (f32) x 1 s/GB + the residual add/ReLU (2 tensors forward, 1.5x that
+  // backward) at 10 GB/s + the linear head from the curve.
+  double conv_flops = 0, norm_bytes = 0, act_bytes = 0, stem_flops = -1;
   for (const auto& l : job.model.conv.layers) {
     const double px = 64.0 * l.out_h * l.out_w;
-    if (l.kind == ConvLayer::Kind::conv) conv_flops += 2 * px * l.out * l.in * l.kernel * l.kernel;
+    if (l.kind == ConvLayer::Kind::conv) {
+      conv_flops += 2 * px * l.out * l.in * l.kernel * l.kernel;
+      if (stem_flops < 0) stem_flops = conv_flops;
+    }
     if (l.kind == ConvLayer::Kind::batchnorm) norm_bytes += 4 * px * l.out;
     if (l.kind == ConvLayer::Kind::activation) act_bytes += 2 * 4 * px * l.out;
   }
@@ -374,13 +378,33 @@ TEST(PlanLocal, ProfileRatesReachTheStepTime) {
       R"(, "conv_f32_rates": [{"kernel": 3, "stride": 1, "in": 16, "out": 16, "out_hw": 28, "gflops": 1e12},
        {"kernel": 1, "stride": 1, "in": 16, "out": 16, "out_hw": 28, "gflops": 1e12}],
        "norm_f32_curve": [[1e3, 1e12]], "stream_f32_curve": [[1e3, 1e12]])"));
-  const double expected = 3 * conv_flops / 50e9 + norm_bytes / 1e9 + 2.5 * act_bytes / 10e9 + head;
+  const double expected =
+      (3 * conv_flops - stem_flops) / 50e9 + norm_bytes / 1e9 + 2.5 * act_bytes / 10e9 + head;
   EXPECT_NEAR(compute(measured), expected, 1e-3 * expected);
   // Twice the conv rate: the conv share halves.
   std::string faster = convs;
   for (size_t at; (at = faster.find("\"gflops\": 50")) != std::string::npos;)
     faster.replace(at, 12, "\"gflops\": 100");
-  EXPECT_NEAR(compute(measured) - compute(load(faster)), 1.5 * conv_flops / 50e9, 1e-3 * expected);
+  EXPECT_NEAR(compute(measured) - compute(load(faster)),
+              (1.5 * conv_flops - 0.5 * stem_flops) / 50e9, 1e-3 * expected);
+}
+
+TEST(PlanLocal, FirstLayerHasNoInputGradient) {
+  // An MLP at a flat 100 GFLOP/s with free memory traffic: forward F, backward 2F less the
+  // input gradient of the first layer, which reads the images (the engine never computes it).
+  const Hardware h = load_local(
+      R"({"version": 1, "gemm_tflops": {"f32": 0.1}, "mem_bw_gbs": 1e9, "mem_bytes": 16e9,
+          "gemm_f32_curve": [[1, 100], [100000, 100]], "stream_f32_curve": [[1, 1e9], [1e12, 1e9]]})");
+  Job job;
+  job.model = mlp_model(784, {512, 256}, 10);
+  job.global_batch = 128;
+  job.tokens = 128;
+  job.precision = Precision::fp32;
+  Strategy s;
+  s.micro_batch = 128;
+  const double first = 2.0 * 128 * 784 * 512;
+  const double all = first + 2.0 * 128 * (512 * 256 + 256 * 10);
+  EXPECT_NEAR(evaluate(job, h, 1, s).time.compute, (3 * all - first) / 100e9, 1e-3 * all / 100e9);
 }
 
 TEST(PlanLocal, LayerElementwiseRateReachesTheGptStepTime) {
