@@ -162,6 +162,9 @@ Tensor BatchNorm2d::normalize(const Tensor& x, bool relu, const Tensor& residual
   if (x.ndim() != 4 || x.shape()[1] != weight_->shape()[0])
     fail("[BatchNorm2d] expected input (N, ", weight_->shape()[0], ", H, W), got ",
          shape_str(x.shape()));
+  if (residual.defined() && residual.shape() != x.shape())
+    fail("[BatchNorm2d] residual must have the input's shape ", shape_str(x.shape()), ", got ",
+         shape_str(residual.shape()));
   const int64_t c = x.shape()[1];
   if (!training()) {
     // The running statistics folded into one per-channel scale and shift (C values), so the
