@@ -346,8 +346,9 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
   // steps spent in these ops.)
   const ElementwisePasses passes = transformer_elementwise_passes(tf, s.tp, s.sequence_parallel);
   const double ew_bytes_f = elem * tok * passes.forward, ew_bytes_b = elem * tok * passes.backward;
-  double ew_f = r.layer_elementwise(ew_bytes_f, ew_bytes_f + ew_bytes_b, 3 * elem * tok * h / t);
-  double ew_b = r.layer_elementwise(ew_bytes_b, ew_bytes_f + ew_bytes_b, 3 * elem * tok * h / t);
+  const double ew_layer = ew_bytes_f + ew_bytes_b, ew_operands = 3 * elem * tok * h / t;
+  double ew_f = r.layer_elementwise(ew_bytes_f, ew_layer, ew_operands);
+  double ew_b = r.layer_elementwise(ew_bytes_b, ew_layer, ew_operands);
   if (hw.attention_curve.empty()) {
     // No measured attention kernel: an unfused one, as Megatron-LM ran it, whose mask, softmax
     // and dropout pass over the (s x s) scores: about twice the 5 bytes per score it keeps

@@ -62,21 +62,22 @@ Rows<T> plain_rows(T* p, int64_t L, int64_t E) {
 /// (part 0, 1, 2) is columns [part * D + h * d, + d) of image n; the output (N, L, D) holds head
 /// h at columns [h * d, + d).
 struct PackedGeom {
-  AttnGeom g;
-  int64_t H, L, D;
+  AttnGeom g;  // B = N * H batch-heads, Lq = Lk = L, E = Ev = d
+  int64_t H;
   template <class T>
   Rows<T> rows(T* x, int64_t part) const {
-    return {x + part * D, H, L * 3 * D, D / H, 3 * D};
+    const int64_t D = H * g.E;
+    return {x + part * D, H, g.Lq * 3 * D, g.E, 3 * D};
   }
   template <class T>
   Rows<T> out_rows(T* y) const {
-    return {y, H, L * D, D / H, D};
+    return {y, H, g.Lq * H * g.E, g.E, H * g.E};
   }
 };
 
 PackedGeom packed_geom(const Shape& qkv, int64_t heads, bool causal) {
-  const int64_t N = qkv[0], L = qkv[1], D = qkv[2] / 3, d = D / heads;
-  return {{N * heads, L, L, d, d, causal}, heads, L, D};
+  const int64_t L = qkv[1], d = qkv[2] / 3 / heads;
+  return {{qkv[0] * heads, L, L, d, d, causal}, heads};
 }
 
 /// e^x for f32 in a form the compiler vectorises (Cephes' expf polynomial, ~1 ulp): std::exp

@@ -84,15 +84,9 @@ void plane_sums(const T* g, const T* x, int64_t n, C mu, const BnAffine<C>& aff,
 /// y = x * scale + shift (+ r) over n elements, relu of it when Relu.
 template <bool Relu, class T, class C>
 void apply_plane(const T* x, const T* r, T* y, int64_t n, const BnAffine<C>& a) {
-  if (r) {
-    for (int64_t i = 0; i < n; ++i) {
-      const C v = to_compute(x[i]) * a.scale + a.shift + to_compute(r[i]);
-      y[i] = from_compute<T>(Relu ? std::max(v, C(0)) : v);
-    }
-    return;
-  }
   for (int64_t i = 0; i < n; ++i) {
-    const C v = to_compute(x[i]) * a.scale + a.shift;
+    C v = to_compute(x[i]) * a.scale + a.shift;
+    if (r) v += to_compute(r[i]);  // loop-invariant: GCC unswitches the loop on it
     y[i] = from_compute<T>(Relu ? std::max(v, C(0)) : v);
   }
 }
