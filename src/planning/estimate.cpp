@@ -152,6 +152,17 @@ struct Rates {
     double bytes = elem * (m * k + k * n + m * n);
     return std::max(2 * m * n * k / (tflops * 1e12 * dtype_scale), stream_unscaled(bytes, bytes));
   }
+  /// A layer's GEMM, (m x k) times (k x n), and its two gradients, each at the rate of its own
+  /// shape: the input gradient is (m x n) times (n x k), the weight gradient (k x m) times
+  /// (m x n), whose inner size is the batch's tokens or images. (Before, the backward was
+  /// charged twice the forward's time, as if both gradients had the forward's shape.)
+  struct Linear {
+    double fwd, input_grad, weight_grad;
+    double bwd() const { return input_grad + weight_grad; }
+  };
+  Linear linear(double m, double n, double k) const {
+    return {gemm(m, n, k), gemm(m, k, n), gemm(k, n, m)};
+  }
   /// Forward time of a convolution over `px` output pixels: the measured rate of the
   /// nearest measured convolution where the device has them, else an implicit GEMM.
   double conv(const ConvLayer& l, double px) const {
@@ -308,9 +319,14 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
     bool first = true;
     for (const auto& l : m.conv.layers) {
       double px = b * l.out_h * l.out_w, tensor = elem * px * l.out;
-      if (l.kind == ConvLayer::Kind::conv || l.kind == ConvLayer::Kind::linear) {
-        double t = l.kind == ConvLayer::Kind::conv ? r.conv(l, px) : r.gemm(b, l.out, l.in);
+      if (l.kind == ConvLayer::Kind::conv) {
+        // The measured rate covers the forward and both gradients, as if each took as long.
+        double t = r.conv(l, px);
         c.fwd += t, c.bwd += (first ? 1 : 2) * t;
+        first = false;
+      } else if (l.kind == ConvLayer::Kind::linear) {
+        const auto g = r.linear(b, static_cast<double>(l.out), static_cast<double>(l.in));
+        c.fwd += g.fwd, c.bwd += first ? g.weight_grad : g.bwd();
         first = false;
       } else if (l.kind == ConvLayer::Kind::batchnorm) {
         // batch norm + ReLU: read and write the tensor, twice as much backward
@@ -329,12 +345,12 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
   double t = s.tp, sq = static_cast<double>(tf.seq), h = static_cast<double>(tf.hidden);
   double tok = b * sq, d = h / tf.heads, kv = static_cast<double>(tf.kv_heads) * d;
   double f = static_cast<double>(tf.ffn_hidden);
-  double mm = r.gemm(tok, (h + 2 * kv) / t, h) + r.gemm(tok, h, h / t);
-  if (tf.mlp == MlpKind::swiglu) {
-    mm += r.gemm(tok, 2 * f / t, h) + r.gemm(tok, h, f / t);
-  } else {
-    mm += r.gemm(tok, f / t, h) + r.gemm(tok, h, f / t);
-  }
+  // The layer's four weight GEMMs: QKV, attention output, MLP in (and gate), MLP out.
+  double mm = 0, mm_b = 0;
+  for (const auto& g :
+       {r.linear(tok, (h + 2 * kv) / t, h), r.linear(tok, h, h / t),
+        r.linear(tok, (tf.mlp == MlpKind::swiglu ? 2 : 1) * f / t, h), r.linear(tok, h, f / t)})
+    mm += g.fwd, mm_b += g.bwd();
   // Attention core: per head, scores (s x s, k = d) and scores @ V (s x d, k = s).
   double heads = b * tf.heads / t;
   double core =
@@ -361,13 +377,14 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
   double layer_fwd = mm + core + ew_f;
   double lps = std::ceil(static_cast<double>(tf.layers) / s.pp);
   // The logits and the loss: softmax over f32 logits, read and written forward and backward.
-  double logits = 0, loss = 0;
+  double logits = 0, logits_b = 0, loss = 0;
   if (tf.lm_head) {
-    logits = r.gemm(tok, tf.vocab / t, h);
+    const auto g = r.linear(tok, tf.vocab / t, h);
+    logits = g.fwd, logits_b = g.bwd();
     loss = r.stream(4 * tok * static_cast<double>(tf.vocab) / t * 2, 4 * tok * tf.vocab / t);
   }
   c.fwd = lps * layer_fwd + logits + loss;
-  c.bwd = lps * (2 * (mm + core) + ew_b) + 2 * logits + loss;
+  c.bwd = lps * (mm_b + 2 * core + ew_b) + logits_b + loss;
   if (s.recompute == Recompute::full) c.recompute = lps * layer_fwd;
   if (s.recompute == Recompute::selective) c.recompute = lps * core;
   c.fwd *= hw.compute_scale, c.bwd *= hw.compute_scale, c.recompute *= hw.compute_scale;

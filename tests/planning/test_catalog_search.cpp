@@ -407,6 +407,27 @@ TEST(PlanLocal, FirstLayerHasNoInputGradient) {
   EXPECT_NEAR(evaluate(job, h, 1, s).time.compute, (3 * all - first) / 100e9, 1e-3 * all / 100e9);
 }
 
+TEST(PlanLocal, BackwardGemmsRunAtTheirOwnShapes) {
+  // A measured grid where a GEMM whose inner size is the batch (128) runs at half the rate of
+  // one whose inner size is 1024. MLP 1024 -> 1024 -> 1024, batch 128, F FLOPs per layer:
+  // forward F/100 twice; backward the first layer's weight gradient (1024 x 1024, inner 128)
+  // F/50, the second's input gradient (128 x 1024, inner 1024) F/100 and weight gradient F/50.
+  const Hardware h = load_local(
+      R"({"version": 1, "gemm_tflops": {"f32": 0.1}, "mem_bw_gbs": 1e9, "mem_bytes": 16e9,
+          "gemm_f32_curve": [[1, 100], [100000, 100]], "stream_f32_curve": [[1, 1e9], [1e12, 1e9]],
+          "gemm_f32_grid": {"m": [128, 1024], "n": [128, 1024], "k": [128, 1024],
+                            "gflops": [50, 100, 50, 100, 50, 100, 50, 100]}})");
+  Job job;
+  job.model = mlp_model(1024, {1024}, 1024);
+  job.global_batch = 128;
+  job.tokens = 128;
+  job.precision = Precision::fp32;
+  Strategy s;
+  s.micro_batch = 128;
+  const double F = 2.0 * 128 * 1024 * 1024;
+  EXPECT_NEAR(evaluate(job, h, 1, s).time.compute, F * (2 + 2 + 1 + 2) / 100e9, 1e-3 * F / 100e9);
+}
+
 TEST(PlanLocal, LayerElementwiseRateReachesTheGptStepTime) {
   // A GPT whose elementwise passes are charged at the measured layer rate: 1 GB/s against
   // 2 GB/s takes exactly those bytes' time more, forward and backward, on every layer.
