@@ -1,7 +1,7 @@
 // Convolution and batch-norm speed on fashion-cnn's shapes (batch 128), and one training step
 // (forward + backward, no optimizer) of the fashion-cnn ResNet (widths 16/32/64, one block per
 // stage). The last argument of the conv and step benchmarks picks the conv path: 0 = im2col + GEMM
-// (the path before oneDNN), 1 = oneDNN, 2 = the direct stride-1 kernels where they apply (oneDNN
+// (the path before oneDNN), 1 = oneDNN, 2 = the direct kernels where they apply (oneDNN
 // for the other shapes), 3 = Winograd F(2x2,3x3) for 3x3 stride 1, then as 2; BM_BatchNorm's: 1 =
 // fused batch_norm2d, 0 = the composite of mean/var/elementwise ops it replaced, 2 = fused with
 // relu, 3 = fused then a separate relu.

@@ -1,7 +1,7 @@
-// The f32 conv paths (Winograd, direct stride-1 kernels, oneDNN, im2col) against the im2col kernels
-// in f64 on odd shapes: stride 2, padding, non-square kernels and images, batches that split
-// unevenly over the threads; each case checks which path ran, then turns the faster paths off one
-// by one and checks the slower ones on the same case.
+// The f32 conv paths (Winograd, direct stride-1 and stride-2 kernels, oneDNN, im2col) against the
+// im2col kernels in f64 on odd shapes: stride 2, padding, non-square kernels and images, batches
+// that split unevenly over the threads; each case checks which path ran, then turns the faster
+// paths off one by one and checks the slower ones on the same case.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -79,6 +79,12 @@ const Case kCases[] = {
     {{2, 1, 28, 28}, {16, 1, 3, 3}, {1, 1}, {1, 1}, true, Case::direct},  // the stem at 28x28
     {{3, 9, 12, 15}, {6, 9, 5, 3}, {1, 1}, {2, 0}, true, Case::direct},
     {{4, 8, 12, 13}, {5, 8, 2, 4}, {1, 1}, {1, 3}, false, Case::direct},
+    // Stride 2 on the phase planes: odd and even padded sizes, padding 0, 1 and 2 (which phase
+    // takes x's even columns), a kernel with two column phases of different tap counts.
+    {{3, 16, 28, 26}, {32, 16, 3, 3}, {2, 2}, {1, 1}, false, Case::direct},
+    {{2, 5, 25, 27}, {7, 5, 3, 3}, {2, 2}, {1, 1}, true, Case::direct},
+    {{2, 8, 26, 25}, {6, 8, 3, 3}, {2, 2}, {0, 0}, false, Case::direct},
+    {{2, 6, 24, 27}, {5, 6, 2, 4}, {2, 2}, {1, 2}, true, Case::direct},
 };
 
 }  // namespace
@@ -120,7 +126,7 @@ TEST(ConvDnnl, UnevenChunksForAnyThreadCount) {
   const int threads = num_threads();
   for (int t : {1, 3, 4}) {
     set_num_threads(t);
-    for (const Case& c : {kCases[0], kCases[1], kCases[2], kCases[8], kCases[9]}) {
+    for (const Case& c : {kCases[0], kCases[1], kCases[2], kCases[8], kCases[9], kCases[13]}) {
       const std::string what = std::to_string(t) + " threads " + shape_str(c.x);
       expect_matches(conv_and_grads(c, Dtype::f32), conv_and_grads(c, Dtype::f64), what);
     }

@@ -1,7 +1,7 @@
 // CPU convolution and pooling. f32 (and f16/bf16, converted to f32 around it) goes through the
-// direct stride-1 kernels (conv_direct.cpp) where they apply, then oneDNN's convolution
-// primitives (conv_dnnl.cpp); f64, and shapes neither has a fast kernel for, use im2col + GEMM
-// per image (col2im for the input gradient).
+// direct stride-1 and stride-2 kernels (conv_direct.cpp) where they apply, then oneDNN's
+// convolution primitives (conv_dnnl.cpp); f64, and shapes neither has a fast kernel for, use im2col
+// + GEMM per image (col2im for the input gradient).
 #include "graph/prims/conv.h"
 
 #include <algorithm>
@@ -186,7 +186,7 @@ void conv_backward_weight(const T* x, const T* gy, T* dw, const ConvGeom& g, Dty
   }
 }
 
-/// f32 convolutions try Winograd F(2x2,3x3) first, then the direct stride-1 kernels, then
+/// f32 convolutions try Winograd F(2x2,3x3) first, then the direct kernels (strides 1 and 2), then
 /// oneDNN, then im2col + GEMM; each kernel declines shapes it cannot do. Winograd is skipped
 /// where a side has fewer than 8 channels: the transforms then outweigh the products it saves
 /// (fashion-cnn's 1 -> 16 stem ran 1.7-2.5x slower than the direct kernels; bench_conv

@@ -1,15 +1,20 @@
-// Direct stride-1 convolution on AVX2 + FMA (see conv_direct.h).
+// Direct stride-1 and stride-2 convolution on AVX2 + FMA (see conv_direct.h).
 //
 // Each image is copied once into a zero-padded buffer, one plane per channel. On that buffer a
 // stride-1 convolution is a GEMM whose second operand is read in place: with q = oh * Wp + ow an
 // output position on the padded-width grid (Wp = W + 2 pw; the columns ow >= Wo are computed and
 // thrown away), out[o][q] = sum_k w[o][k] * in[off[k] + q], where k runs over (c, i, j) and
-// off[k] = c * plane + i * Wp + j. The register tile is 4 output channels by 24 consecutive grid
-// positions (12 accumulators); each step loads three vectors of input and broadcasts four weights.
-// The input gradient is the same kernel on the padded output gradient with the kernel flipped and
-// transposed. The weight gradient is dw[o][k] = sum_q g[o][q] * in[off[k] + q] over every image,
-// with g the output gradient on the same grid (zero in the thrown-away columns), vectorised
-// along q with 4 x 3 (o, k) tiles of vector partial sums.
+// off[k] = c * plane + i * Wp + j. Stride 2 is the same GEMM on the padded image split into four
+// phase planes, P_ab[r][t] = padded[2r + a][2t + b] (Wq = ceil(Wp / 2) wide): tap (i, j) of
+// output (oh, ow) reads P_(i%2)(j%2)[oh + i/2][ow + j/2], so off[k] = c * cstride +
+// (2 (i%2) + j%2) * plane + (i/2) * Wq + j/2 and q = oh * Wq + ow. Its input gradient is, for each
+// phase (a, b) of the padded input, a stride-1 correlation of the output gradient with the taps
+// i%2 = a, j%2 = b (flipped), written back to that phase's pixels. The register tile is 4 output
+// channels by 24 consecutive grid positions (12 accumulators); each step loads three vectors of
+// input and broadcasts four weights. The input gradient is the same kernel on the padded output
+// gradient with the kernel flipped and transposed. The weight gradient is dw[o][k] = sum_q g[o][q]
+// * in[off[k] + q] over every image, with g the output gradient on the same grid (zero in the
+// thrown-away columns), vectorised along q with 4 x 3 (o, k) tiles of vector partial sums.
 //
 // Every output element is computed by one thread in a fixed order, so forward and input-gradient
 // results do not depend on the thread count; the weight gradient adds per-thread partial sums in
@@ -37,52 +42,121 @@ namespace {
 constexpr int kVecs = 3;  // 8-float vectors of grid positions per tile
 constexpr int64_t kTile = 8 * kVecs;
 
-/// A stride-1 convolution of one padded image.
+/// A stride-1 or stride-2 convolution of one padded image.
 struct Grid {
   int64_t C, O;  // input and output channels
   int64_t H, W;  // input, unpadded
-  int64_t ph, pw, kh, kw;
-  int64_t Wp, Ho, Wo;  // padded input width; output
-  int64_t Qr;          // grid positions computed: Ho * Wp rounded up to whole tiles
-  int64_t plane;       // floats per padded input channel, with the slack the last tile reads
+  int64_t ph, pw, kh, kw, s;
+  int64_t Hq, Wq;  // rows and columns of each phase plane (stride 1: the padded image)
+  int64_t Ho, Wo;  // output
+  int64_t Qr;      // grid positions computed: Ho * Wq rounded up to whole tiles
+  int64_t plane;   // floats per phase plane, with the slack the last tile reads
+  int64_t phases() const { return s * s; }
   int64_t K() const { return C * kh * kw; }
 };
 
 Grid make_grid(int64_t C, int64_t O, int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t ph,
-               int64_t pw) {
-  Grid g{C, O, H, W, ph, pw, kh, kw, W + 2 * pw, 0, 0, 0, 0};
-  g.Ho = H + 2 * ph - kh + 1;
-  g.Wo = g.Wp - kw + 1;
-  g.Qr = (g.Ho * g.Wp + kTile - 1) / kTile * kTile;
-  // The last tile reads up to off[K-1] + Qr - 1 in the last plane; >= (H + 2 ph) * Wp.
-  g.plane = (kh - 1) * g.Wp + (kw - 1) + g.Qr;
+               int64_t pw, int64_t s = 1) {
+  Grid g{C, O, H, W, ph, pw, kh, kw, s, 0, 0, 0, 0, 0, 0};
+  const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw;
+  g.Hq = (Hp + s - 1) / s;
+  g.Wq = (Wp + s - 1) / s;
+  g.Ho = (Hp - kh) / s + 1;
+  g.Wo = (Wp - kw) / s + 1;
+  g.Qr = (g.Ho * g.Wq + kTile - 1) / kTile * kTile;
+  // The last tile reads up to the largest tap offset + Qr - 1 in the last plane; that is at
+  // least the plane's Hq rows.
+  g.plane = std::max(((kh - 1) / s) * g.Wq + (kw - 1) / s + g.Qr, g.Hq * g.Wq);
   return g;
 }
 
-/// Copies one image x (C, H, W) into C zero-padded planes of g.plane floats, cstride apart.
-void pad_image(const float* x, const Grid& g, float* xp, int64_t cstride) {
-  for (int64_t c = 0; c < g.C; ++c) {
-    float* p = xp + c * cstride;
-    const float* xc = x + c * g.H * g.W;
-    std::fill(p, p + g.ph * g.Wp, 0.0f);
-    for (int64_t h = 0; h < g.H; ++h) {
-      float* row = p + (g.ph + h) * g.Wp;
-      std::fill(row, row + g.pw, 0.0f);
-      std::memcpy(row + g.pw, xc + h * g.W, static_cast<size_t>(g.W) * sizeof(float));
-      std::fill(row + g.pw + g.W, row + g.Wp, 0.0f);
-    }
-    std::fill(p + (g.ph + g.H) * g.Wp, p + g.plane, 0.0f);
+/// even[t] = x[2t] and odd[t] = x[2t + 1] for the W values of x (either may be null).
+__attribute__((target("avx2"))) void split_row(const float* x, int64_t W, float* even, float* odd) {
+  int64_t t = 0;
+  for (; 2 * t + 16 <= W; t += 8) {
+    const __m256 a = _mm256_loadu_ps(x + 2 * t), b = _mm256_loadu_ps(x + 2 * t + 8);
+    // [a0 a2 b0 b2 | a4 a6 b4 b6], then the 64-bit pairs reordered to [a0 a2 a4 a6 b0 b2 b4 b6].
+    const __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m256 o = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+    constexpr int order = _MM_SHUFFLE(3, 1, 2, 0);
+    if (even)
+      _mm256_storeu_ps(even + t,
+                       _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), order)));
+    if (odd)
+      _mm256_storeu_ps(odd + t,
+                       _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), order)));
+  }
+  for (; 2 * t < W; ++t) {
+    if (even) even[t] = x[2 * t];
+    if (odd && 2 * t + 1 < W) odd[t] = x[2 * t + 1];
   }
 }
 
-/// off[k] for k = (c, i, j): where tap k of grid position 0 reads, planes cstride apart.
-std::vector<int32_t> tap_offsets(const Grid& g, int64_t cstride) {
+/// x[2u] = lo[u] and x[2u + 1] = hi[u] for the W values of x: split_row's inverse.
+__attribute__((target("avx2"))) void merge_row(const float* lo, const float* hi, int64_t W,
+                                               float* x) {
+  int64_t u = 0;
+  for (; 2 * u + 16 <= W; u += 8) {
+    const __m256 l = _mm256_loadu_ps(lo + u), h = _mm256_loadu_ps(hi + u);
+    const __m256 a = _mm256_unpacklo_ps(l, h), b = _mm256_unpackhi_ps(l, h);
+    _mm256_storeu_ps(x + 2 * u, _mm256_permute2f128_ps(a, b, 0x20));
+    _mm256_storeu_ps(x + 2 * u + 8, _mm256_permute2f128_ps(a, b, 0x31));
+  }
+  for (; 2 * u < W; ++u) {
+    x[2 * u] = lo[u];
+    if (2 * u + 1 < W) x[2 * u + 1] = hi[u];
+  }
+}
+
+/// Copies one image x (C, H, W) into its zero-padded phase planes of g.plane floats: channels
+/// cstride apart, a channel's phases pstride apart.
+void pad_image(const float* x, const Grid& g, float* xp, int64_t cstride, int64_t pstride) {
+  for (int64_t c = 0; c < g.C; ++c) {
+    const float* xc = x + c * g.H * g.W;
+    if (g.s == 1) {
+      float* p = xp + c * cstride;
+      std::fill(p, p + g.ph * g.Wq, 0.0f);
+      for (int64_t h = 0; h < g.H; ++h) {
+        float* row = p + (g.ph + h) * g.Wq;
+        std::fill(row, row + g.pw, 0.0f);
+        std::memcpy(row + g.pw, xc + h * g.W, static_cast<size_t>(g.W) * sizeof(float));
+        std::fill(row + g.pw + g.W, row + g.Wq, 0.0f);
+      }
+      std::fill(p + (g.ph + g.H) * g.Wq, p + g.plane, 0.0f);
+      continue;
+    }
+    // Stride 2: each row of x goes to the phase of its padded row, its columns alternately to
+    // the two column phases. Only the phases some tap reads (a < kh, b < kw) are written.
+    for (int64_t a = 0; a < g.s; ++a)
+      for (int64_t b = 0; b < g.s; ++b)
+        if (a < g.kh && b < g.kw) {
+          float* p = xp + c * cstride + (a * g.s + b) * pstride;
+          std::fill(p, p + g.plane, 0.0f);
+        }
+    for (int64_t h = 0; h < g.H; ++h) {
+      const int64_t a = (h + g.ph) % 2, r = (h + g.ph) / 2;
+      if (a >= g.kh) continue;
+      const float* xr = xc + h * g.W;
+      // Padded column w + pw: phase (w + pw) % 2, column (w + pw) / 2.
+      float* even = xp + c * cstride + (a * 2 + g.pw % 2) * pstride + r * g.Wq + g.pw / 2;
+      float* odd = xp + c * cstride + (a * 2 + 1 - g.pw % 2) * pstride + r * g.Wq + (g.pw + 1) / 2;
+      const bool odd_read = g.kw > 1 || g.pw % 2 == 1;  // the phase of x's odd columns is read
+      const bool even_read = g.kw > 1 || g.pw % 2 == 0;
+      split_row(xr, g.W, even_read ? even : nullptr, odd_read ? odd : nullptr);
+    }
+  }
+}
+
+/// off[k] for k = (c, i, j): where tap k of grid position 0 reads, channels cstride apart and a
+/// channel's phase planes pstride apart.
+std::vector<int32_t> tap_offsets(const Grid& g, int64_t cstride, int64_t pstride) {
   std::vector<int32_t> off(static_cast<size_t>(g.K()));
   size_t k = 0;
   for (int64_t c = 0; c < g.C; ++c)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j)
-        off[k++] = static_cast<int32_t>(c * cstride + i * g.Wp + j);
+        off[k++] = static_cast<int32_t>(c * cstride + ((i % g.s) * g.s + j % g.s) * pstride +
+                                        (i / g.s) * g.Wq + j / g.s);
   return off;
 }
 
@@ -116,11 +190,12 @@ void forward_image(const float* xp, const Grid& g, const std::vector<int32_t>& o
 /// Runs the forward kernel over n images: x (n, C, H, W) -> y (n, O, Ho, Wo) [+ b].
 void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk, const float* b,
                     float* y, int64_t n) {
-  const std::vector<int32_t> off = tap_offsets(g, g.plane);
+  const int64_t cstride = g.phases() * g.plane;
+  const std::vector<int32_t> off = tap_offsets(g, cstride, g.plane);
   parallel_for(n, 1, [&](int64_t n0, int64_t n1) {
-    Array xp = workspace({g.C * g.plane}, Dtype::f32), yq = workspace({g.O * g.Qr}, Dtype::f32);
+    Array xp = workspace({g.C * cstride}, Dtype::f32), yq = workspace({g.O * g.Qr}, Dtype::f32);
     for (int64_t i = n0; i < n1; ++i) {
-      pad_image(x + i * g.C * g.H * g.W, g, xp.data<float>(), g.plane);
+      pad_image(x + i * g.C * g.H * g.W, g, xp.data<float>(), cstride, g.plane);
       forward_image(xp.data<float>(), g, off, wpk, yq.data<float>());
       float* yi = y + i * g.O * g.Ho * g.Wo;
       for (int64_t o = 0; o < g.O; ++o) {
@@ -128,7 +203,7 @@ void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk
         const float* src = yq.data<float>() + o * g.Qr;
         float* dst = yi + o * g.Ho * g.Wo;
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
-          const float* s = src + oh * g.Wp;
+          const float* s = src + oh * g.Wq;
           float* d = dst + oh * g.Wo;
           if (b)
             for (int64_t ow = 0; ow < g.Wo; ++ow) d[ow] = s[ow] + bias;
@@ -189,11 +264,15 @@ std::atomic<bool>& disabled_flag() {
 std::atomic<int64_t> runs{0};
 
 bool applies(const ConvShape& s) {
-  if (disabled_flag() || s.N <= 0 || s.sh != 1 || s.sw != 1 || s.kh * s.kw < 2) return false;
+  if (disabled_flag() || s.N <= 0 || s.sh != s.sw || s.sh < 1 || s.sh > 2) return false;
+  // A 1x1 kernel's taps are too few to pay for the copies: at stride 2, im2col + GEMM was
+  // 1.2-2x faster on fashion-cnn's shortcuts (bench_conv, 1 thread).
+  if (s.kh * s.kw < 2) return false;
   if (s.ph < 0 || s.pw < 0 || s.ph > s.kh - 1 || s.pw > s.kw - 1) return false;
   // Narrow images waste too much on the padded grid's thrown-away columns: (kw - 1) of every
   // W + 2 pw. On fashion-cnn's 7x7 64-channel conv oneDNN was 1.2-1.5x faster in each pass;
   // at 14 wide and above the direct kernels were as fast or faster (bench_conv, 2 threads).
+  // Stride 2 to a 7x7 output (32 -> 64 channels from 14x14) was 1.05-1.3x slower than oneDNN.
   if (std::min(s.Wo, s.W) < 12) return false;
   const CpuFeatures& f = cpu_features();
   if (!f.avx2 || !f.fma) return false;
@@ -201,6 +280,76 @@ bool applies(const ConvShape& s) {
   const Grid g = make_grid(std::max(s.C, s.O), 1, std::max(s.H, s.Ho), std::max(s.W, s.Wo), s.kh,
                            s.kw, s.kh - 1, s.kw - 1);
   return g.C * (g.plane + 4096 + 8) < std::numeric_limits<int32_t>::max();
+}
+
+/// The input gradient of a stride-2 convolution. Phase (a, b) of the padded input, pixels
+/// (2r + a, 2t + b), takes the taps with i%2 = a and j%2 = b: dx_ab[c][r][t] = sum over o and
+/// those taps of w[o][c][i][j] * gy[o][r - i/2][t - j/2], a stride-1 correlation on the output
+/// gradient padded with (kh-1)/2 zero rows above and (kw-1)/2 zero columns left, on a grid of
+/// the phase's Hq rows of Wg = (kw-1)/2 + Wq positions. A phase without taps (a 1x1 kernel's
+/// three odd phases) gets zeros.
+void strided_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx) {
+  const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw, s.sh);
+  const int64_t st = g.s, pt = (s.kh - 1) / st, pl = (s.kw - 1) / st, Wg = pl + g.Wq;
+  const int64_t Qr = (g.Hq * Wg + kTile - 1) / kTile * kTile;
+  const int64_t plane = pt * Wg + pl + Qr;  // >= (pt + Hq) rows: every row the taps read
+  struct Phase {
+    int64_t a, b, K;
+    std::vector<int32_t> off;
+    std::vector<float> wpk;
+  };
+  std::vector<Phase> phases;
+  for (int64_t a = 0; a < st; ++a)
+    for (int64_t b = 0; b < st; ++b) {
+      std::vector<std::pair<int64_t, int64_t>> taps;
+      for (int64_t i = a; i < s.kh; i += st)
+        for (int64_t j = b; j < s.kw; j += st) taps.emplace_back(i, j);
+      const auto nt = static_cast<int64_t>(taps.size());
+      Phase p{a, b, s.O * nt, {}, {}};
+      for (int64_t o = 0; o < s.O; ++o)
+        for (auto [i, j] : taps)
+          p.off.push_back(static_cast<int32_t>(o * plane + (pt - i / st) * Wg + (pl - j / st)));
+      if (p.K > 0)
+        p.wpk = pack_weights(s.C, p.K, [&](int64_t c, int64_t k) {
+          const auto [i, j] = taps[static_cast<size_t>(k % nt)];
+          return w[((k / nt * s.C + c) * s.kh + i) * s.kw + j];
+        });
+      phases.push_back(std::move(p));
+    }
+  parallel_for(s.N, 1, [&](int64_t n0, int64_t n1) {
+    Array gpad = workspace({s.O * plane}, Dtype::f32);
+    Array out = workspace({4, s.C * Qr}, Dtype::f32);  // one grid per phase
+    float *gp = gpad.data<float>(), *op = out.data<float>();
+    std::fill(gp, gp + gpad.numel(), 0.0f);  // the copies below overwrite only gy's own cells
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* gn = gy + n * s.O * s.Ho * s.Wo;
+      for (int64_t o = 0; o < s.O; ++o)
+        for (int64_t oh = 0; oh < s.Ho; ++oh)
+          std::memcpy(gp + o * plane + (pt + oh) * Wg + pl, gn + (o * s.Ho + oh) * s.Wo,
+                      static_cast<size_t>(s.Wo) * sizeof(float));
+      for (const Phase& p : phases) {
+        float* grid = op + (p.a * st + p.b) * s.C * Qr;
+        if (p.K == 0) {
+          std::fill(grid, grid + s.C * Qr, 0.0f);
+          continue;
+        }
+        for_row_blocks(s.C, [&]<int R>(int64_t c0) {
+          forward_rows<R>(gp, p.off.data(), p.K, p.wpk.data() + c0 * p.K, grid + c0 * Qr, Qr);
+        });
+      }
+      // dx row h is padded row h + ph: phase row (h + ph) % 2, grid row (h + ph) / 2; its
+      // columns alternate between the two column phases, starting with phase pw % 2.
+      float* dn = dx + n * s.C * s.H * s.W;
+      for (int64_t c = 0; c < s.C; ++c)
+        for (int64_t h = 0; h < s.H; ++h) {
+          const int64_t a = (h + s.ph) % 2, r = (h + s.ph) / 2;
+          const float* lo = op + (a * 2 + s.pw % 2) * s.C * Qr + c * Qr + r * Wg + s.pw / 2;
+          const float* hi =
+              op + (a * 2 + 1 - s.pw % 2) * s.C * Qr + c * Qr + r * Wg + (s.pw + 1) / 2;
+          merge_row(lo, hi, s.W, dn + (c * s.H + h) * s.W);
+        }
+    }
+  });
 }
 
 }  // namespace
@@ -211,7 +360,7 @@ int64_t direct_conv_runs() { return runs; }
 bool direct_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
                          float* y) {
   if (!applies(s)) return false;
-  const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw);
+  const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw, s.sh);
   const int64_t K = g.K();
   const auto wpk = pack_weights(s.O, K, [&](int64_t o, int64_t k) { return w[o * K + k]; });
   forward_images(g, x, wpk, b, y, s.N);
@@ -221,6 +370,11 @@ bool direct_conv_forward(const ConvShape& s, const float* x, const float* w, con
 
 bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx) {
   if (!applies(s)) return false;
+  if (s.sh != 1) {
+    strided_backward_data(s, gy, w, dx);
+    ++runs;
+    return true;
+  }
   // dx = conv(gy, w flipped in space, O and C swapped), padding k - 1 - p.
   const Grid g = make_grid(s.O, s.C, s.Ho, s.Wo, s.kh, s.kw, s.kh - 1 - s.ph, s.kw - 1 - s.pw);
   const int64_t K = g.K(), khw = s.kh * s.kw;
@@ -235,20 +389,21 @@ bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float*
 
 bool direct_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw) {
   if (!applies(s)) return false;
-  const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw);
+  const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw, s.sh);
   const int64_t K = g.K();
   // Images are laid side by side, `group` at a time, S floats apart, so that each tile's sums run
   // over a long stretch of positions: small images (7x7) would otherwise spend more time loading
   // and storing the tile's partial sums than multiplying.
   const int64_t S = (g.plane + 7) / 8 * 8;
   const int64_t group = std::clamp<int64_t>(4096 / S, 1, s.N);
-  const int64_t ld = group * S;  // floats between channels (x) and between rows (g)
-  const std::vector<int32_t> off = tap_offsets(g, ld);
+  const int64_t ld = group * S;  // floats between phase planes (x) and between rows (g)
+  const int64_t cstride = g.phases() * ld;
+  const std::vector<int32_t> off = tap_offsets(g, cstride, ld);
   const int64_t chunks = std::min<int64_t>(s.N, num_threads());
   Array partial = workspace({chunks, s.O * K}, Dtype::f32);
   parallel_for(chunks, 1, [&](int64_t cb, int64_t ce) {
     // x gets one more plane of slack: the last position's taps read past the last image.
-    Array xp = workspace({g.C * ld + S}, Dtype::f32), gq = workspace({g.O * ld}, Dtype::f32);
+    Array xp = workspace({g.C * cstride + S}, Dtype::f32), gq = workspace({g.O * ld}, Dtype::f32);
     Array acc = workspace({s.O * K * 8}, Dtype::f32);
     float *xb = xp.data<float>(), *gb = gq.data<float>(), *a = acc.data<float>();
     for (int64_t c = cb; c < ce; ++c) {
@@ -261,11 +416,11 @@ bool direct_conv_backward_weights(const ConvShape& s, const float* x, const floa
       for (int64_t n0 = c * s.N / chunks; n0 < n_end; n0 += group) {
         const int64_t count = std::min(group, n_end - n0);
         for (int64_t i = 0; i < count; ++i) {
-          pad_image(x + (n0 + i) * s.C * s.H * s.W, g, xb + i * S, ld);
+          pad_image(x + (n0 + i) * s.C * s.H * s.W, g, xb + i * S, cstride, ld);
           const float* gn = gy + (n0 + i) * s.O * s.Ho * s.Wo;
           for (int64_t o = 0; o < s.O; ++o)
             for (int64_t oh = 0; oh < s.Ho; ++oh)
-              std::memcpy(gb + o * ld + i * S + oh * g.Wp, gn + (o * s.Ho + oh) * s.Wo,
+              std::memcpy(gb + o * ld + i * S + oh * g.Wq, gn + (o * s.Ho + oh) * s.Wo,
                           static_cast<size_t>(s.Wo) * sizeof(float));
         }
         const int64_t Q = count * S;
