@@ -85,6 +85,7 @@ const Case kCases[] = {
     {{2, 5, 25, 27}, {7, 5, 3, 3}, {2, 2}, {1, 1}, true, Case::direct},
     {{2, 8, 26, 25}, {6, 8, 3, 3}, {2, 2}, {0, 0}, false, Case::direct},
     {{2, 6, 24, 27}, {5, 6, 2, 4}, {2, 2}, {1, 2}, true, Case::direct},
+    {{3, 16, 28, 25}, {32, 16, 1, 1}, {2, 2}, {0, 0}, false, Case::direct},  // a shortcut
 };
 
 }  // namespace

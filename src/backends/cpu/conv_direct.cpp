@@ -265,9 +265,9 @@ std::atomic<int64_t> runs{0};
 
 bool applies(const ConvShape& s) {
   if (disabled_flag() || s.N <= 0 || s.sh != s.sw || s.sh < 1 || s.sh > 2) return false;
-  // A 1x1 kernel's taps are too few to pay for the copies: at stride 2, im2col + GEMM was
-  // 1.2-2x faster on fashion-cnn's shortcuts (bench_conv, 1 thread).
-  if (s.kh * s.kw < 2) return false;
+  // A 1x1 stride-1 convolution is one GEMM per image; at stride 2 (a ResNet shortcut) the
+  // copy into phase planes reads x once and writes a quarter of it.
+  if (s.kh * s.kw < 2 && s.sh == 1) return false;
   if (s.ph < 0 || s.pw < 0 || s.ph > s.kh - 1 || s.pw > s.kw - 1) return false;
   // Narrow images waste too much on the padded grid's thrown-away columns: (kw - 1) of every
   // W + 2 pw. On fashion-cnn's 7x7 64-channel conv oneDNN was 1.2-1.5x faster in each pass;
