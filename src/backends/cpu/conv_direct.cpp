@@ -49,24 +49,23 @@ struct Grid {
   int64_t ph, pw, kh, kw, s;
   int64_t Hq, Wq;  // rows and columns of each phase plane (stride 1: the padded image)
   int64_t Ho, Wo;  // output
-  int64_t Qr;      // grid positions computed: Ho * Wq rounded up to whole tiles
-  int64_t plane;   // floats per phase plane, with the slack the last tile reads
   int64_t phases() const { return s * s; }
   int64_t K() const { return C * kh * kw; }
+  /// Floats of one image's phase plane; the grid position of output (oh, ow) is oh * Wq + ow.
+  int64_t image() const { return Hq * Wq; }
+  /// The largest tap offset within a phase plane: how far past its last grid position a
+  /// stretch of positions reads.
+  int64_t reach() const { return ((kh - 1) / s) * Wq + (kw - 1) / s; }
 };
 
 Grid make_grid(int64_t C, int64_t O, int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t ph,
                int64_t pw, int64_t s = 1) {
-  Grid g{C, O, H, W, ph, pw, kh, kw, s, 0, 0, 0, 0, 0, 0};
+  Grid g{C, O, H, W, ph, pw, kh, kw, s, 0, 0, 0, 0};
   const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw;
   g.Hq = (Hp + s - 1) / s;
   g.Wq = (Wp + s - 1) / s;
   g.Ho = (Hp - kh) / s + 1;
   g.Wo = (Wp - kw) / s + 1;
-  g.Qr = (g.Ho * g.Wq + kTile - 1) / kTile * kTile;
-  // The last tile reads up to the largest tap offset + Qr - 1 in the last plane; that is at
-  // least the plane's Hq rows.
-  g.plane = std::max(((kh - 1) / s) * g.Wq + (kw - 1) / s + g.Qr, g.Hq * g.Wq);
   return g;
 }
 
@@ -108,7 +107,7 @@ __attribute__((target("avx2"))) void merge_row(const float* lo, const float* hi,
   }
 }
 
-/// Copies one image x (C, H, W) into its zero-padded phase planes of g.plane floats: channels
+/// Copies one image x (C, H, W) into its zero-padded phase planes of g.image() floats: channels
 /// cstride apart, a channel's phases pstride apart.
 void pad_image(const float* x, const Grid& g, float* xp, int64_t cstride, int64_t pstride) {
   for (int64_t c = 0; c < g.C; ++c) {
@@ -122,7 +121,7 @@ void pad_image(const float* x, const Grid& g, float* xp, int64_t cstride, int64_
         std::memcpy(row + g.pw, xc + h * g.W, static_cast<size_t>(g.W) * sizeof(float));
         std::fill(row + g.pw + g.W, row + g.Wq, 0.0f);
       }
-      std::fill(p + (g.ph + g.H) * g.Wq, p + g.plane, 0.0f);
+      std::fill(p + (g.ph + g.H) * g.Wq, p + g.image(), 0.0f);
       continue;
     }
     // Stride 2: each row of x goes to the phase of its padded row, its columns alternately to
@@ -131,7 +130,7 @@ void pad_image(const float* x, const Grid& g, float* xp, int64_t cstride, int64_
       for (int64_t b = 0; b < g.s; ++b)
         if (a < g.kh && b < g.kw) {
           float* p = xp + c * cstride + (a * g.s + b) * pstride;
-          std::fill(p, p + g.plane, 0.0f);
+          std::fill(p, p + g.image(), 0.0f);
         }
     for (int64_t h = 0; h < g.H; ++h) {
       const int64_t a = (h + g.ph) % 2, r = (h + g.ph) / 2;
@@ -168,47 +167,49 @@ std::vector<float> pack_weights(int64_t O, int64_t K, Weight weight) {
   return p;
 }
 
-/// out[r][q] = sum_k w[k][r] * in[off[k] + q] for R rows and q in [0, Qr).
+/// out[r * ldo + q] = sum_k w[k][r] * in[off[k] + q] for R rows and q in [0, Q), Q a whole
+/// number of tiles.
 template <int R>
 __attribute__((target("avx2,fma"))) void forward_rows(const float* in, const int32_t* off,
                                                       int64_t K, const float* w, float* out,
-                                                      int64_t Qr) {
-  for (int64_t q = 0; q < Qr; q += kTile)
+                                                      int64_t Q, int64_t ldo) {
+  for (int64_t q = 0; q < Q; q += kTile)
     fma_tile<R, kVecs>([base = in + q, off](int64_t k) { return base + off[k]; }, w, K, out + q,
-                       Qr);
+                       ldo);
 }
 
-/// yq (O, Qr) for one padded image.
-void forward_image(const float* xp, const Grid& g, const std::vector<int32_t>& off,
-                   const std::vector<float>& wpk, float* yq) {
-  const int64_t K = g.K();
-  for_row_blocks(g.O, [&]<int R>(int64_t o0) {
-    forward_rows<R>(xp, off.data(), K, wpk.data() + o0 * K, yq + o0 * g.Qr, g.Qr);
-  });
-}
-
-/// Runs the forward kernel over n images: x (n, C, H, W) -> y (n, O, Ho, Wo) [+ b].
+/// Runs the forward kernel over n images: x (n, C, H, W) -> y (n, O, Ho, Wo) [+ b], one image's
+/// grid positions (rounded up to whole tiles) at a time. (Laying small images side by side, as
+/// the weight gradient does, made a 7x7-output stride-2 forward no faster: the group's input
+/// falls out of L1 between the output channels' row blocks.)
 void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk, const float* b,
                     float* y, int64_t n) {
-  const int64_t cstride = g.phases() * g.plane;
-  const std::vector<int32_t> off = tap_offsets(g, cstride, g.plane);
+  const int64_t Q = (g.Ho * g.Wq + kTile - 1) / kTile * kTile;
+  const int64_t pstride = std::max(Q + g.reach(), g.image()), cstride = g.phases() * pstride;
+  const int64_t K = g.K();
+  const std::vector<int32_t> off = tap_offsets(g, cstride, pstride);
   parallel_for(n, 1, [&](int64_t n0, int64_t n1) {
-    Array xp = workspace({g.C * cstride}, Dtype::f32), yq = workspace({g.O * g.Qr}, Dtype::f32);
+    Array xp = workspace({g.C * cstride}, Dtype::f32), yq = workspace({g.O * Q}, Dtype::f32);
+    float *xb = xp.data<float>(), *yb = yq.data<float>();
+    // Past the image, the last tile reads values that only thrown-away positions use.
+    std::fill(xb, xb + xp.numel(), 0.0f);
     for (int64_t i = n0; i < n1; ++i) {
-      pad_image(x + i * g.C * g.H * g.W, g, xp.data<float>(), cstride, g.plane);
-      forward_image(xp.data<float>(), g, off, wpk, yq.data<float>());
+      pad_image(x + i * g.C * g.H * g.W, g, xb, cstride, pstride);
+      for_row_blocks(g.O, [&]<int R>(int64_t o0) {
+        forward_rows<R>(xb, off.data(), K, wpk.data() + o0 * K, yb + o0 * Q, Q, Q);
+      });
       float* yi = y + i * g.O * g.Ho * g.Wo;
       for (int64_t o = 0; o < g.O; ++o) {
         const float bias = b ? b[o] : 0.0f;
-        const float* src = yq.data<float>() + o * g.Qr;
+        const float* src = yb + o * Q;
         float* dst = yi + o * g.Ho * g.Wo;
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
-          const float* s = src + oh * g.Wq;
+          const float* sr = src + oh * g.Wq;
           float* d = dst + oh * g.Wo;
           if (b)
-            for (int64_t ow = 0; ow < g.Wo; ++ow) d[ow] = s[ow] + bias;
+            for (int64_t ow = 0; ow < g.Wo; ++ow) d[ow] = sr[ow] + bias;
           else
-            std::memcpy(d, s, static_cast<size_t>(g.Wo) * sizeof(float));
+            std::memcpy(d, sr, static_cast<size_t>(g.Wo) * sizeof(float));
         }
       }
     }
@@ -276,10 +277,13 @@ bool applies(const ConvShape& s) {
   if (std::min(s.Wo, s.W) < 12) return false;
   const CpuFeatures& f = cpu_features();
   if (!f.avx2 || !f.fma) return false;
-  // Offsets are 32-bit: every plane of the larger side (and a group of small images) must fit.
+  // Offsets are 32-bit: every plane of the larger side must fit, as up to four phase planes of a
+  // group of small images (up to 4096 positions and one image) with a tile and the taps' reach
+  // of slack.
   const Grid g = make_grid(std::max(s.C, s.O), 1, std::max(s.H, s.Ho), std::max(s.W, s.Wo), s.kh,
                            s.kw, s.kh - 1, s.kw - 1);
-  return g.C * (g.plane + 4096 + 8) < std::numeric_limits<int32_t>::max();
+  return g.C * 4 * (g.image() + 4096 + g.reach() + 2 * kTile + 8) <
+         std::numeric_limits<int32_t>::max();
 }
 
 /// The input gradient of a stride-2 convolution. Phase (a, b) of the padded input, pixels
@@ -334,7 +338,7 @@ void strided_backward_data(const ConvShape& s, const float* gy, const float* w, 
           continue;
         }
         for_row_blocks(s.C, [&]<int R>(int64_t c0) {
-          forward_rows<R>(gp, p.off.data(), p.K, p.wpk.data() + c0 * p.K, grid + c0 * Qr, Qr);
+          forward_rows<R>(gp, p.off.data(), p.K, p.wpk.data() + c0 * p.K, grid + c0 * Qr, Qr, Qr);
         });
       }
       // dx row h is padded row h + ph: phase row (h + ph) % 2, grid row (h + ph) / 2; its
@@ -394,7 +398,7 @@ bool direct_conv_backward_weights(const ConvShape& s, const float* x, const floa
   // Images are laid side by side, `group` at a time, S floats apart, so that each tile's sums run
   // over a long stretch of positions: small images (7x7) would otherwise spend more time loading
   // and storing the tile's partial sums than multiplying.
-  const int64_t S = (g.plane + 7) / 8 * 8;
+  const int64_t S = (g.image() + 7) / 8 * 8;
   const int64_t group = std::clamp<int64_t>(4096 / S, 1, s.N);
   const int64_t ld = group * S;  // floats between phase planes (x) and between rows (g)
   const int64_t cstride = g.phases() * ld;
