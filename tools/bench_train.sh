@@ -3,7 +3,8 @@
 # thread count, AdamW), one after the other in the same run; both time STEPS steps after 5
 # warm-up steps. Usage: [THREADS=N] [ROUNDS=R] [PRESETS="a b"] tools/bench_train.sh [STEPS]
 # (threads default: nproc; rounds 1; presets all three).
-# With ROUNDS > 1 the pair (Hetrain, then PyTorch) is run R times per preset, the presets in turn,
+# With ROUNDS > 1 the pair is run R times per preset (Hetrain first in odd rounds, PyTorch first
+# in even ones), the presets in turn,
 # and a summary gives the median, lowest and highest ratio of each: on a VM whose speed drifts
 # by tens of percent within minutes, the median of adjacent pairs is the ratio to quote.
 # Memory, measured the same way in both processes: growth of the resident set over the training
@@ -19,11 +20,8 @@ rounds=${ROUNDS:-1}
 presets=${PRESETS:-fashion-mlp fashion-cnn gpt-mini}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "threads $threads, load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "%-12s %11s %11s %6s %9s %9s %6s %13s %13s %13s %6s\n" preset "hetrain s/s" \
-  "pytorch s/s" ratio "h cpu ms" "pt cpu ms" ratio "hetrain alloc" "hetrain RSS+" "pytorch RSS+" ratio
-for round in $(seq "$rounds"); do
-for preset in $presets; do
+# One side of a pair for $preset: sets h (Hetrain's final record) or t (PyTorch's).
+run_hetrain() {
   # As the PyTorch script: 5 warm-up steps, then STEPS timed ones (per-step records of the log).
   ./build/hetrain train --preset "$preset" --steps $((steps + 5)) --threads "$threads" --no-progress \
     --log-every 1 --eval-batches 1 --no-record --json-log "$tmp/$preset.jsonl" > /dev/null 2>&1
@@ -38,7 +36,18 @@ final["cpu_s_per_step"] = sum(r["cpu_s"] for r in steps) / len(steps)
 print(json.dumps(final))
 PY
 )
+}
+run_torch() {
   t=$(/usr/bin/python3 tools/bench_train_torch.py "$preset" --steps "$steps" --threads "$threads")
+}
+echo "threads $threads, load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf "%-12s %11s %11s %6s %9s %9s %6s %13s %13s %13s %6s\n" preset "hetrain s/s" \
+  "pytorch s/s" ratio "h cpu ms" "pt cpu ms" ratio "hetrain alloc" "hetrain RSS+" "pytorch RSS+" ratio
+for round in $(seq "$rounds"); do
+for preset in $presets; do
+  # Even rounds run PyTorch first: on a VM whose speed drifts, a fixed order would give one
+  # side the later (faster or slower) minute of every pair.
+  if [ $((round % 2)) -eq 0 ]; then run_torch; run_hetrain; else run_hetrain; run_torch; fi
   python3 - "$preset" "$h" "$t" "$tmp/ratios.jsonl" <<'PY'
 import json, sys
 p, h, t = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
