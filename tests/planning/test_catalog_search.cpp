@@ -389,22 +389,30 @@ TEST(PlanLocal, ProfileRatesReachTheStepTime) {
               (1.5 * conv_flops - 0.5 * stem_flops) / 50e9, 1e-3 * expected);
 }
 
+namespace {
+/// The compute time of one f32 step of `model` (an MLP or conv net) on `batch` images, one device.
+double mlp_step_compute(const Hardware& h, const ModelSpec& model, int64_t batch) {
+  Job job;
+  job.model = model;
+  job.global_batch = batch;
+  job.tokens = static_cast<double>(batch);
+  job.precision = Precision::fp32;
+  Strategy s;
+  s.micro_batch = batch;
+  return evaluate(job, h, 1, s).time.compute;
+}
+}  // namespace
+
 TEST(PlanLocal, FirstLayerHasNoInputGradient) {
   // An MLP at a flat 100 GFLOP/s with free memory traffic: forward F, backward 2F less the
   // input gradient of the first layer, which reads the images (the engine never computes it).
   const Hardware h = load_local(
       R"({"version": 1, "gemm_tflops": {"f32": 0.1}, "mem_bw_gbs": 1e9, "mem_bytes": 16e9,
           "gemm_f32_curve": [[1, 100], [100000, 100]], "stream_f32_curve": [[1, 1e9], [1e12, 1e9]]})");
-  Job job;
-  job.model = mlp_model(784, {512, 256}, 10);
-  job.global_batch = 128;
-  job.tokens = 128;
-  job.precision = Precision::fp32;
-  Strategy s;
-  s.micro_batch = 128;
   const double first = 2.0 * 128 * 784 * 512;
   const double all = first + 2.0 * 128 * (512 * 256 + 256 * 10);
-  EXPECT_NEAR(evaluate(job, h, 1, s).time.compute, (3 * all - first) / 100e9, 1e-3 * all / 100e9);
+  EXPECT_NEAR(mlp_step_compute(h, mlp_model(784, {512, 256}, 10), 128), (3 * all - first) / 100e9,
+              1e-3 * all / 100e9);
 }
 
 TEST(PlanLocal, BackwardGemmsRunAtTheirOwnShapes) {
@@ -417,15 +425,9 @@ TEST(PlanLocal, BackwardGemmsRunAtTheirOwnShapes) {
           "gemm_f32_curve": [[1, 100], [100000, 100]], "stream_f32_curve": [[1, 1e9], [1e12, 1e9]],
           "gemm_f32_grid": {"m": [128, 1024], "n": [128, 1024], "k": [128, 1024],
                             "gflops": [50, 100, 50, 100, 50, 100, 50, 100]}})");
-  Job job;
-  job.model = mlp_model(1024, {1024}, 1024);
-  job.global_batch = 128;
-  job.tokens = 128;
-  job.precision = Precision::fp32;
-  Strategy s;
-  s.micro_batch = 128;
   const double F = 2.0 * 128 * 1024 * 1024;
-  EXPECT_NEAR(evaluate(job, h, 1, s).time.compute, F * (2 + 2 + 1 + 2) / 100e9, 1e-3 * F / 100e9);
+  EXPECT_NEAR(mlp_step_compute(h, mlp_model(1024, {1024}, 1024), 128), F * (2 + 2 + 1 + 2) / 100e9,
+              1e-3 * F / 100e9);
 }
 
 TEST(PlanLocal, LayerElementwiseRateReachesTheGptStepTime) {
