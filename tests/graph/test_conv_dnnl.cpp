@@ -86,6 +86,7 @@ const Case kCases[] = {
     {{2, 8, 26, 25}, {6, 8, 3, 3}, {2, 2}, {0, 0}, false, Case::direct},
     {{2, 6, 24, 27}, {5, 6, 2, 4}, {2, 2}, {1, 2}, true, Case::direct},
     {{3, 16, 28, 25}, {32, 16, 1, 1}, {2, 2}, {0, 0}, false, Case::direct},  // a shortcut
+    {{2, 3, 27, 29}, {4, 3, 5, 5}, {2, 2}, {2, 1}, true, Case::direct},  // 5x5: two rows of reach
 };
 
 }  // namespace
