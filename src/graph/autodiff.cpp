@@ -1,5 +1,6 @@
 #include "hetrain/graph/autodiff.h"
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -35,7 +36,25 @@ std::vector<std::shared_ptr<Node>> topo_order(const std::vector<Tensor>& roots) 
   return order;
 }
 
-Tensor accumulate(const Tensor& acc, const Tensor& g) { return acc.defined() ? add(acc, g) : g; }
+/// acc + g. Where g is a gradient the vjp has just built (not one of the cotangents it was
+/// given, which other slots may hold too), of f32 or f64, by a primitive that can add an input
+/// as it writes its output, the sum is that primitive's one pass over the tensor instead of an
+/// add after it: a ResNet block input's gradient, one convolution's plus the other branch's.
+/// Both give the same bits (one addition of the same two values).
+Tensor accumulate(const Tensor& acc, const Tensor& g, const std::vector<Tensor>& given = {}) {
+  if (!acc.defined()) return g;
+  const Node* n = g.node();
+  const bool exact = g.dtype() == Dtype::f32 || g.dtype() == Dtype::f64;
+  if (n->prim && n->outs.size() == 1 && !n->evaluated() && exact && acc.dtype() == g.dtype() &&
+      acc.shape() == g.shape() &&
+      std::none_of(given.begin(), given.end(), [n](const Tensor& c) { return c.node() == n; }))
+    if (std::shared_ptr<Primitive> p = n->prim->with_addend()) {
+      std::vector<Tensor> in = n->inputs;
+      in.push_back(acc);
+      return make_node1(std::move(p), std::move(in));
+    }
+  return add(acc, g);
+}
 
 /// Reverse-mode sweep. relevant(n) says whether cotangents should flow into node n. Returns
 /// the cotangent of every output slot reached.
@@ -89,7 +108,7 @@ std::unordered_map<Node*, std::vector<Tensor>> backprop(
       auto& slots = cot[in.node()];
       slots.resize(in.node()->outs.size());
       Tensor g = grads[j].dtype() == in.dtype() ? grads[j] : cast(grads[j], in.dtype());
-      slots[in.index()] = accumulate(slots[in.index()], g);
+      slots[in.index()] = accumulate(slots[in.index()], g, cts);
     }
   }
   return cot;
@@ -140,8 +159,9 @@ std::pair<Tensor, std::vector<Tensor>> value_and_grad(const TensorFn& f,
 void backward(const Tensor& output, const Tensor& cotangent) {
   if (!output.defined()) fail("[backward] undefined tensor");
   if (!output.requires_grad())
-    fail("[backward] the tensor does not require grad: no leaf it depends on was marked with "
-         "requires_grad_()");
+    fail(
+        "[backward] the tensor does not require grad: no leaf it depends on was marked with "
+        "requires_grad_()");
   auto order = topo_order({output});
   std::unordered_set<Node*> relevant;
   for (const auto& n : order) {

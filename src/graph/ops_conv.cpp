@@ -102,9 +102,17 @@ std::vector<Tensor> Conv2d::vjp(const std::vector<Tensor>& x, const std::vector<
 
 std::vector<TensorMeta> Conv2dBackwardInput::infer(const std::vector<TensorMeta>& in) const {
   const Shape &g = in[0].shape, &w = in[1].shape;
+  HT_ASSERT(in.size() == (addend_ ? 3u : 2u));
   HT_ASSERT(g.size() == 4 && w.size() == 4 && g[1] == w[0] && in[0].dtype == in[1].dtype);
   HT_ASSERT(win_.out_size(0, in_hw_[0]) == g[2] && win_.out_size(1, in_hw_[1]) == g[3]);
-  return {{{g[0], w[1], in_hw_[0], in_hw_[1]}, in[0].dtype}};
+  const TensorMeta dx{{g[0], w[1], in_hw_[0], in_hw_[1]}, in[0].dtype};
+  HT_ASSERT(!addend_ || (in[2].shape == dx.shape && in[2].dtype == dx.dtype));
+  return {dx};
+}
+
+std::shared_ptr<Primitive> Conv2dBackwardInput::with_addend() const {
+  if (addend_) return nullptr;
+  return std::make_shared<Conv2dBackwardInput>(win_, in_hw_, true);
 }
 
 Cost Conv2dBackwardInput::cost(const std::vector<TensorMeta>& in,
@@ -118,13 +126,16 @@ std::vector<Tensor> Conv2dBackwardInput::vjp(const std::vector<Tensor>& x,
                                              const std::vector<Tensor>&,
                                              const std::vector<Tensor>& g,
                                              const std::vector<int>& argnums) const {
-  // dx = convT(g, w) is bilinear: d/dg = conv(c, w), d/dw = backward_weight(c, g).
+  // dx = convT(g, w) (+ r) is bilinear in (g, w): d/dg = conv(c, w), d/dw =
+  // backward_weight(c, g); d/dr = c.
   std::vector<Tensor> r;
   for (int i : argnums) {
     if (i == 0)
       r.push_back(conv_node(g[0], x[1], {}, win_));
-    else
+    else if (i == 1)
       r.push_back(conv_backward_weight(g[0], x[0], win_));
+    else
+      r.push_back(g[0]);
   }
   return r;
 }

@@ -14,6 +14,7 @@
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
+#include "hetrain/graph/primitive.h"
 #include "testing.h"
 
 using namespace hetrain;
@@ -86,7 +87,8 @@ const Case kCases[] = {
     {{2, 8, 26, 25}, {6, 8, 3, 3}, {2, 2}, {0, 0}, false, Case::direct},
     {{2, 6, 24, 27}, {5, 6, 2, 4}, {2, 2}, {1, 2}, true, Case::direct},
     {{3, 16, 28, 25}, {32, 16, 1, 1}, {2, 2}, {0, 0}, false, Case::direct},  // a shortcut
-    {{2, 3, 27, 29}, {4, 3, 5, 5}, {2, 2}, {2, 1}, true, Case::direct},  // 5x5: two rows of reach
+    {{2, 3, 27, 29}, {4, 3, 5, 5}, {2, 2}, {2, 1}, true, Case::direct},   // 5x5: two rows of reach
+    {{2, 8, 9, 9}, {8, 8, 3, 3}, {1, 1}, {1, 1}, false, Case::winograd},  // 9 wide: a 9-float row
 };
 
 }  // namespace
@@ -134,4 +136,41 @@ TEST(ConvDnnl, UnevenChunksForAnyThreadCount) {
     }
   }
   set_num_threads(threads);
+}
+
+TEST(ConvDnnl, InputGradientTakesTheOtherBranchAsItWrites) {
+  // x feeds a convolution and a second branch (x * r2): autodiff sums the two gradients in the
+  // convolution's input-gradient pass (its addend form), with the same bits as convT + r2 by a
+  // separate add, on every path and in f64; the summed tensor is that pass's output.
+  struct Path {
+    const char* name;
+    bool winograd, direct, dnnl;
+  };
+  const Path paths[] = {{"default", true, true, true},
+                        {"direct", false, true, true},
+                        {"oneDNN", false, false, true},
+                        {"im2col", false, false, false}};
+  for (const Case& c : kCases) {
+    for (Dtype dt : {Dtype::f32, Dtype::f64}) {
+      for (const Path& p : paths) {
+        cpu::set_winograd_conv_disabled(!p.winograd);
+        cpu::set_direct_conv_disabled(!p.direct);
+        cpu::set_dnnl_conv_disabled(!p.dnnl);
+        const std::string what = std::string(p.name) + " " + std::string(dtype_name(dt)) + " " +
+                                 shape_str(c.x) + " * " + shape_str(c.w);
+        Tensor x = seq(c.x, 1, dt), w = seq(c.w, 2, dt);
+        Tensor r1 = seq(conv2d(x, w, {}, c.s, c.p).shape(), 4, dt), r2 = seq(c.x, 5, dt);
+        Tensor both = grad({sum(conv2d(x, w, {}, c.s, c.p) * r1) + sum(x * r2)}, {x})[0];
+        Tensor conv_only = grad({sum(conv2d(x, w, {}, c.s, c.p) * r1)}, {x})[0];
+        Tensor separate = add(r2, conv_only);
+        ASSERT_NE(both.node()->prim, nullptr) << what;
+        EXPECT_STREQ(both.node()->prim->name(), "conv2d_backward_input") << what;
+        EXPECT_NE(both.node()->prim->attrs().find("addend"), std::string::npos) << what;
+        EXPECT_EQ(both.to_vector<double>(), separate.to_vector<double>()) << what;
+      }
+    }
+  }
+  cpu::set_dnnl_conv_disabled(false);
+  cpu::set_direct_conv_disabled(false);
+  cpu::set_winograd_conv_disabled(false);
 }

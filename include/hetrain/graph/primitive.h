@@ -2,6 +2,7 @@
 // name. Device kernels are the eval_* methods, defined by the backends.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,10 @@ class Primitive {
   virtual bool is_view() const { return false; }
   /// Attributes for display, e.g. "axes=(0, 1)".
   virtual std::string attrs() const { return ""; }
+  /// The same primitive taking one more input, of its single output's shape and dtype, that it
+  /// adds to that output as it writes it (bit for bit what a separate add would give); null
+  /// where it has no such form. Autodiff uses it to sum a fresh gradient with another.
+  virtual std::shared_ptr<Primitive> with_addend() const { return nullptr; }
 };
 
 }  // namespace hetrain

@@ -220,18 +220,28 @@ void Conv2dBackwardInput::eval_cpu(const std::vector<const Array*>& in,
                                    const std::vector<Array*>& out) const {
   const Dtype dt = compute_dtype(in[0]->dtype);
   Array gy = as_contiguous(*in[0], dt), w = as_contiguous(*in[1], dt);
+  Array r = addend_ ? as_contiguous(*in[2], dt) : Array();
   Array dx = start_output(*out[0], dt);
   ConvGeom g = geom(dx.shape, gy.shape, win_);
   dispatch_compute(dt, [&]<class T>() {
+    const T* rp = addend_ ? r.data<T>() : nullptr;
+    T* dp = dx.data<T>();
     if constexpr (std::is_same_v<T, float>) {
+      // Winograd and the direct kernels add r as they write dx; the others after it.
       const cpu::ConvShape s = dnnl_shape(g);
       if ((winograd_pays(s) &&
-           cpu::winograd_conv_backward_data(s, gy.data<T>(), w.data<T>(), dx.data<T>())) ||
-          cpu::direct_conv_backward_data(s, gy.data<T>(), w.data<T>(), dx.data<T>()) ||
-          cpu::dnnl_conv_backward_data(s, gy.data<T>(), w.data<T>(), dx.data<T>()))
+           cpu::winograd_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp, rp)) ||
+          cpu::direct_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp, rp))
         return;
+      if (!cpu::dnnl_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp))
+        conv_backward_input<T>(gy.data<T>(), w.data<T>(), dp, g, dt);
+    } else {
+      conv_backward_input<T>(gy.data<T>(), w.data<T>(), dp, g, dt);
     }
-    conv_backward_input<T>(gy.data<T>(), w.data<T>(), dx.data<T>(), g, dt);
+    if (rp)
+      parallel_for(dx.numel(), int64_t{1} << 14, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) dp[i] += rp[i];
+      });
   });
   finish_output(dx, *out[0]);
 }

@@ -91,19 +91,25 @@ __attribute__((target("avx2"))) void split_row(const float* x, int64_t W, float*
   }
 }
 
-/// x[2u] = lo[u] and x[2u + 1] = hi[u] for the W values of x: split_row's inverse.
+/// x[2u] = lo[u] and x[2u + 1] = hi[u] for the W values of x: split_row's inverse; plus r[2u]
+/// and r[2u + 1] where r is not null.
 __attribute__((target("avx2"))) void merge_row(const float* lo, const float* hi, int64_t W,
-                                               float* x) {
+                                               float* x, const float* r) {
   int64_t u = 0;
   for (; 2 * u + 16 <= W; u += 8) {
     const __m256 l = _mm256_loadu_ps(lo + u), h = _mm256_loadu_ps(hi + u);
     const __m256 a = _mm256_unpacklo_ps(l, h), b = _mm256_unpackhi_ps(l, h);
-    _mm256_storeu_ps(x + 2 * u, _mm256_permute2f128_ps(a, b, 0x20));
-    _mm256_storeu_ps(x + 2 * u + 8, _mm256_permute2f128_ps(a, b, 0x31));
+    __m256 first = _mm256_permute2f128_ps(a, b, 0x20), second = _mm256_permute2f128_ps(a, b, 0x31);
+    if (r) {
+      first = _mm256_add_ps(first, _mm256_loadu_ps(r + 2 * u));
+      second = _mm256_add_ps(second, _mm256_loadu_ps(r + 2 * u + 8));
+    }
+    _mm256_storeu_ps(x + 2 * u, first);
+    _mm256_storeu_ps(x + 2 * u + 8, second);
   }
   for (; 2 * u < W; ++u) {
-    x[2 * u] = lo[u];
-    if (2 * u + 1 < W) x[2 * u + 1] = hi[u];
+    x[2 * u] = r ? lo[u] + r[2 * u] : lo[u];
+    if (2 * u + 1 < W) x[2 * u + 1] = r ? hi[u] + r[2 * u + 1] : hi[u];
   }
 }
 
@@ -178,12 +184,12 @@ __attribute__((target("avx2,fma"))) void forward_rows(const float* in, const int
                        ldo);
 }
 
-/// Runs the forward kernel over n images: x (n, C, H, W) -> y (n, O, Ho, Wo) [+ b], one image's
-/// grid positions (rounded up to whole tiles) at a time. (Laying small images side by side, as
-/// the weight gradient does, made a 7x7-output stride-2 forward no faster: the group's input
+/// Runs the forward kernel over n images: x (n, C, H, W) -> y (n, O, Ho, Wo) [+ b] [+ r], one
+/// image's grid positions (rounded up to whole tiles) at a time. (Laying small images side by side,
+/// as the weight gradient does, made a 7x7-output stride-2 forward no faster: the group's input
 /// falls out of L1 between the output channels' row blocks.)
 void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk, const float* b,
-                    float* y, int64_t n) {
+                    float* y, int64_t n, const float* r = nullptr) {
   const int64_t Q = (g.Ho * g.Wq + kTile - 1) / kTile * kTile;
   const int64_t pstride = std::max(Q + g.reach(), g.image()), cstride = g.phases() * pstride;
   const int64_t K = g.K();
@@ -199,6 +205,7 @@ void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk
         forward_rows<R>(xb, off.data(), K, wpk.data() + o0 * K, yb + o0 * Q, Q, Q);
       });
       float* yi = y + i * g.O * g.Ho * g.Wo;
+      const float* ri = r ? r + i * g.O * g.Ho * g.Wo : nullptr;
       for (int64_t o = 0; o < g.O; ++o) {
         const float bias = b ? b[o] : 0.0f;
         const float* src = yb + o * Q;
@@ -206,10 +213,17 @@ void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
           const float* sr = src + oh * g.Wq;
           float* d = dst + oh * g.Wo;
-          if (b)
+          if (ri) {
+            const float* a = ri + (o * g.Ho + oh) * g.Wo;
+            if (b)
+              for (int64_t ow = 0; ow < g.Wo; ++ow) d[ow] = (sr[ow] + bias) + a[ow];
+            else
+              for (int64_t ow = 0; ow < g.Wo; ++ow) d[ow] = sr[ow] + a[ow];
+          } else if (b) {
             for (int64_t ow = 0; ow < g.Wo; ++ow) d[ow] = sr[ow] + bias;
-          else
+          } else {
             std::memcpy(d, sr, static_cast<size_t>(g.Wo) * sizeof(float));
+          }
         }
       }
     }
@@ -292,7 +306,8 @@ bool applies(const ConvShape& s) {
 /// gradient padded with (kh-1)/2 zero rows above and (kw-1)/2 zero columns left, on a grid of
 /// the phase's Hq rows of Wg = (kw-1)/2 + Wq positions. A phase without taps (a 1x1 kernel's
 /// three odd phases) gets zeros.
-void strided_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx) {
+void strided_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
+                           const float* addend) {
   const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw, s.sh);
   const int64_t st = g.s, pt = (s.kh - 1) / st, pl = (s.kw - 1) / st, Wg = pl + g.Wq;
   const int64_t Qr = (g.Hq * Wg + kTile - 1) / kTile * kTile;
@@ -343,14 +358,14 @@ void strided_backward_data(const ConvShape& s, const float* gy, const float* w, 
       }
       // dx row h is padded row h + ph: phase row (h + ph) % 2, grid row (h + ph) / 2; its
       // columns alternate between the two column phases, starting with phase pw % 2.
-      float* dn = dx + n * s.C * s.H * s.W;
       for (int64_t c = 0; c < s.C; ++c)
         for (int64_t h = 0; h < s.H; ++h) {
           const int64_t a = (h + s.ph) % 2, r = (h + s.ph) / 2;
           const float* lo = op + (a * 2 + s.pw % 2) * s.C * Qr + c * Qr + r * Wg + s.pw / 2;
           const float* hi =
               op + (a * 2 + 1 - s.pw % 2) * s.C * Qr + c * Qr + r * Wg + (s.pw + 1) / 2;
-          merge_row(lo, hi, s.W, dn + (c * s.H + h) * s.W);
+          const int64_t row = n * s.C * s.H * s.W + (c * s.H + h) * s.W;
+          merge_row(lo, hi, s.W, dx + row, addend ? addend + row : nullptr);
         }
     }
   });
@@ -372,10 +387,11 @@ bool direct_conv_forward(const ConvShape& s, const float* x, const float* w, con
   return true;
 }
 
-bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx) {
+bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
+                               const float* addend) {
   if (!applies(s)) return false;
   if (s.sh != 1) {
-    strided_backward_data(s, gy, w, dx);
+    strided_backward_data(s, gy, w, dx, addend);
     ++runs;
     return true;
   }
@@ -386,7 +402,7 @@ bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float*
     const int64_t o = k / khw, i = (k % khw) / s.kw, j = k % s.kw;
     return w[((o * s.C + c) * s.kh + (s.kh - 1 - i)) * s.kw + (s.kw - 1 - j)];
   });
-  forward_images(g, gy, wpk, nullptr, dx, s.N);
+  forward_images(g, gy, wpk, nullptr, dx, s.N, addend);
   ++runs;
   return true;
 }

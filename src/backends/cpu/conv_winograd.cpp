@@ -197,11 +197,25 @@ __attribute__((target("avx2,fma"))) void store_first(float* d, __m256 v, int64_t
   if (n & 1) _mm_store_ss(d, h);
 }
 
-/// Stores 8 tiles' output pairs (a[j], b[j]) to d[2j], d[2j + 1], the first n floats only.
-__attribute__((target("avx2,fma"))) void store_pairs(float* d, __m256 a, __m256 b, int64_t n) {
+/// The first n (<= 8) floats of src, zeros after them.
+__attribute__((target("avx2,fma"))) __m256 load_first(const float* src, int64_t n) {
+  if (n >= 8) return _mm256_loadu_ps(src);
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_ps(src,
+                            _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), iota));
+}
+
+/// Stores 8 tiles' output pairs (a[j], b[j]) to d[2j], d[2j + 1], the first n floats only, plus
+/// r[2j], r[2j + 1] where r is not null.
+__attribute__((target("avx2,fma"))) void store_pairs(float* d, __m256 a, __m256 b, int64_t n,
+                                                     const float* r) {
   const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
-  const __m256 first = _mm256_permute2f128_ps(lo, hi, 0x20);
-  const __m256 second = _mm256_permute2f128_ps(lo, hi, 0x31);
+  __m256 first = _mm256_permute2f128_ps(lo, hi, 0x20);
+  __m256 second = _mm256_permute2f128_ps(lo, hi, 0x31);
+  if (r) {
+    first = _mm256_add_ps(first, load_first(r, n));
+    if (n > 8) second = _mm256_add_ps(second, load_first(r + 8, n - 8));
+  }
   // Partial stores by halves, not vmaskmovps, which is slow on AMD.
   if (n >= 8) {
     _mm256_storeu_ps(d, first);
@@ -215,10 +229,11 @@ __attribute__((target("avx2,fma"))) void store_pairs(float* d, __m256 a, __m256 
 }
 
 /// Y = A^T M A (+ bias) for the tw tiles of one tile row of one output channel, from
-/// m[p * pstride + j]; writes output rows y0 and y1 (null past the last row), Wo wide.
+/// m[p * pstride + j]; writes output rows y0 and y1 (null past the last row), Wo wide, plus
+/// rows r0 and r1 of the addend where not null.
 __attribute__((target("avx2,fma"))) void output_tiles(const float* m, int64_t pstride, int64_t tw,
-                                                      float bias, float* y0, float* y1,
-                                                      int64_t Wo) {
+                                                      float bias, float* y0, float* y1, int64_t Wo,
+                                                      const float* r0, const float* r1) {
   const __m256 bv = _mm256_set1_ps(bias);
   for (int64_t j = 0; j < tw; j += 8) {
     __m256 z0[4], z1[4];
@@ -233,10 +248,12 @@ __attribute__((target("avx2,fma"))) void output_tiles(const float* m, int64_t ps
     }
     const int64_t n = Wo - 2 * j;
     store_pairs(y0 + 2 * j, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z0[0], z0[1]), z0[2]), bv),
-                _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z0[1], z0[2]), z0[3]), bv), n);
+                _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z0[1], z0[2]), z0[3]), bv), n,
+                r0 ? r0 + 2 * j : nullptr);
     if (y1)
       store_pairs(y1 + 2 * j, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z1[0], z1[1]), z1[2]), bv),
-                  _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z1[1], z1[2]), z1[3]), bv), n);
+                  _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z1[1], z1[2]), z1[3]), bv), n,
+                  r1 ? r1 + 2 * j : nullptr);
   }
 }
 
@@ -321,16 +338,18 @@ __attribute__((target("avx2,fma"))) void transform_inputs(const Tiling& t, const
   }
 }
 
-/// Writes tile rows [g0, g1) of y (N, O, Ho, Wo) [+ b] from their transformed outputs m.
+/// Writes tile rows [g0, g1) of y (N, O, Ho, Wo) [+ b] [+ r] from their transformed outputs m.
 __attribute__((target("avx2,fma"))) void transform_outputs(const Tiling& t, const float* m,
                                                            int64_t g0, int64_t g1, const float* b,
-                                                           float* y) {
+                                                           float* y, const float* r) {
   for (int64_t o = 0; o < t.O; ++o)
     for (int64_t n = g0 / t.th; n < g1 / t.th; ++n)
       for (int64_t i = 0; i < t.th; ++i) {
-        float* yo = y + (n * t.O + o) * t.Ho * t.Wo + 2 * i * t.Wo;
-        output_tiles(m + o * t.ld + (n * t.th + i - g0) * t.tw, t.mp, t.tw, b ? b[o] : 0.0f, yo,
-                     2 * i + 1 < t.Ho ? yo + t.Wo : nullptr, t.Wo);
+        const int64_t off = (n * t.O + o) * t.Ho * t.Wo + 2 * i * t.Wo;
+        const bool second = 2 * i + 1 < t.Ho;
+        output_tiles(m + o * t.ld + (n * t.th + i - g0) * t.tw, t.mp, t.tw, b ? b[o] : 0.0f,
+                     y + off, second ? y + off + t.Wo : nullptr, t.Wo, r ? r + off : nullptr,
+                     r && second ? r + off + t.Wo : nullptr);
       }
 }
 
@@ -347,8 +366,8 @@ __attribute__((target("avx2,fma"))) void prefetch_part(const void* p, int64_t by
 /// One block of forward_tiles, with v and m its transformed inputs and outputs.
 __attribute__((target("avx2,fma"))) void forward_block(const Tiling& t, const float* x,
                                                        const float* u, const float* b, float* y,
-                                                       int64_t blk, SplitChannels& split, float* v,
-                                                       float* m) {
+                                                       const float* r, int64_t blk,
+                                                       SplitChannels& split, float* v, float* m) {
   const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
   transform_inputs(t, x, g0, g1, split, v);
   const int64_t T = ((g1 - g0) * t.tw + 7) / 8 * 8;
@@ -359,12 +378,12 @@ __attribute__((target("avx2,fma"))) void forward_block(const Tiling& t, const fl
     prefetch_part(x + n1 * t.C * t.H * t.W, (n_next - n1) * t.C * t.H * t.W * 4, p, kPos);
     prefetch_part(y + n0 * t.O * t.Ho * t.Wo, (n1 - n0) * t.O * t.Ho * t.Wo * 4, p, kPos);
   }
-  transform_outputs(t, m, g0, g1, b, y);
+  transform_outputs(t, m, g0, g1, b, y, r);
 }
 
-/// y (N, O, Ho, Wo) = conv(x, w) [+ b] with u = transform_weights(w).
+/// y (N, O, Ho, Wo) = conv(x, w) [+ b] [+ r] with u = transform_weights(w).
 void forward_tiles(const Tiling& t, const float* x, const std::vector<float>& u, const float* b,
-                   float* y) {
+                   float* y, const float* r = nullptr) {
   parallel_for(t.blocks(), 1, [&](int64_t b0, int64_t b1) {
     Array va = workspace({kPos * t.vp}, Dtype::f32), ma = workspace({kPos * t.mp}, Dtype::f32);
     Array ra = workspace({SplitChannels::floats(t)}, Dtype::f32);
@@ -375,7 +394,8 @@ void forward_tiles(const Tiling& t, const float* x, const std::vector<float>& u,
     std::fill(v, v + va.numel(), 0.0f);
     std::fill(m, m + ma.numel(), 0.0f);
     SplitChannels split(ra.data<float>(), t);
-    for (int64_t blk = b0; blk < b1; ++blk) forward_block(t, x, u.data(), b, y, blk, split, v, m);
+    for (int64_t blk = b0; blk < b1; ++blk)
+      forward_block(t, x, u.data(), b, y, r, blk, split, v, m);
   });
 }
 
@@ -396,14 +416,6 @@ __attribute__((target("avx2,fma"))) void transpose8(__m256 r[8]) {
     r[i] = _mm256_permute2f128_ps(q[i], q[i + 4], 0x20);
     r[i + 4] = _mm256_permute2f128_ps(q[i], q[i + 4], 0x31);
   }
-}
-
-/// The first n (<= 8) floats of src, zeros after them.
-__attribute__((target("avx2,fma"))) __m256 load_first(const float* src, int64_t n) {
-  if (n >= 8) return _mm256_loadu_ps(src);
-  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_maskload_ps(src,
-                            _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), iota));
 }
 
 /// A dY A^T for the tiles of tile row i of image n and output channels [o0, o0 + 8) (zeros past
@@ -539,7 +551,8 @@ bool winograd_conv_forward(const ConvShape& s, const float* x, const float* w, c
   return true;
 }
 
-bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx) {
+bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
+                                 const float* addend) {
   if (!applies(s)) return false;
   // dx = conv(gy, w rotated 180 degrees with O and C swapped), padding 2 - p.
   const Tiling t =
@@ -547,7 +560,7 @@ bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const floa
   const auto u = transform_weights(s.C, s.O, [&](int64_t c, int64_t o, int i, int j) {
     return w[((o * s.C + c) * 3 + (2 - i)) * 3 + (2 - j)];
   });
-  forward_tiles(t, gy, u, nullptr, dx);
+  forward_tiles(t, gy, u, nullptr, dx, addend);
   ++runs;
   return true;
 }

@@ -16,8 +16,10 @@ namespace hetrain::cpu {
 /// y (N, O, Ho, Wo) = conv(x, w) [+ b]; b may be null.
 bool winograd_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
                            float* y);
-/// dx (N, C, H, W) from gy (N, O, Ho, Wo) and w (O, C, 3, 3).
-bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx);
+/// dx (N, C, H, W) from gy (N, O, Ho, Wo) and w (O, C, 3, 3), plus addend (of dx's shape) where
+/// not null, added as dx is written.
+bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
+                                 const float* addend = nullptr);
 /// dw (O, C, 3, 3) from x (N, C, H, W) and gy (N, O, Ho, Wo).
 bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw);
 

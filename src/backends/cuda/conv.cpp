@@ -104,8 +104,19 @@ void Conv2d::eval_cuda(const std::vector<const Array*>& in, const std::vector<Ar
 
 void Conv2dBackwardInput::eval_cuda(const std::vector<const Array*>& in,
                                     const std::vector<Array*>& out) const {
-  const Array g = cuda::contiguous(*in[0]), w = cuda::contiguous(*in[1]);
   Array& dx = *out[0];
+  backward_input_cuda(in, dx);
+  if (addend_ && dx.numel() > 0) {
+    // The addend joins after the kernels: one elementwise pass, as the separate add took.
+    const Array r = cuda::contiguous(*in[2]);
+    cuda::launch_binary(cuda::BinaryOp::add, dx.dtype, cuda::make_iter(dx.shape, {&dx, &dx, &r}),
+                        dx.raw(), dx.raw(), r.raw(), cuda::stream());
+  }
+}
+
+void Conv2dBackwardInput::backward_input_cuda(const std::vector<const Array*>& in,
+                                              Array& dx) const {
+  const Array g = cuda::contiguous(*in[0]), w = cuda::contiguous(*in[1]);
   dx.allocate();
   if (dx.numel() == 0) return;
   const Dtype dt = g.dtype;

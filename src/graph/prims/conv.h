@@ -43,10 +43,13 @@ class Conv2d final : public Primitive {
 };
 
 /// dx (N, C, H, W) from g (N, O, Ho, Wo) and w (O, C, kh, kw): the transposed convolution
-/// (GEMM into columns, then col2im).
+/// (GEMM into columns, then col2im). With `addend`, a third input r of dx's shape and dtype is
+/// added as dx is written: a ResNet block input's gradient, this convolution's plus the other
+/// branch's, without a separate add over the tensor (with_addend; f32 and f64).
 class Conv2dBackwardInput final : public Primitive {
  public:
-  Conv2dBackwardInput(Window2d win, std::array<int64_t, 2> in_hw) : win_(win), in_hw_(in_hw) {}
+  Conv2dBackwardInput(Window2d win, std::array<int64_t, 2> in_hw, bool addend = false)
+      : win_(win), in_hw_(in_hw), addend_(addend) {}
   const char* name() const override { return "conv2d_backward_input"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
@@ -55,14 +58,18 @@ class Conv2dBackwardInput final : public Primitive {
   void eval_cuda(const std::vector<const Array*>& in,
                  const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
+  /// dx without the addend.
+  void backward_input_cuda(const std::vector<const Array*>& in, Array& dx) const;
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
-  std::string attrs() const override { return win_.str(); }
+  std::string attrs() const override { return win_.str() + (addend_ ? " addend" : ""); }
+  std::shared_ptr<Primitive> with_addend() const override;
 
  private:
   Window2d win_;
   std::array<int64_t, 2> in_hw_;
+  bool addend_;
 };
 
 /// dw (O, C, kh, kw) from x (N, C, H, W) and g (N, O, Ho, Wo).
