@@ -423,6 +423,25 @@ TEST_F(Cuda, Conv2dForwardAndBothGradients) {
   }
 }
 
+TEST_F(Cuda, Conv2dInputGradientWithTheOtherBranch) {
+  // x feeds a convolution and x * r2: autodiff sums the two gradients in the convolution's
+  // input-gradient node (its addend form, f32/f64), which the CUDA kernel adds after col2im.
+  for (Dtype dt : {Dtype::f32, Dtype::f64}) {
+    for (const ConvCase& c : kConvCases) {
+      Tensor x = input(c.x, dt, 60), w = input(c.w, dt, 61);
+      Tensor r1 = input(conv2d(x, w, {}, c.stride, c.padding).shape(), dt, 62);
+      Tensor r2 = input(c.x, dt, 63);
+      compare(
+          [&] {
+            return grad({sum(conv2d(x, w, {}, c.stride, c.padding) * r1) + sum(x * r2)}, {x});
+          },
+          kLongSums,
+          std::string("conv2d input gradient + branch ") + c.what + " " +
+              std::string(dtype_name(dt)));
+    }
+  }
+}
+
 TEST_F(Cuda, Conv2dInImageChunks) {
   // A column budget of one byte forces one image per chunk (the weight gradient then
   // accumulates over three GEMMs).
