@@ -11,8 +11,10 @@
 // phase (a, b) of the padded input, a stride-1 correlation of the output gradient with the taps
 // i%2 = a, j%2 = b (flipped), written back to that phase's pixels. The register tile is 4 output
 // channels by 24 consecutive grid positions (12 accumulators); each step loads three vectors of
-// input and broadcasts four weights. The input gradient is the same kernel on the padded output
-// gradient with the kernel flipped and transposed. The weight gradient is dw[o][k] = sum_q g[o][q]
+// input and broadcasts four weights. At stride 1 the input gradient is the same kernel on the
+// padded output gradient with the kernel flipped and transposed; at either stride it can add
+// another tensor (Conv2dBackwardInput's addend) as it writes dx. The weight gradient is dw[o][k] =
+// sum_q g[o][q]
 // * in[off[k] + q] over every image, with g the output gradient on the same grid (zero in the
 // thrown-away columns), vectorised along q with 4 x 3 (o, k) tiles of vector partial sums.
 //
