@@ -34,6 +34,7 @@
 
 #include "backends/cpu/compute_buffers.h"
 #include "backends/cpu/fma_tile.h"
+#include "backends/cpu/row_pairs.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/thread_pool.h"
 
@@ -58,6 +59,9 @@ struct Grid {
   /// The largest tap offset within a phase plane: how far past its last grid position a
   /// stretch of positions reads.
   int64_t reach() const { return ((kh - 1) / s) * Wq + (kw - 1) / s; }
+  /// Floats a phase plane needs after its image: split_row writes whole vectors, up to 8
+  /// floats past a row's last column (zeros).
+  static constexpr int64_t kSpill = 8;
 };
 
 Grid make_grid(int64_t C, int64_t O, int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t ph,
@@ -71,48 +75,13 @@ Grid make_grid(int64_t C, int64_t O, int64_t H, int64_t W, int64_t kh, int64_t k
   return g;
 }
 
-/// even[t] = x[2t] and odd[t] = x[2t + 1] for the W values of x (either may be null).
-__attribute__((target("avx2"))) void split_row(const float* x, int64_t W, float* even, float* odd) {
-  int64_t t = 0;
-  for (; 2 * t + 16 <= W; t += 8) {
-    const __m256 a = _mm256_loadu_ps(x + 2 * t), b = _mm256_loadu_ps(x + 2 * t + 8);
-    // [a0 a2 b0 b2 | a4 a6 b4 b6], then the 64-bit pairs reordered to [a0 a2 a4 a6 b0 b2 b4 b6].
-    const __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
-    const __m256 o = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
-    constexpr int order = _MM_SHUFFLE(3, 1, 2, 0);
-    if (even)
-      _mm256_storeu_ps(even + t,
-                       _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), order)));
-    if (odd)
-      _mm256_storeu_ps(odd + t,
-                       _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), order)));
-  }
-  for (; 2 * t < W; ++t) {
-    if (even) even[t] = x[2 * t];
-    if (odd && 2 * t + 1 < W) odd[t] = x[2 * t + 1];
-  }
-}
-
-/// x[2u] = lo[u] and x[2u + 1] = hi[u] for the W values of x: split_row's inverse; plus r[2u]
-/// and r[2u + 1] where r is not null.
-__attribute__((target("avx2"))) void merge_row(const float* lo, const float* hi, int64_t W,
-                                               float* x, const float* r) {
-  int64_t u = 0;
-  for (; 2 * u + 16 <= W; u += 8) {
-    const __m256 l = _mm256_loadu_ps(lo + u), h = _mm256_loadu_ps(hi + u);
-    const __m256 a = _mm256_unpacklo_ps(l, h), b = _mm256_unpackhi_ps(l, h);
-    __m256 first = _mm256_permute2f128_ps(a, b, 0x20), second = _mm256_permute2f128_ps(a, b, 0x31);
-    if (r) {
-      first = _mm256_add_ps(first, _mm256_loadu_ps(r + 2 * u));
-      second = _mm256_add_ps(second, _mm256_loadu_ps(r + 2 * u + 8));
-    }
-    _mm256_storeu_ps(x + 2 * u, first);
-    _mm256_storeu_ps(x + 2 * u + 8, second);
-  }
-  for (; 2 * u < W; ++u) {
-    x[2 * u] = r ? lo[u] + r[2 * u] : lo[u];
-    if (2 * u + 1 < W) x[2 * u + 1] = r ? hi[u] + r[2 * u + 1] : hi[u];
-  }
+/// x[2u] = lo[u] and x[2u + 1] = hi[u] for the W values of x (split_row's inverse), plus r where
+/// r is not null.
+__attribute__((target("avx2,fma"))) void merge_row(const float* lo, const float* hi, int64_t W,
+                                                   float* x, const float* r) {
+  for (int64_t u = 0; 2 * u < W; u += 8)
+    store_pairs(x + 2 * u, load_first(lo + u, (W + 1) / 2 - u), load_first(hi + u, W / 2 - u),
+                W - 2 * u, r ? r + 2 * u : nullptr);
 }
 
 /// Copies one image x (C, H, W) into its zero-padded phase planes of g.image() floats: channels
@@ -133,7 +102,8 @@ void pad_image(const float* x, const Grid& g, float* xp, int64_t cstride, int64_
       continue;
     }
     // Stride 2: each row of x goes to the phase of its padded row, its columns alternately to
-    // the two column phases. Only the phases some tap reads (a < kh, b < kw) are written.
+    // the two column phases. Only the row phases some tap reads (a < kh) are written, and only
+    // the planes a tap reads (b < kw too) need their padding zeroed.
     for (int64_t a = 0; a < g.s; ++a)
       for (int64_t b = 0; b < g.s; ++b)
         if (a < g.kh && b < g.kw) {
@@ -144,12 +114,11 @@ void pad_image(const float* x, const Grid& g, float* xp, int64_t cstride, int64_
       const int64_t a = (h + g.ph) % 2, r = (h + g.ph) / 2;
       if (a >= g.kh) continue;
       const float* xr = xc + h * g.W;
-      // Padded column w + pw: phase (w + pw) % 2, column (w + pw) / 2.
-      float* even = xp + c * cstride + (a * 2 + g.pw % 2) * pstride + r * g.Wq + g.pw / 2;
-      float* odd = xp + c * cstride + (a * 2 + 1 - g.pw % 2) * pstride + r * g.Wq + (g.pw + 1) / 2;
-      const bool odd_read = g.kw > 1 || g.pw % 2 == 1;  // the phase of x's odd columns is read
-      const bool even_read = g.kw > 1 || g.pw % 2 == 0;
-      split_row(xr, g.W, even_read ? even : nullptr, odd_read ? odd : nullptr);
+      // Padded column w + pw: phase (w + pw) % 2, column (w + pw) / 2. The zeros split_row
+      // writes past a row land on the next row of its phase, before that row is written, or in
+      // the plane's kSpill floats.
+      split_row(xr, g.W, xp + c * cstride + (a * 2 + g.pw % 2) * pstride + r * g.Wq + g.pw / 2,
+                xp + c * cstride + (a * 2 + 1 - g.pw % 2) * pstride + r * g.Wq + (g.pw + 1) / 2);
     }
   }
 }
@@ -193,7 +162,8 @@ __attribute__((target("avx2,fma"))) void forward_rows(const float* in, const int
 void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk, const float* b,
                     float* y, int64_t n, const float* r = nullptr) {
   const int64_t Q = (g.Ho * g.Wq + kTile - 1) / kTile * kTile;
-  const int64_t pstride = std::max(Q + g.reach(), g.image()), cstride = g.phases() * pstride;
+  const int64_t pstride = std::max(Q + g.reach(), g.image() + Grid::kSpill);
+  const int64_t cstride = g.phases() * pstride;
   const int64_t K = g.K();
   const std::vector<int32_t> off = tap_offsets(g, cstride, pstride);
   parallel_for(n, 1, [&](int64_t n0, int64_t n1) {
@@ -416,7 +386,7 @@ bool direct_conv_backward_weights(const ConvShape& s, const float* x, const floa
   // Images are laid side by side, `group` at a time, S floats apart, so that each tile's sums run
   // over a long stretch of positions: small images (7x7) would otherwise spend more time loading
   // and storing the tile's partial sums than multiplying.
-  const int64_t S = (g.image() + 7) / 8 * 8;
+  const int64_t S = (g.image() + Grid::kSpill + 7) / 8 * 8;
   const int64_t group = std::clamp<int64_t>(4096 / S, 1, s.N);
   const int64_t ld = group * S;  // floats between phase planes (x) and between rows (g)
   const int64_t cstride = g.phases() * ld;

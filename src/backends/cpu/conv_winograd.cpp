@@ -38,6 +38,7 @@
 
 #include "backends/cpu/compute_buffers.h"
 #include "backends/cpu/fma_tile.h"
+#include "backends/cpu/row_pairs.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/thread_pool.h"
 
@@ -88,30 +89,6 @@ Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_
   t.vp = odd_lines(C * t.ld);
   t.mp = odd_lines(O * t.ld);
   return t;
-}
-
-/// even[k] = src[2k], odd[k] = src[2k + 1] for the columns of a row of W floats, and zeros after
-/// them up to whole vectors.
-__attribute__((target("avx2,fma"))) void split_row(const float* src, int64_t W, float* even,
-                                                   float* odd) {
-  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  for (int64_t k = 0; k < W; k += 16) {
-    __m256 a, b;
-    if (W - k >= 16) {
-      a = _mm256_loadu_ps(src + k);
-      b = _mm256_loadu_ps(src + k + 8);
-    } else {
-      // Masked-off lanes read nothing (no fault past the array) and give zeros.
-      const int32_t n = static_cast<int32_t>(W - k);
-      a = _mm256_maskload_ps(src + k, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), iota));
-      b = _mm256_maskload_ps(src + k + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(n - 8), iota));
-    }
-    // shuffle_ps pairs within 128-bit lanes; the 64-bit permute puts the pairs in order.
-    const __m256d e = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88));
-    const __m256d o = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD));
-    _mm256_storeu_ps(even + k / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(e, 0xD8)));
-    _mm256_storeu_ps(odd + k / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(o, 0xD8)));
-  }
 }
 
 /// A block's image rows, one channel at a time, zero-padded and split into their even and odd
@@ -178,53 +155,6 @@ __attribute__((target("avx2,fma"))) void input_tiles(const float* const r[4], in
       _mm256_storeu_ps(v + (8 + b) * pstride + j, _mm256_sub_ps(h[2][b], h[1][b]));
       _mm256_storeu_ps(v + (12 + b) * pstride + j, _mm256_sub_ps(h[1][b], h[3][b]));
     }
-  }
-}
-
-/// Stores the first n (< 8) floats of v to d.
-__attribute__((target("avx2,fma"))) void store_first(float* d, __m256 v, int64_t n) {
-  __m128 h = _mm256_castps256_ps128(v);
-  if (n & 4) {
-    _mm_storeu_ps(d, h);
-    h = _mm256_extractf128_ps(v, 1);
-    d += 4;
-  }
-  if (n & 2) {
-    _mm_storel_pi(reinterpret_cast<__m64*>(d), h);
-    h = _mm_movehl_ps(h, h);
-    d += 2;
-  }
-  if (n & 1) _mm_store_ss(d, h);
-}
-
-/// The first n (<= 8) floats of src, zeros after them.
-__attribute__((target("avx2,fma"))) __m256 load_first(const float* src, int64_t n) {
-  if (n >= 8) return _mm256_loadu_ps(src);
-  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_maskload_ps(src,
-                            _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), iota));
-}
-
-/// Stores 8 tiles' output pairs (a[j], b[j]) to d[2j], d[2j + 1], the first n floats only, plus
-/// r[2j], r[2j + 1] where r is not null.
-__attribute__((target("avx2,fma"))) void store_pairs(float* d, __m256 a, __m256 b, int64_t n,
-                                                     const float* r) {
-  const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
-  __m256 first = _mm256_permute2f128_ps(lo, hi, 0x20);
-  __m256 second = _mm256_permute2f128_ps(lo, hi, 0x31);
-  if (r) {
-    first = _mm256_add_ps(first, load_first(r, n));
-    if (n > 8) second = _mm256_add_ps(second, load_first(r + 8, n - 8));
-  }
-  // Partial stores by halves, not vmaskmovps, which is slow on AMD.
-  if (n >= 8) {
-    _mm256_storeu_ps(d, first);
-    if (n >= 16)
-      _mm256_storeu_ps(d + 8, second);
-    else
-      store_first(d + 8, second, n - 8);
-  } else {
-    store_first(d, first, n);
   }
 }
 

@@ -1,0 +1,83 @@
+// AVX2 helpers for rows split into even and odd columns and merged back: the Winograd
+// transforms' column pairs and the direct kernels' stride-2 phase planes.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace hetrain::cpu {
+
+/// even[k] = src[2k], odd[k] = src[2k + 1] for the columns of a row of W floats, and zeros after
+/// them up to whole vectors: each of even and odd gets a multiple of 8 floats, up to 8 past
+/// its W / 2 (rounded up) values.
+inline __attribute__((target("avx2,fma"))) void split_row(const float* src, int64_t W, float* even,
+                                                          float* odd) {
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t k = 0; k < W; k += 16) {
+    __m256 a, b;
+    if (W - k >= 16) {
+      a = _mm256_loadu_ps(src + k);
+      b = _mm256_loadu_ps(src + k + 8);
+    } else {
+      // Masked-off lanes read nothing (no fault past the array) and give zeros.
+      const int32_t n = static_cast<int32_t>(W - k);
+      a = _mm256_maskload_ps(src + k, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), iota));
+      b = _mm256_maskload_ps(src + k + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(n - 8), iota));
+    }
+    // shuffle_ps pairs within 128-bit lanes; the 64-bit permute puts the pairs in order.
+    const __m256d e = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88));
+    const __m256d o = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD));
+    _mm256_storeu_ps(even + k / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(e, 0xD8)));
+    _mm256_storeu_ps(odd + k / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(o, 0xD8)));
+  }
+}
+
+/// Stores the first n (< 8) floats of v to d.
+inline __attribute__((target("avx2,fma"))) void store_first(float* d, __m256 v, int64_t n) {
+  __m128 h = _mm256_castps256_ps128(v);
+  if (n & 4) {
+    _mm_storeu_ps(d, h);
+    h = _mm256_extractf128_ps(v, 1);
+    d += 4;
+  }
+  if (n & 2) {
+    _mm_storel_pi(reinterpret_cast<__m64*>(d), h);
+    h = _mm_movehl_ps(h, h);
+    d += 2;
+  }
+  if (n & 1) _mm_store_ss(d, h);
+}
+
+/// The first n (<= 8) floats of src, zeros after them.
+inline __attribute__((target("avx2,fma"))) __m256 load_first(const float* src, int64_t n) {
+  if (n >= 8) return _mm256_loadu_ps(src);
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_ps(src,
+                            _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), iota));
+}
+
+/// Stores pairs (a[j], b[j]) (8 tiles' outputs, or a phase row's two halves) to d[2j], d[2j + 1],
+/// the first n floats only, plus r[2j], r[2j + 1] where r is not null.
+inline __attribute__((target("avx2,fma"))) void store_pairs(float* d, __m256 a, __m256 b, int64_t n,
+                                                            const float* r) {
+  const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+  __m256 first = _mm256_permute2f128_ps(lo, hi, 0x20);
+  __m256 second = _mm256_permute2f128_ps(lo, hi, 0x31);
+  if (r) {
+    first = _mm256_add_ps(first, load_first(r, n));
+    if (n > 8) second = _mm256_add_ps(second, load_first(r + 8, n - 8));
+  }
+  // Partial stores by halves, not vmaskmovps, which is slow on AMD.
+  if (n >= 8) {
+    _mm256_storeu_ps(d, first);
+    if (n >= 16)
+      _mm256_storeu_ps(d + 8, second);
+    else
+      store_first(d + 8, second, n - 8);
+  } else {
+    store_first(d, first, n);
+  }
+}
+
+}  // namespace hetrain::cpu
