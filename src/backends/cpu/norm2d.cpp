@@ -68,6 +68,22 @@ void plane_sums(const T* g, const T* x, int64_t n, C mu, const BnAffine<C>& aff,
   sgx = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
 }
 
+/// The backward's per-channel constants: dx = k * (g' - gmean - (x - mu) * proj).
+template <class A>
+struct BnGrad {
+  A mu, k, gmean, proj;
+};
+
+/// dx = k * (g' - gmean - (x - mu) * proj) over n elements, g' = g masked by the relu when Relu.
+template <bool Relu, class T, class C>
+void dx_plane(const T* g, const T* x, T* dx, int64_t n, const BnAffine<C>& a, const BnGrad<C>& d) {
+  for (int64_t i = 0; i < n; ++i) {
+    const C xv = to_compute(x[i]);
+    const C gv = masked<Relu>(to_compute(g[i]), xv, a.scale, a.shift);
+    dx[i] = from_compute<T>(d.k * (gv - d.gmean - (xv - d.mu) * d.proj));
+  }
+}
+
 /// y = x * scale + shift (+ r) over n elements, relu of it when Relu.
 template <bool Relu, class T, class C>
 void apply_plane(const T* x, const T* r, T* y, int64_t n, const BnAffine<C>& a) {
@@ -87,9 +103,9 @@ inline float lane_total(float (&a)[8]) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-/// A plane's sum, and its squared deviations from its own mean (the mean rounded to f32).
+/// A plane's sum, and its squared deviations from its own mean, sum / n rounded to f32.
 __attribute__((target("avx2"))) void plane_stats_avx2(const float* x, int64_t n, float& sum,
-                                                      float& mean, float& sq) {
+                                                      float& sq) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + i));
@@ -97,7 +113,7 @@ __attribute__((target("avx2"))) void plane_stats_avx2(const float* x, int64_t n,
   _mm256_storeu_ps(a, acc);
   for (; i < n; ++i) a[0] += x[i];
   sum = lane_total(a);
-  mean = sum / static_cast<float>(n);
+  const float mean = sum / static_cast<float>(n);
   const __m256 m = _mm256_set1_ps(mean);
   acc = _mm256_setzero_ps();
   for (i = 0; i + 8 <= n; i += 8) {
@@ -161,12 +177,6 @@ __attribute__((target("avx2"))) void plane_sums_avx2(const float* g, const float
   sg = lane_total(as), sgx = lane_total(bs);
 }
 
-/// The backward's per-channel constants: dx = k * (g' - gmean - (x - mu) * proj).
-template <class A>
-struct BnGrad {
-  A mu, k, gmean, proj;
-};
-
 template <bool Relu>
 __attribute__((target("avx2"))) void dx_plane_avx2(const float* g, const float* x, float* dx,
                                                    int64_t n, const BnAffine<float>& aff,
@@ -198,8 +208,15 @@ bool plane_avx2() {
   return false;
 }
 
-/// Planes per parallel_for chunk: about cpu::kRowGrainElems elements.
-int64_t plane_grain(int64_t hw) { return cpu::row_grain(hw); }
+/// f.template operator()<true>() when relu, else <false>: the plane loops with the mask or
+/// without it compiled in.
+template <class F>
+void with_relu(bool relu, F&& f) {
+  if (relu)
+    f.template operator()<true>();
+  else
+    f.template operator()<false>();
+}
 
 }  // namespace
 
@@ -220,21 +237,21 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
     T* yp = y.data<T>();
     A *mp = mean.data<A>(), *vp = var.data<A>();
     const bool avx2 = plane_avx2<T>();
-    // Each plane's sum, mean and squared deviations from that mean (one read of x from memory;
-    // the second sum hits L1). The plane mean is rounded to the compute type.
-    std::vector<A> psum(static_cast<size_t>(P)), pmean(psum.size()), psq(psum.size());
-    parallel_for(P, plane_grain(HW), [&](int64_t p0, int64_t p1) {
+    const int64_t grain = cpu::row_grain(HW);
+    // Each plane's sum and squared deviations from its mean, sum / HW rounded to the compute
+    // type (one read of x from memory; the second sum hits L1).
+    std::vector<A> psum(static_cast<size_t>(P)), psq(psum.size());
+    parallel_for(P, grain, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         const T* xr = xp + p * HW;
         if constexpr (std::is_same_v<T, float>) {
           if (avx2) {
-            plane_stats_avx2(xr, HW, psum[p], pmean[p], psq[p]);
+            plane_stats_avx2(xr, HW, psum[p], psq[p]);
             continue;
           }
         }
         psum[p] = row_sum(xr, HW, [](A v) { return v; });
         const A m = psum[p] / static_cast<A>(HW);
-        pmean[p] = m;
         psq[p] = row_sum(xr, HW, [m](A v) { return (v - m) * (v - m); });
       }
     });
@@ -248,7 +265,8 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
       for (int64_t n = 0; n < N; ++n) s += static_cast<double>(psum[n * C + c]);
       double ss = 0;
       for (int64_t n = 0; n < N; ++n) {
-        const double d = static_cast<double>(pmean[n * C + c]) - s / M;
+        const A plane_mean = psum[n * C + c] / static_cast<A>(HW);
+        const double d = static_cast<double>(plane_mean) - s / M;
         ss += static_cast<double>(psq[n * C + c]) + static_cast<double>(HW) * d * d;
       }
       mp[c] = static_cast<A>(s / M);
@@ -256,24 +274,21 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
       aff.emplace_back(static_cast<double>(to_compute(wp[c])), to_compute(bp[c]), mp[c], vp[c],
                        eps_);
     }
-    parallel_for(P, plane_grain(HW), [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) {
-        const BnAffine<A>& a = aff[static_cast<size_t>(p % C)];
-        const T* r = rp ? rp + p * HW : nullptr;
-        if constexpr (std::is_same_v<T, float>) {
-          if (avx2) {
-            if (relu_)
-              apply_plane_avx2<true>(xp + p * HW, r, yp + p * HW, HW, a.scale, a.shift);
-            else
-              apply_plane_avx2<false>(xp + p * HW, r, yp + p * HW, HW, a.scale, a.shift);
-            continue;
+    with_relu(relu_, [&]<bool Relu>() {
+      parallel_for(P, grain, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const BnAffine<A>& a = aff[static_cast<size_t>(p % C)];
+          const T *xr = xp + p * HW, *r = rp ? rp + p * HW : nullptr;
+          T* yr = yp + p * HW;
+          if constexpr (std::is_same_v<T, float>) {
+            if (avx2) {
+              apply_plane_avx2<Relu>(xr, r, yr, HW, a.scale, a.shift);
+              continue;
+            }
           }
+          apply_plane<Relu>(xr, r, yr, HW, a);
         }
-        if (relu_)
-          apply_plane<true>(xp + p * HW, r, yp + p * HW, HW, a);
-        else
-          apply_plane<false>(xp + p * HW, r, yp + p * HW, HW, a);
-      }
+      });
     });
   });
 }
@@ -295,71 +310,58 @@ void BatchNorm2dBackward::eval_cpu(const std::vector<const Array*>& in,
     const A *mp = mean.data<A>(), *vp = var.data<A>();
     T *dxp = dx.data<T>(), *dwp = dw.data<T>(), *dbp = db.data<T>();
     const bool avx2 = plane_avx2<T>();
+    const int64_t grain = cpu::row_grain(HW);
     std::vector<BnAffine<A>> aff;
     aff.reserve(static_cast<size_t>(C));
     for (int64_t c = 0; c < C; ++c)
       aff.emplace_back(static_cast<double>(to_compute(wp[c])), to_compute(bp[c]), mp[c], vp[c],
                        eps_);
-    // Each plane's sum(g') and sum(g' * (x - mu)), g' masked by the relu when relu_.
     std::vector<A> psg(static_cast<size_t>(P)), psgx(psg.size());
-    parallel_for(P, plane_grain(HW), [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) {
-        const int64_t c = p % C;
-        const BnAffine<A>& a = aff[static_cast<size_t>(c)];
-        const T *gr = gp + p * HW, *xr = xp + p * HW;
-        A& sg = psg[p];
-        A& sgx = psgx[p];
-        if constexpr (std::is_same_v<T, float>) {
-          if (avx2) {
-            if (relu_)
-              plane_sums_avx2<true>(gr, xr, HW, mp[c], a, sg, sgx);
-            else
-              plane_sums_avx2<false>(gr, xr, HW, mp[c], a, sg, sgx);
-            continue;
-          }
-        }
-        if (relu_)
-          plane_sums<true>(gr, xr, HW, mp[c], a, sg, sgx);
-        else
-          plane_sums<false>(gr, xr, HW, mp[c], a, sg, sgx);
-      }
-    });
-    // Per channel, the planes' sums added in n order in f64; then the weight and bias gradients
-    // and dx = w * invstd * (g' - sg / M - (x - mu) * invstd^2 * sgx / M).
     std::vector<BnGrad<A>> d(static_cast<size_t>(C));
-    for (int64_t c = 0; c < C; ++c) {
-      double sg = 0, sgx = 0;
-      for (int64_t n = 0; n < N; ++n)
-        sg += static_cast<double>(psg[n * C + c]), sgx += static_cast<double>(psgx[n * C + c]);
-      const double invstd = 1.0 / std::sqrt(static_cast<double>(vp[c]) + eps_);
-      dbp[c] = from_compute<T>(static_cast<A>(sg));
-      dwp[c] = from_compute<T>(static_cast<A>(sgx * invstd));
-      d[c] = {mp[c], static_cast<A>(to_compute(wp[c]) * invstd), static_cast<A>(sg / M),
-              static_cast<A>(sgx * invstd * invstd / M)};
-    }
-    parallel_for(P, plane_grain(HW), [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) {
-        const int64_t c = p % C;
-        const BnAffine<A>& a = aff[static_cast<size_t>(c)];
-        const BnGrad<A>& k = d[static_cast<size_t>(c)];
-        const T *gr = gp + p * HW, *xr = xp + p * HW;
-        T* dxr = dxp + p * HW;
-        if constexpr (std::is_same_v<T, float>) {
-          if (avx2) {
-            if (relu_)
-              dx_plane_avx2<true>(gr, xr, dxr, HW, a, k);
-            else
-              dx_plane_avx2<false>(gr, xr, dxr, HW, a, k);
-            continue;
+    with_relu(relu_, [&]<bool Relu>() {
+      // Each plane's sum(g') and sum(g' * (x - mu)), g' masked by the relu when Relu.
+      parallel_for(P, grain, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const int64_t c = p % C;
+          const BnAffine<A>& a = aff[static_cast<size_t>(c)];
+          const T *gr = gp + p * HW, *xr = xp + p * HW;
+          if constexpr (std::is_same_v<T, float>) {
+            if (avx2) {
+              plane_sums_avx2<Relu>(gr, xr, HW, mp[c], a, psg[p], psgx[p]);
+              continue;
+            }
           }
+          plane_sums<Relu>(gr, xr, HW, mp[c], a, psg[p], psgx[p]);
         }
-        for (int64_t i = 0; i < HW; ++i) {
-          const A xv = to_compute(xr[i]);
-          const A gv =
-              relu_ ? masked<true>(to_compute(gr[i]), xv, a.scale, a.shift) : to_compute(gr[i]);
-          dxr[i] = from_compute<T>(k.k * (gv - k.gmean - (xv - k.mu) * k.proj));
-        }
+      });
+      // Per channel, the planes' sums added in n order in f64; then the weight and bias gradients
+      // and dx = w * invstd * (g' - sg / M - (x - mu) * invstd^2 * sgx / M).
+      for (int64_t c = 0; c < C; ++c) {
+        double sg = 0, sgx = 0;
+        for (int64_t n = 0; n < N; ++n)
+          sg += static_cast<double>(psg[n * C + c]), sgx += static_cast<double>(psgx[n * C + c]);
+        const double invstd = 1.0 / std::sqrt(static_cast<double>(vp[c]) + eps_);
+        dbp[c] = from_compute<T>(static_cast<A>(sg));
+        dwp[c] = from_compute<T>(static_cast<A>(sgx * invstd));
+        d[c] = {mp[c], static_cast<A>(to_compute(wp[c]) * invstd), static_cast<A>(sg / M),
+                static_cast<A>(sgx * invstd * invstd / M)};
       }
+      parallel_for(P, grain, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const int64_t c = p % C;
+          const BnAffine<A>& a = aff[static_cast<size_t>(c)];
+          const BnGrad<A>& k = d[static_cast<size_t>(c)];
+          const T *gr = gp + p * HW, *xr = xp + p * HW;
+          T* dxr = dxp + p * HW;
+          if constexpr (std::is_same_v<T, float>) {
+            if (avx2) {
+              dx_plane_avx2<Relu>(gr, xr, dxr, HW, a, k);
+              continue;
+            }
+          }
+          dx_plane<Relu>(gr, xr, dxr, HW, a, k);
+        }
+      });
     });
   });
 }
