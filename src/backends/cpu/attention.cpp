@@ -53,10 +53,19 @@ struct Rows {
   }
 };
 
-template <class T>
-Rows<T> plain_rows(T* p, int64_t L, int64_t E) {
-  return {p, 1, L * E, 0, E};
-}
+/// Separate (B..., L, E) operands: q and k (part 0, 1) are E wide, v (part 2) and the output Ev.
+struct PlainGeom {
+  AttnGeom g;
+  template <class T>
+  Rows<T> rows(T* p, int64_t part) const {
+    const int64_t L = part == 0 ? g.Lq : g.Lk, E = part == 2 ? g.Ev : g.E;
+    return {p, 1, L * E, 0, E};
+  }
+  template <class T>
+  Rows<T> out_rows(T* p) const {
+    return {p, 1, g.Lq * g.Ev, 0, g.Ev};
+  }
+};
 
 /// A packed (N, L, 3D) projection with H heads of d = D / H: batch-head n * H + h of q, k or v
 /// (part 0, 1, 2) is columns [part * D + h * d, + d) of image n; the output (N, L, D) holds head
@@ -276,12 +285,11 @@ void SdpaForward::eval_cpu(const std::vector<const Array*>& in,
   } else {
     Array q = as_contiguous(*in[0], dt), k = as_contiguous(*in[1], dt),
           v = as_contiguous(*in[2], dt);
-    AttnGeom g = attn_geom(q.shape, v.shape, causal_);
+    const PlainGeom p{attn_geom(q.shape, v.shape, causal_)};
     dispatch_compute(dt, [&]<class T>() {
-      attention_forward<T>(
-          plain_rows<const T>(q.data<T>(), g.Lq, g.E), plain_rows<const T>(k.data<T>(), g.Lk, g.E),
-          plain_rows<const T>(v.data<T>(), g.Lk, g.Ev), plain_rows(o.data<T>(), g.Lq, g.Ev),
-          lse.data<T>(), g, static_cast<T>(scale_), dt);
+      attention_forward<T>(p.rows<const T>(q.data<T>(), 0), p.rows<const T>(k.data<T>(), 1),
+                           p.rows<const T>(v.data<T>(), 2), p.out_rows(o.data<T>()), lse.data<T>(),
+                           p.g, static_cast<T>(scale_), dt);
     });
   }
   finish_output(o, *out[0]);
@@ -311,14 +319,13 @@ void SdpaBackward::eval_cpu(const std::vector<const Array*>& in,
   Array lse = as_contiguous(*in[5], dt);
   Array dq = start_output(*out[0], dt), dk = start_output(*out[1], dt),
         dv = start_output(*out[2], dt);
-  AttnGeom g = attn_geom(q.shape, v.shape, causal_);
+  const PlainGeom p{attn_geom(q.shape, v.shape, causal_)};
   dispatch_compute(dt, [&]<class T>() {
-    attention_backward<T>(
-        plain_rows<const T>(q.data<T>(), g.Lq, g.E), plain_rows<const T>(k.data<T>(), g.Lk, g.E),
-        plain_rows<const T>(v.data<T>(), g.Lk, g.Ev), plain_rows<const T>(o.data<T>(), g.Lq, g.Ev),
-        plain_rows<const T>(dout.data<T>(), g.Lq, g.Ev), lse.data<T>(),
-        plain_rows(dq.data<T>(), g.Lq, g.E), plain_rows(dk.data<T>(), g.Lk, g.E),
-        plain_rows(dv.data<T>(), g.Lk, g.Ev), g, static_cast<T>(scale_), dt);
+    attention_backward<T>(p.rows<const T>(q.data<T>(), 0), p.rows<const T>(k.data<T>(), 1),
+                          p.rows<const T>(v.data<T>(), 2), p.out_rows<const T>(o.data<T>()),
+                          p.out_rows<const T>(dout.data<T>()), lse.data<T>(),
+                          p.rows(dq.data<T>(), 0), p.rows(dk.data<T>(), 1), p.rows(dv.data<T>(), 2),
+                          p.g, static_cast<T>(scale_), dt);
   });
   finish_output(dq, *out[0]);
   finish_output(dk, *out[1]);
