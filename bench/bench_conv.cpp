@@ -4,14 +4,21 @@
 // (the path before oneDNN), 1 = oneDNN, 2 = the direct kernels where they apply (oneDNN
 // for the other shapes), 3 = Winograd F(2x2,3x3) for 3x3 stride 1, then as 2; BM_BatchNorm's: 1 =
 // fused batch_norm2d, 0 = the composite of mean/var/elementwise ops it replaced, 2 = fused with
-// relu, 3 = fused then a separate relu.
+// relu, 3 = fused then a separate relu. BM_WinogradTiles and BM_FashionCnnStepTiles run the
+// Winograd passes with 2x2 output tiles and with 4x4 (or the size picked by output width)
+// alternately in one process and report each one's median time and the median ratio b/a of
+// adjacent runs, which holds on a machine whose speed drifts.
 //   cmake -S . -B build -G Ninja -DHETRAIN_BUILD_BENCH=ON && cmake --build build -j2
 //   [THREADS=N] ./build/bench/bench_conv --benchmark_filter=Step
 // "Time" is wall clock, "CPU" the whole process's CPU time (a steadier measure of work on a shared
 // machine); GFLOP/s is per wall-clock second.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <functional>
+#include <vector>
 
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_dnnl.h"
@@ -117,18 +124,71 @@ void BM_BatchNorm(benchmark::State& st) {
   }
 }
 
-/// One fashion-cnn training step: forward, cross-entropy, backward, running statistics.
-void BM_FashionCnnStep(benchmark::State& st) {
-  use_conv_path(st.range(0));
-  Generator gen(3);
-  nn::ResNet model(1, 10, {16, 32, 64}, 1, gen);
-  model.train();
-  Tensor x = randn({kBatch, 1, 28, 28}, Dtype::f32, gen);
-  std::vector<int64_t> labels(kBatch);
-  for (int64_t i = 0; i < kBatch; ++i) labels[static_cast<size_t>(i)] = (i * 7) % 10;
-  Tensor t = from_vector(labels, {kBatch});
-  eval({x, t});
+/// Runs a and b alternately, once each per iteration, and reports the median time of each and
+/// the median of their per-iteration ratios (b / a): on a machine whose speed drifts, adjacent
+/// runs of the two compare where separate benchmarks of each do not.
+void interleaved(benchmark::State& st, const std::function<void()>& a,
+                 const std::function<void()>& b) {
+  std::vector<double> ta, tb, ratio;
+  auto time = [](const std::function<void()>& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
   for (auto _ : st) {
+    ta.push_back(time(a));
+    tb.push_back(time(b));
+    ratio.push_back(tb.back() / ta.back());
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  st.counters["a_ms"] = median(ta);
+  st.counters["b_ms"] = median(tb);
+  st.counters["b/a"] = median(ratio);
+}
+
+/// One conv pass of case range(0) (pass range(1) as in BM_Conv) on the Winograd path with 2x2
+/// output tiles (a) and 4x4 tiles (b), interleaved.
+void BM_WinogradTiles(benchmark::State& st) {
+  const ConvCase& c = kConvs[st.range(0)];
+  const int64_t pass = st.range(1);
+  use_conv_path(3);
+  Generator gen(1);
+  Tensor x = randn({kBatch, c.C, c.H, c.H}, Dtype::f32, gen);
+  Tensor w = randn({c.O, c.C, c.k, c.k}, Dtype::f32, gen);
+  auto conv = [&](const Tensor& xx, const Tensor& ww) {
+    return conv2d(xx, ww, {}, {c.s, c.s}, {c.p, c.p});
+  };
+  Tensor gy = randn(conv(x, w).shape(), Dtype::f32, gen);
+  eval({x, w, gy});
+  auto run = [&](int64_t m) {
+    return [&, m] {
+      cpu::set_winograd_tile_size(m);
+      eval({pass == 0 ? conv(x, w) : grad({conv(x, w)}, {pass == 1 ? x : w}, {gy})[0]});
+    };
+  };
+  interleaved(st, run(2), run(4));
+  cpu::set_winograd_tile_size(0);
+  use_conv_path(-1);
+}
+
+/// A fashion-cnn model and batch; step() runs one training step: forward, cross-entropy,
+/// backward, running statistics.
+struct FashionCnn {
+  Generator gen{3};
+  nn::ResNet model{1, 10, {16, 32, 64}, 1, gen};
+  Tensor x, t;
+  FashionCnn() {
+    model.train();
+    x = randn({kBatch, 1, 28, 28}, Dtype::f32, gen);
+    std::vector<int64_t> labels(kBatch);
+    for (int64_t i = 0; i < kBatch; ++i) labels[static_cast<size_t>(i)] = (i * 7) % 10;
+    t = from_vector(labels, {kBatch});
+    eval({x, t});
+  }
+  void step() {
     Tensor loss = cross_entropy(model.forward(x), t);
     loss.backward();
     std::vector<Tensor> buffers;
@@ -137,15 +197,41 @@ void BM_FashionCnnStep(benchmark::State& st) {
     for (auto& [n, buf] : model.named_buffers()) *buf = buf->detach();
     model.zero_grad();
   }
+};
+
+/// One fashion-cnn training step.
+void BM_FashionCnnStep(benchmark::State& st) {
+  use_conv_path(st.range(0));
+  FashionCnn net;
+  for (auto _ : st) net.step();
   st.counters["samples/s"] = benchmark::Counter(static_cast<double>(kBatch),
                                                 benchmark::Counter::kIsIterationInvariantRate);
   use_conv_path(-1);
+}
+
+/// fashion-cnn training steps with the Winograd passes on 2x2 output tiles (a) and on the tile
+/// size picked by output width (b), interleaved.
+void BM_FashionCnnStepTiles(benchmark::State& st) {
+  FashionCnn net;
+  auto run = [&](int64_t m) {
+    return [&, m] {
+      cpu::set_winograd_tile_size(m);
+      net.step();
+    };
+  };
+  interleaved(st, run(2), run(0));
+  cpu::set_winograd_tile_size(0);
 }
 
 }  // namespace
 
 BENCHMARK(BM_Conv)->Apply(conv_args)->MeasureProcessCPUTime()->UseRealTime()->Unit(
     benchmark::kMillisecond);
+BENCHMARK(BM_WinogradTiles)
+    ->ArgsProduct({{0, 1, 3}, {0, 1}})
+    ->Iterations(40)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FashionCnnStepTiles)->Iterations(20)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_BatchNorm)
     ->Arg(0)
     ->Arg(1)

@@ -1,13 +1,15 @@
-// The Winograd F(2x2, 3x3) conv kernels (conv_winograd.cpp) against plain f64 loops: forward,
-// input gradient and weight gradient on odd shapes (ragged tiles, one channel, batches that split
-// unevenly over the threads) and one fashion-cnn shape, with padding 0 and 1; the shapes they must
-// refuse; and results that do not depend on the thread count.
+// The Winograd conv kernels (conv_winograd.cpp) against plain f64 loops: forward, input gradient
+// and weight gradient on odd shapes (ragged tiles, one channel, batches that split unevenly over
+// the threads) and one fashion-cnn shape, with padding 0 and 1, each with 2x2 (F(2x2, 3x3)) and
+// 4x4 (F(4x4, 3x3)) output tiles forced; the tile size picked by output width; the shapes they
+// must refuse; and results that do not depend on the thread count.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/cpu/conv_winograd.h"
@@ -66,13 +68,16 @@ struct Passes {
   std::vector<float> y, dx, dw;
 };
 
+/// The three passes with output tiles of size m (0: picked by output width).
 Passes run_winograd(const ConvShape& s, const std::vector<float>& x, const std::vector<float>& w,
-                    const std::vector<float>& b, const std::vector<float>& gy) {
+                    const std::vector<float>& b, const std::vector<float>& gy, int64_t m = 0) {
+  cpu::set_winograd_tile_size(m);
   Passes r{std::vector<float>(gy.size(), NAN), std::vector<float>(x.size(), NAN),
            std::vector<float>(w.size(), NAN)};
   EXPECT_TRUE(cpu::winograd_conv_forward(s, x.data(), w.data(), b.data(), r.y.data()));
   EXPECT_TRUE(cpu::winograd_conv_backward_data(s, gy.data(), w.data(), r.dx.data()));
   EXPECT_TRUE(cpu::winograd_conv_backward_weights(s, x.data(), gy.data(), r.dw.data()));
+  cpu::set_winograd_tile_size(0);
   return r;
 }
 
@@ -89,16 +94,19 @@ void check_against_reference(const ConvShape& s) {
     dx[xi] += static_cast<double>(gy[yi]) * w[wi];
     dw[wi] += static_cast<double>(gy[yi]) * x[xi];
   });
-  const Passes got = run_winograd(s, x, w, b, gy);
-  // Rounding of f32 sums over C * 9 (forward, input gradient) or N * Ho * Wo (weight gradient)
-  // terms, plus the transforms' few extra additions: measured up to ~1e-6.
-  const std::string what = "N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
-                           " H=" + std::to_string(s.H) + " W=" + std::to_string(s.W) +
-                           " O=" + std::to_string(s.O) + " p=" + std::to_string(s.ph) + "," +
-                           std::to_string(s.pw);
-  EXPECT_LT(relative_error(got.y, y), 1e-5) << what << ": forward";
-  EXPECT_LT(relative_error(got.dx, dx), 1e-5) << what << ": input gradient";
-  EXPECT_LT(relative_error(got.dw, dw), 1e-5) << what << ": weight gradient";
+  for (int64_t m : {2, 4}) {
+    const Passes got = run_winograd(s, x, w, b, gy, m);
+    // Rounding of f32 sums over C * 9 (forward, input gradient) or N * Ho * Wo (weight gradient)
+    // terms, plus the transforms' extra additions and their factors (up to 8 at 4x4 tiles):
+    // measured up to 7e-7 with 2x2 tiles and 6e-6 with 4x4 tiles (40 channels).
+    const std::string what =
+        std::to_string(m) + "x" + std::to_string(m) + " tiles, N=" + std::to_string(s.N) +
+        " C=" + std::to_string(s.C) + " H=" + std::to_string(s.H) + " W=" + std::to_string(s.W) +
+        " O=" + std::to_string(s.O) + " p=" + std::to_string(s.ph) + "," + std::to_string(s.pw);
+    EXPECT_LT(relative_error(got.y, y), 1e-5) << what << ": forward";
+    EXPECT_LT(relative_error(got.dx, dx), 1e-5) << what << ": input gradient";
+    EXPECT_LT(relative_error(got.dw, dw), 1e-5) << what << ": weight gradient";
+  }
 }
 
 }  // namespace
@@ -118,12 +126,31 @@ TEST(ConvWinograd, MatchesReferenceOnOddShapes) {
   check_against_reference(shape3x3(2, 3, 4, 5, 6, 1, 0));  // padding differs per axis
   check_against_reference(shape3x3(2, 4, 7, 4, 5, 0, 1));
   cases += 2;
-  EXPECT_EQ(cpu::winograd_conv_runs() - runs, 3 * cases);
+  EXPECT_EQ(cpu::winograd_conv_runs() - runs, 2 * 3 * cases);
 }
 
 TEST(ConvWinograd, MatchesReferenceOnFashionCnnShape) {
   if (!has_avx2_fma()) GTEST_SKIP() << "needs AVX2 and FMA";
   for (int64_t p : {0, 1}) check_against_reference(shape3x3(3, 32, 14, 14, 32, p, p));
+}
+
+TEST(ConvWinograd, TileSizeFollowsOutputWidth) {
+  if (!has_avx2_fma()) GTEST_SKIP() << "needs AVX2 and FMA";
+  // The picked size gives the bits of the forced one: 4x4 from 20 wide, 2x2 below. The input
+  // gradient's output is the input, so a 19-wide output with a 21-wide input takes both.
+  for (const auto& [s, fwd, bwd] : {std::tuple{shape3x3(2, 8, 22, 22, 8, 0, 0), 4, 4},
+                                    std::tuple{shape3x3(2, 8, 21, 21, 8, 0, 0), 2, 4},
+                                    std::tuple{shape3x3(2, 8, 14, 14, 8, 1, 1), 2, 2}}) {
+    const auto x = values(s.N * s.C * s.H * s.W, 1), w = values(s.O * s.C * 9, 2),
+               b = values(s.O, 3), gy = values(s.N * s.O * s.Ho * s.Wo, 4);
+    const Passes picked = run_winograd(s, x, w, b, gy);
+    const Passes other_fwd = run_winograd(s, x, w, b, gy, 6 - fwd);
+    const Passes other_bwd = run_winograd(s, x, w, b, gy, 6 - bwd);
+    EXPECT_EQ(picked.y, run_winograd(s, x, w, b, gy, fwd).y) << "Wo=" << s.Wo;
+    EXPECT_NE(picked.y, other_fwd.y) << "Wo=" << s.Wo;
+    EXPECT_EQ(picked.dx, run_winograd(s, x, w, b, gy, bwd).dx) << "W=" << s.W;
+    EXPECT_NE(picked.dx, other_bwd.dx) << "W=" << s.W;
+  }
 }
 
 TEST(ConvWinograd, RefusesOtherConvolutions) {
@@ -157,12 +184,14 @@ TEST(ConvWinograd, SameBitsOnOneAndTwoThreads) {
   const auto x = values(s.N * s.C * s.H * s.W, 5), w = values(s.O * s.C * 9, 6), b = values(s.O, 7),
              gy = values(s.N * s.O * s.Ho * s.Wo, 8);
   const int threads = num_threads();
-  set_num_threads(1);
-  const Passes one = run_winograd(s, x, w, b, gy);
-  set_num_threads(2);
-  const Passes two = run_winograd(s, x, w, b, gy);
-  set_num_threads(threads);
-  EXPECT_EQ(one.y, two.y) << "forward";
-  EXPECT_EQ(one.dx, two.dx) << "input gradient";
-  EXPECT_EQ(one.dw, two.dw) << "weight gradient";
+  for (int64_t m : {2, 4}) {
+    set_num_threads(1);
+    const Passes one = run_winograd(s, x, w, b, gy, m);
+    set_num_threads(2);
+    const Passes two = run_winograd(s, x, w, b, gy, m);
+    set_num_threads(threads);
+    EXPECT_EQ(one.y, two.y) << m << "x" << m << " tiles: forward";
+    EXPECT_EQ(one.dx, two.dx) << m << "x" << m << " tiles: input gradient";
+    EXPECT_EQ(one.dw, two.dw) << m << "x" << m << " tiles: weight gradient";
+  }
 }

@@ -89,6 +89,10 @@ const Case kCases[] = {
     {{3, 16, 28, 25}, {32, 16, 1, 1}, {2, 2}, {0, 0}, false, Case::direct},  // a shortcut
     {{2, 3, 27, 29}, {4, 3, 5, 5}, {2, 2}, {2, 1}, true, Case::direct},   // 5x5: two rows of reach
     {{2, 8, 9, 9}, {8, 8, 3, 3}, {1, 1}, {1, 1}, false, Case::winograd},  // 9 wide: a 9-float row
+    // 20 wide or more: 4x4 output tiles, the last ones partial (23 = 5 * 4 + 3; the input
+    // gradient of the second is 26 wide, padded by 2).
+    {{2, 8, 22, 23}, {8, 8, 3, 3}, {1, 1}, {1, 1}, false, Case::winograd},
+    {{2, 9, 21, 26}, {10, 9, 3, 3}, {1, 1}, {0, 0}, true, Case::winograd},
 };
 
 }  // namespace

@@ -1,22 +1,26 @@
-// Winograd F(2x2, 3x3) convolution on AVX2 + FMA (see conv_winograd.h).
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution on AVX2 + FMA (see conv_winograd.h).
 //
-// Forward, per 2x2 output tile: Y = A^T [U ⊙ V] A with U = G g G^T (4x4, per output and input
-// channel) and V = B^T d B (d the tile's 4x4 input patch; patches overlap by 2). Summed over input
-// channels this is, for each of the 16 positions p of a 4x4 tile, a GEMM M_p = U_p V_p with U_p
-// (O, C) and V_p (C, tiles). The input gradient is the same on the output gradient with the kernel
-// rotated 180 degrees, O and C swapped and padding 2 - p. The weight gradient is
-// dg = G^T dU G with dU_p = sum over tiles of (A dY A^T)_p V_p^T.
+// Forward, per m x m output tile: Y = A^T [U ⊙ V] A with U = G g G^T ((m+2) x (m+2), per output
+// and input channel) and V = B^T d B (d the tile's (m+2) x (m+2) input patch; patches overlap by
+// 2). Summed over input channels this is, for each of the (m+2)^2 positions p of a tile, a GEMM
+// M_p = U_p V_p with U_p (O, C) and V_p (C, tiles). The input gradient is the same on the output
+// gradient with the kernel rotated 180 degrees, O and C swapped and padding 2 - p. The weight
+// gradient, with m = 2 only, is dg = G^T dU G with dU_p = sum over tiles of (A dY A^T)_p V_p^T.
+// The forward passes take 4x4 tiles where outputs are 20 wide or more: 36 products per 16
+// outputs instead of 16 per 4 (0.56x the GEMM work) and 0.56x the transformed data, at 5-10x the
+// rounding error of 2x2 tiles (the transforms scale by up to 8; still ~5e-6 of the output's
+// scale). Narrower outputs keep 2x2 tiles, whose tile rows fill more of a vector's 8 lanes.
 //
 // The work runs in blocks of whole images, sized so that a block's transformed arrays stay in L2
 // as far as one image allows; in a block, tile rows (the tw tiles of an image that share output
 // rows) are laid side by side. The input and output transforms are vectorised across 8 tiles of
-// a row: each input row is split once into its even and odd columns, so that the four columns a
-// tile reads are plain unaligned loads. A row's last vector spills into the next tile row's
-// columns, which that row overwrites; the arrays have room for the last row's spill. The forward
-// GEMM's register tile is 4 output channels by 24 tiles (12 accumulators) like conv_direct.cpp.
-// The weight gradient transforms the output gradient across 8 channels instead (after 8 x 8
-// transposes of its rows), so that its GEMM has the same shape: 4 input channels by 24 output
-// channels, summed over a block's tiles in registers.
+// a row: each input row is split once into its m column phases (columns mod m), so that the
+// m + 2 columns a tile reads are plain unaligned loads. A row's last vector spills into the next
+// tile row's columns, which that row overwrites; the arrays have room for the last row's spill. The
+// forward GEMM's register tile is 4 output channels by 24 tiles (12 accumulators) like
+// conv_direct.cpp. The weight gradient transforms the output gradient across 8 channels instead
+// (after 8 x 8 transposes of its rows), so that its GEMM has the same shape: 4 input channels by 24
+// output channels, summed over a block's tiles in registers.
 //
 // Every kernel and loop driver is compiled for AVX2: calling AVX2 kernels once per tile row from
 // baseline (SSE) code made the output transform several times slower than the same code called
@@ -34,6 +38,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/compute_buffers.h"
@@ -46,32 +52,37 @@ namespace hetrain::cpu {
 
 namespace {
 
-constexpr int64_t kPos = 16;     // positions of a transformed 4x4 tile
+constexpr int64_t kPos = 16;     // positions of a transformed F(2x2, 3x3) tile (4x4)
 constexpr int kVecs = 3;         // 8-tile vectors per forward register tile
 constexpr int64_t kChunks = 16;  // weight-gradient partial sums (more than threads, to balance)
 
-/// A 3x3 stride-1 convolution from C to O channels as 2x2 output tiles, in blocks of tile rows.
+/// A 3x3 stride-1 convolution from C to O channels as m x m output tiles, in blocks of tile rows.
 struct Tiling {
   int64_t N, C, O, H, W, ph, pw, Ho, Wo;
+  int64_t m;       // output tile size: 2 (F(2x2, 3x3)) or 4 (F(4x4, 3x3), forward passes only)
   int64_t th, tw;  // tile rows and tiles per row of one image
   int64_t lanes;   // tiles a row's transforms compute: tw rounded up to whole vectors
-  int64_t L;       // floats in each half of a split row: room past `lanes` for the transforms'
-                   // reads one past it and for split_row's whole vectors
+  int64_t L;       // floats in each of a split row's m column phases: room past `lanes` for the
+                   // transforms' reads one past it and for split_row's whole vectors
   int64_t rows;    // tile rows per block
   int64_t ld;      // floats between rows of the transformed arrays
   int64_t vp, mp;  // floats between positions of the transformed inputs (C rows), outputs (O)
   int64_t blocks() const { return (N * th + rows - 1) / rows; }
+  /// Positions of a transformed (m + 2) x (m + 2) tile.
+  int64_t positions() const { return (m + 2) * (m + 2); }
 };
 
 /// floats rounded up to an odd number of cache lines.
 int64_t odd_lines(int64_t floats) { return (((floats + 15) / 16) | 1) * 16; }
 
-/// target_tiles: about how many tiles a block should hold.
+/// m x m output tiles; blocks of about as many tiles as hold positions * (C + O) * tiles floats
+/// of transformed inputs and outputs in half of a 512 KiB L2.
 Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_t ph, int64_t pw,
-                   int64_t target_tiles) {
-  Tiling t{N, C, O, H, W, ph, pw, H + 2 * ph - 2, W + 2 * pw - 2, 0, 0, 0, 0, 0, 0, 0, 0};
-  t.th = (t.Ho + 1) / 2;
-  t.tw = (t.Wo + 1) / 2;
+                   int64_t m) {
+  Tiling t{N, C, O, H, W, ph, pw, H + 2 * ph - 2, W + 2 * pw - 2, m, 0, 0, 0, 0, 0, 0, 0, 0};
+  t.th = (t.Ho + m - 1) / m;
+  t.tw = (t.Wo + m - 1) / m;
+  const int64_t target_tiles = std::clamp<int64_t>(65536 / t.positions() / (C + O), 24, 512);
   t.lanes = (t.tw + 7) / 8 * 8;
   t.L = t.lanes + 16;
   // Whole images per block, even where one image is over the target (16->16 @28x28: 196 tiles):
@@ -91,23 +102,22 @@ Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_
   return t;
 }
 
-/// A block's image rows, one channel at a time, zero-padded and split into their even and odd
-/// columns (L floats each). The caller splits a channel while it transforms the one before:
+/// A block's image rows, one channel at a time, zero-padded and split into their m column phases
+/// (columns mod m, L floats each). The caller splits a channel while it transforms the one before:
 /// reading a row right after splitting it stalls, as each of the transform's loads spans two of
 /// split_row's stores and cannot be forwarded from them (the input transforms of 32->32 @14x14
 /// and 64->64 @7x7 took ~20% longer).
 class SplitChannels {
  public:
   SplitChannels(float* buf, const Tiling& t)
-      : buf_(buf), t_(t), half_(t.rows / t.th * t.H * 2 * t.L) {
-    // Padded column q = column + pad is even[q / 2] or odd[q / 2] by its parity.
-    even_dst_ = t.pw % 2 == 0 ? t.pw / 2 : t.L + (t.pw - 1) / 2;
-    odd_dst_ = t.pw % 2 == 0 ? t.L + t.pw / 2 : (t.pw + 1) / 2;
+      : buf_(buf), t_(t), row_(t.m * t.L), half_(t.rows / t.th * t.H * row_) {
+    // Column w of the image, padded column q = w + pw, is phase q % m's value q / m.
+    for (int64_t r = 0; r < t.m; ++r) dst_[r] = (r + t.pw) % t.m * t.L + (r + t.pw) / t.m;
     // Every split writes the same cells, so the zeros around them stay.
     std::fill(buf_, buf_ + floats(t), 0.0f);
   }
   /// Floats buf must hold: a zero row and two channels of a block's images.
-  static int64_t floats(const Tiling& t) { return 2 * t.L + 2 * t.rows / t.th * t.H * 2 * t.L; }
+  static int64_t floats(const Tiling& t) { return t.m * t.L * (1 + 2 * t.rows / t.th * t.H); }
 
   /// Splits channel c of images [n0, n1) of x.
   __attribute__((target("avx2,fma"))) void split(const float* x, int64_t n0, int64_t n1,
@@ -115,75 +125,150 @@ class SplitChannels {
     float* dst = half(c);
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t h = 0; h < t_.H; ++h) {
-        float* row = dst + ((n - n0) * t_.H + h) * 2 * t_.L;
-        split_row(x + ((n * t_.C + c) * t_.H + h) * t_.W, t_.W, row + even_dst_, row + odd_dst_);
+        float* row = dst + ((n - n0) * t_.H + h) * row_;
+        const float* src = x + ((n * t_.C + c) * t_.H + h) * t_.W;
+        if (t_.m == 2) {
+          split_row(src, t_.W, row + dst_[0], row + dst_[1]);
+        } else {
+          float* const to[4] = {row + dst_[0], row + dst_[1], row + dst_[2], row + dst_[3]};
+          split_row4(src, t_.W, to);
+        }
       }
   }
-  /// Row h (zeros outside the image) of the k-th split image of channel c.
+  /// Row h (zeros outside the image) of the k-th split image of channel c: its m phases, L
+  /// floats apart.
   const float* row(int64_t c, int64_t k, int64_t h) const {
-    return h >= 0 && h < t_.H ? half(c) + (k * t_.H + h) * 2 * t_.L : buf_;
+    return h >= 0 && h < t_.H ? half(c) + (k * t_.H + h) * row_ : buf_;
   }
 
  private:
-  float* half(int64_t c) const { return buf_ + 2 * t_.L + c % 2 * half_; }
+  float* half(int64_t c) const { return buf_ + row_ + c % 2 * half_; }
 
   float* buf_;
   const Tiling& t_;
-  int64_t half_, even_dst_, odd_dst_;
+  int64_t row_, half_;
+  int64_t dst_[4];  // where column phase r (column mod m) of an image row goes in its split row
 };
 
-/// V = B^T d B for `lanes` tiles of one tile row of one channel; r[k] is input row k of the tiles,
-/// split. Position p of tile j goes to v[p * pstride + j].
-__attribute__((target("avx2,fma"))) void input_tiles(const float* const r[4], int64_t L,
+/// One column of B^T d for F(4x4, 3x3): o = B^T d over 6 values.
+__attribute__((target("avx2,fma"), always_inline)) inline void bt6(const __m256 d[6], __m256 o[6]) {
+  const __m256 four = _mm256_set1_ps(4.0f), five = _mm256_set1_ps(5.0f);
+  o[0] = _mm256_fmadd_ps(four, d[0], _mm256_fnmadd_ps(five, d[2], d[4]));
+  const __m256 a = _mm256_fnmadd_ps(four, d[2], d[4]), b = _mm256_fnmadd_ps(four, d[1], d[3]);
+  o[1] = _mm256_add_ps(a, b);
+  o[2] = _mm256_sub_ps(a, b);
+  const __m256 c = _mm256_sub_ps(d[4], d[2]), e = _mm256_sub_ps(d[3], d[1]);
+  o[3] = _mm256_add_ps(c, _mm256_add_ps(e, e));
+  o[4] = _mm256_sub_ps(c, _mm256_add_ps(e, e));
+  o[5] = _mm256_fmadd_ps(four, d[1], _mm256_fnmadd_ps(five, d[3], d[5]));
+}
+
+/// V = B^T d B for `lanes` tiles of one tile row of one channel; r[k] is input row k of the tiles
+/// (M + 2 rows), split into M column phases L floats apart. Position p of tile j goes to
+/// v[p * pstride + j].
+template <int M>
+__attribute__((target("avx2,fma"))) void input_tiles(const float* const r[M + 2], int64_t L,
                                                      int64_t lanes, float* v, int64_t pstride) {
-  for (int64_t j = 0; j < lanes; j += 8) {
-    // Along the row, tile j reads columns 2j .. 2j+3: even[j], odd[j], even[j+1], odd[j+1].
-    __m256 h[4][4];
+  if constexpr (M == 2) {
+    for (int64_t j = 0; j < lanes; j += 8) {
+      // Along the row, tile j reads columns 2j .. 2j+3: even[j], odd[j], even[j+1], odd[j+1].
+      __m256 h[4][4];
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) {
-      const __m256 e = _mm256_loadu_ps(r[k] + j), e1 = _mm256_loadu_ps(r[k] + j + 1);
-      const __m256 o = _mm256_loadu_ps(r[k] + L + j), o1 = _mm256_loadu_ps(r[k] + L + j + 1);
-      h[k][0] = _mm256_sub_ps(e, e1);
-      h[k][1] = _mm256_add_ps(o, e1);
-      h[k][2] = _mm256_sub_ps(e1, o);
-      h[k][3] = _mm256_sub_ps(o, o1);
+      for (int k = 0; k < 4; ++k) {
+        const __m256 e = _mm256_loadu_ps(r[k] + j), e1 = _mm256_loadu_ps(r[k] + j + 1);
+        const __m256 o = _mm256_loadu_ps(r[k] + L + j), o1 = _mm256_loadu_ps(r[k] + L + j + 1);
+        h[k][0] = _mm256_sub_ps(e, e1);
+        h[k][1] = _mm256_add_ps(o, e1);
+        h[k][2] = _mm256_sub_ps(e1, o);
+        h[k][3] = _mm256_sub_ps(o, o1);
+      }
+#pragma GCC unroll 4
+      for (int b = 0; b < 4; ++b) {
+        _mm256_storeu_ps(v + (0 + b) * pstride + j, _mm256_sub_ps(h[0][b], h[2][b]));
+        _mm256_storeu_ps(v + (4 + b) * pstride + j, _mm256_add_ps(h[1][b], h[2][b]));
+        _mm256_storeu_ps(v + (8 + b) * pstride + j, _mm256_sub_ps(h[2][b], h[1][b]));
+        _mm256_storeu_ps(v + (12 + b) * pstride + j, _mm256_sub_ps(h[1][b], h[3][b]));
+      }
     }
-#pragma GCC unroll 4
-    for (int b = 0; b < 4; ++b) {
-      _mm256_storeu_ps(v + (0 + b) * pstride + j, _mm256_sub_ps(h[0][b], h[2][b]));
-      _mm256_storeu_ps(v + (4 + b) * pstride + j, _mm256_add_ps(h[1][b], h[2][b]));
-      _mm256_storeu_ps(v + (8 + b) * pstride + j, _mm256_sub_ps(h[2][b], h[1][b]));
-      _mm256_storeu_ps(v + (12 + b) * pstride + j, _mm256_sub_ps(h[1][b], h[3][b]));
+  } else {
+    for (int64_t j = 0; j < lanes; j += 8) {
+      // Tile j reads columns 4j .. 4j+5: phases 0..3 at j, then phases 0 and 1 at j + 1.
+      __m256 h[6][6];
+      for (int k = 0; k < 6; ++k) {
+        const float* q = r[k] + j;
+        const __m256 d[6] = {_mm256_loadu_ps(q),         _mm256_loadu_ps(q + L),
+                             _mm256_loadu_ps(q + 2 * L), _mm256_loadu_ps(q + 3 * L),
+                             _mm256_loadu_ps(q + 1),     _mm256_loadu_ps(q + L + 1)};
+        bt6(d, h[k]);  // h[k][b]: row k of d B
+      }
+      for (int b = 0; b < 6; ++b) {
+        const __m256 col[6] = {h[0][b], h[1][b], h[2][b], h[3][b], h[4][b], h[5][b]};
+        __m256 o[6];
+        bt6(col, o);
+        for (int a = 0; a < 6; ++a) _mm256_storeu_ps(v + (6 * a + b) * pstride + j, o[a]);
+      }
     }
   }
 }
 
+/// One row of A^T m for F(4x4, 3x3): z = A^T m over 6 values.
+__attribute__((target("avx2,fma"), always_inline)) inline void at6(const __m256 m[6], __m256 z[4]) {
+  const __m256 d12 = _mm256_sub_ps(m[1], m[2]), s12 = _mm256_add_ps(m[1], m[2]);
+  const __m256 d34 = _mm256_sub_ps(m[3], m[4]), s34 = _mm256_add_ps(m[3], m[4]);
+  z[0] = _mm256_add_ps(_mm256_add_ps(m[0], s12), s34);
+  z[1] = _mm256_fmadd_ps(_mm256_set1_ps(2.0f), d34, d12);
+  z[2] = _mm256_fmadd_ps(_mm256_set1_ps(4.0f), s34, s12);
+  z[3] = _mm256_add_ps(_mm256_fmadd_ps(_mm256_set1_ps(8.0f), d34, d12), m[5]);
+}
+
 /// Y = A^T M A (+ bias) for the tw tiles of one tile row of one output channel, from
-/// m[p * pstride + j]; writes output rows y0 and y1 (null past the last row), Wo wide, plus
-/// rows r0 and r1 of the addend where not null.
+/// m[p * pstride + j]; writes output rows y[0 .. M) (null past the last row), Wo wide, plus
+/// rows r[0 .. M) of the addend where not null.
+template <int M>
 __attribute__((target("avx2,fma"))) void output_tiles(const float* m, int64_t pstride, int64_t tw,
-                                                      float bias, float* y0, float* y1, int64_t Wo,
-                                                      const float* r0, const float* r1) {
-  const __m256 bv = _mm256_set1_ps(bias);
-  for (int64_t j = 0; j < tw; j += 8) {
-    __m256 z0[4], z1[4];
+                                                      float bias, float* const y[M], int64_t Wo,
+                                                      const float* const r[M]) {
+  if constexpr (M == 2) {
+    const __m256 bv = _mm256_set1_ps(bias);
+    for (int64_t j = 0; j < tw; j += 8) {
+      __m256 z0[4], z1[4];
 #pragma GCC unroll 4
-    for (int b = 0; b < 4; ++b) {
-      const __m256 m0 = _mm256_loadu_ps(m + (0 + b) * pstride + j);
-      const __m256 m1 = _mm256_loadu_ps(m + (4 + b) * pstride + j);
-      const __m256 m2 = _mm256_loadu_ps(m + (8 + b) * pstride + j);
-      const __m256 m3 = _mm256_loadu_ps(m + (12 + b) * pstride + j);
-      z0[b] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
-      z1[b] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
+      for (int b = 0; b < 4; ++b) {
+        const __m256 m0 = _mm256_loadu_ps(m + (0 + b) * pstride + j);
+        const __m256 m1 = _mm256_loadu_ps(m + (4 + b) * pstride + j);
+        const __m256 m2 = _mm256_loadu_ps(m + (8 + b) * pstride + j);
+        const __m256 m3 = _mm256_loadu_ps(m + (12 + b) * pstride + j);
+        z0[b] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
+        z1[b] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
+      }
+      const int64_t n = Wo - 2 * j;
+      store_pairs(y[0] + 2 * j,
+                  _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z0[0], z0[1]), z0[2]), bv),
+                  _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z0[1], z0[2]), z0[3]), bv), n,
+                  r[0] ? r[0] + 2 * j : nullptr);
+      if (y[1])
+        store_pairs(y[1] + 2 * j,
+                    _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z1[0], z1[1]), z1[2]), bv),
+                    _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z1[1], z1[2]), z1[3]), bv), n,
+                    r[1] ? r[1] + 2 * j : nullptr);
     }
-    const int64_t n = Wo - 2 * j;
-    store_pairs(y0 + 2 * j, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z0[0], z0[1]), z0[2]), bv),
-                _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z0[1], z0[2]), z0[3]), bv), n,
-                r0 ? r0 + 2 * j : nullptr);
-    if (y1)
-      store_pairs(y1 + 2 * j, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z1[0], z1[1]), z1[2]), bv),
-                  _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z1[1], z1[2]), z1[3]), bv), n,
-                  r1 ? r1 + 2 * j : nullptr);
+  } else {
+    const __m256 bv = _mm256_set1_ps(bias);
+    for (int64_t j = 0; j < tw; j += 8) {
+      __m256 z[4][6];  // z[a][b]: A^T M, row a, column b
+      for (int b = 0; b < 6; ++b) {
+        __m256 col[6], out[4];
+        for (int a = 0; a < 6; ++a) col[a] = _mm256_loadu_ps(m + (6 * a + b) * pstride + j);
+        at6(col, out);
+        for (int a = 0; a < 4; ++a) z[a][b] = out[a];
+      }
+      for (int a = 0; a < 4 && y[a]; ++a) {
+        __m256 out[4];
+        at6(z[a], out);
+        for (int c = 0; c < 4; ++c) out[c] = _mm256_add_ps(out[c], bv);
+        store_quads(y[a] + 4 * j, out, Wo - 4 * j, r[a] ? r[a] + 4 * j : nullptr);
+      }
+    }
   }
 }
 
@@ -219,31 +304,36 @@ __attribute__((target("avx2,fma"))) void gemm_position(const float* u, const flo
   for_row_blocks(O, [&]<int R>(int64_t o0) { gemm_rows<R>(u + o0 * C, v, ld, C, m + o0 * ld, T); });
 }
 
-/// U = G g G^T for every (o, c), g = weight(o, c, i, j). Position p's (O, C) matrix starts at
-/// p * O * C, packed for fma_tile (pack_tile_rows).
+/// U = G g G^T for every (o, c) of F(m x m, 3x3), g = weight(o, c, i, j). Position p's (O, C)
+/// matrix starts at p * O * C, packed for fma_tile (pack_tile_rows).
 template <class Weight>
-std::vector<float> transform_weights(int64_t O, int64_t C, Weight weight) {
-  std::vector<float> full(static_cast<size_t>(kPos * O * C));  // [p][o][c]
+std::vector<float> transform_weights(int64_t m, int64_t O, int64_t C, Weight weight) {
+  // G (m + 2 rows of 3): Lavin and Gray's, interpolating at 0, 1, -1 (and 2, -2 for m = 4).
+  static constexpr double G2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+  static constexpr double G4[6][3] = {{0.25, 0, 0},
+                                      {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                      {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                      {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                      {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                      {0, 0, 1}};
+  const int64_t n = m + 2, P = n * n;
+  const double(*G)[3] = m == 2 ? G2 : G4;
+  std::vector<float> full(static_cast<size_t>(P * O * C));  // [p][o][c]
   for (int64_t o = 0; o < O; ++o)
     for (int64_t c = 0; c < C; ++c) {
-      double g[3][3], gg[4][3];
+      double g[3][3], gg[6][3];  // gg = G g
       for (int i = 0; i < 3; ++i)
         for (int j = 0; j < 3; ++j) g[i][j] = weight(o, c, i, j);
-      for (int j = 0; j < 3; ++j) {
-        gg[0][j] = g[0][j];
-        gg[1][j] = 0.5 * (g[0][j] + g[1][j] + g[2][j]);
-        gg[2][j] = 0.5 * (g[0][j] - g[1][j] + g[2][j]);
-        gg[3][j] = g[2][j];
-      }
-      for (int a = 0; a < 4; ++a) {
-        const double row[4] = {gg[a][0], 0.5 * (gg[a][0] + gg[a][1] + gg[a][2]),
-                               0.5 * (gg[a][0] - gg[a][1] + gg[a][2]), gg[a][2]};
-        for (int b = 0; b < 4; ++b)
-          full[static_cast<size_t>(((4 * a + b) * O + o) * C + c)] = static_cast<float>(row[b]);
-      }
+      for (int64_t a = 0; a < n; ++a)
+        for (int j = 0; j < 3; ++j)
+          gg[a][j] = G[a][0] * g[0][j] + G[a][1] * g[1][j] + G[a][2] * g[2][j];
+      for (int64_t a = 0; a < n; ++a)
+        for (int64_t b = 0; b < n; ++b)
+          full[static_cast<size_t>(((n * a + b) * O + o) * C + c)] =
+              static_cast<float>(gg[a][0] * G[b][0] + gg[a][1] * G[b][1] + gg[a][2] * G[b][2]);
     }
   std::vector<float> u(full.size());
-  for (int64_t p = 0; p < kPos; ++p) {
+  for (int64_t p = 0; p < P; ++p) {
     const float* up = full.data() + p * O * C;
     pack_tile_rows(
         O, C, [up, C](int64_t o, int64_t c) { return up[o * C + c]; }, u.data() + p * O * C);
@@ -251,7 +341,9 @@ std::vector<float> transform_weights(int64_t O, int64_t C, Weight weight) {
   return u;
 }
 
-/// Transforms channels [0, t.C) of tile rows [g0, g1) of x into v (kPos * C rows of t.ld).
+/// Transforms channels [0, t.C) of tile rows [g0, g1) of x into v (positions * C rows of t.ld);
+/// M = t.m.
+template <int M>
 __attribute__((target("avx2,fma"))) void transform_inputs(const Tiling& t, const float* x,
                                                           int64_t g0, int64_t g1,
                                                           SplitChannels& split, float* v) {
@@ -261,25 +353,31 @@ __attribute__((target("avx2,fma"))) void transform_inputs(const Tiling& t, const
     if (c + 1 < t.C) split.split(x, n0, n1, c + 1);
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t i = 0; i < t.th; ++i) {
-        const float* r[4];
-        for (int64_t k = 0; k < 4; ++k) r[k] = split.row(c, n - n0, 2 * i - t.ph + k);
-        input_tiles(r, t.L, t.lanes, v + c * t.ld + (n * t.th + i - g0) * t.tw, t.vp);
+        const float* r[M + 2];
+        for (int64_t k = 0; k < M + 2; ++k) r[k] = split.row(c, n - n0, M * i - t.ph + k);
+        input_tiles<M>(r, t.L, t.lanes, v + c * t.ld + (n * t.th + i - g0) * t.tw, t.vp);
       }
   }
 }
 
-/// Writes tile rows [g0, g1) of y (N, O, Ho, Wo) [+ b] [+ r] from their transformed outputs m.
+/// Writes tile rows [g0, g1) of y (N, O, Ho, Wo) [+ b] [+ r] from their transformed outputs m;
+/// M = t.m.
+template <int M>
 __attribute__((target("avx2,fma"))) void transform_outputs(const Tiling& t, const float* m,
                                                            int64_t g0, int64_t g1, const float* b,
                                                            float* y, const float* r) {
   for (int64_t o = 0; o < t.O; ++o)
     for (int64_t n = g0 / t.th; n < g1 / t.th; ++n)
       for (int64_t i = 0; i < t.th; ++i) {
-        const int64_t off = (n * t.O + o) * t.Ho * t.Wo + 2 * i * t.Wo;
-        const bool second = 2 * i + 1 < t.Ho;
-        output_tiles(m + o * t.ld + (n * t.th + i - g0) * t.tw, t.mp, t.tw, b ? b[o] : 0.0f,
-                     y + off, second ? y + off + t.Wo : nullptr, t.Wo, r ? r + off : nullptr,
-                     r && second ? r + off + t.Wo : nullptr);
+        float* rows[M];
+        const float* adds[M];
+        for (int64_t a = 0; a < M; ++a) {
+          const int64_t h = M * i + a, off = ((n * t.O + o) * t.Ho + h) * t.Wo;
+          rows[a] = h < t.Ho ? y + off : nullptr;
+          adds[a] = h < t.Ho && r ? r + off : nullptr;
+        }
+        output_tiles<M>(m + o * t.ld + (n * t.th + i - g0) * t.tw, t.mp, t.tw, b ? b[o] : 0.0f,
+                        rows, t.Wo, adds);
       }
 }
 
@@ -293,29 +391,32 @@ __attribute__((target("avx2,fma"))) void prefetch_part(const void* p, int64_t by
     _mm_prefetch(c + off, _MM_HINT_T1);
 }
 
-/// One block of forward_tiles, with v and m its transformed inputs and outputs.
+/// One block of forward_tiles, with v and m its transformed inputs and outputs; M = t.m.
+template <int M>
 __attribute__((target("avx2,fma"))) void forward_block(const Tiling& t, const float* x,
                                                        const float* u, const float* b, float* y,
                                                        const float* r, int64_t blk,
                                                        SplitChannels& split, float* v, float* m) {
   const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
-  transform_inputs(t, x, g0, g1, split, v);
+  transform_inputs<M>(t, x, g0, g1, split, v);
   const int64_t T = ((g1 - g0) * t.tw + 7) / 8 * 8;
   const int64_t images = t.rows / t.th, n0 = g0 / t.th, n1 = (g1 - 1) / t.th + 1;
   const int64_t n_next = std::min(t.N, n1 + images);
-  for (int64_t p = 0; p < kPos; ++p) {
+  constexpr int64_t P = (M + 2) * (M + 2);
+  for (int64_t p = 0; p < P; ++p) {
     gemm_position(u + p * t.O * t.C, v + p * t.vp, t.ld, t.C, t.O, m + p * t.mp, T);
-    prefetch_part(x + n1 * t.C * t.H * t.W, (n_next - n1) * t.C * t.H * t.W * 4, p, kPos);
-    prefetch_part(y + n0 * t.O * t.Ho * t.Wo, (n1 - n0) * t.O * t.Ho * t.Wo * 4, p, kPos);
+    prefetch_part(x + n1 * t.C * t.H * t.W, (n_next - n1) * t.C * t.H * t.W * 4, p, P);
+    prefetch_part(y + n0 * t.O * t.Ho * t.Wo, (n1 - n0) * t.O * t.Ho * t.Wo * 4, p, P);
   }
-  transform_outputs(t, m, g0, g1, b, y, r);
+  transform_outputs<M>(t, m, g0, g1, b, y, r);
 }
 
 /// y (N, O, Ho, Wo) = conv(x, w) [+ b] [+ r] with u = transform_weights(w).
 void forward_tiles(const Tiling& t, const float* x, const std::vector<float>& u, const float* b,
                    float* y, const float* r = nullptr) {
   parallel_for(t.blocks(), 1, [&](int64_t b0, int64_t b1) {
-    Array va = workspace({kPos * t.vp}, Dtype::f32), ma = workspace({kPos * t.mp}, Dtype::f32);
+    Array va = workspace({t.positions() * t.vp}, Dtype::f32);
+    Array ma = workspace({t.positions() * t.mp}, Dtype::f32);
     Array ra = workspace({SplitChannels::floats(t)}, Dtype::f32);
     float *v = va.data<float>(), *m = ma.data<float>();
     // The GEMMs read up to 7 columns past the tiles that the transforms write, and the output
@@ -325,7 +426,10 @@ void forward_tiles(const Tiling& t, const float* x, const std::vector<float>& u,
     std::fill(m, m + ma.numel(), 0.0f);
     SplitChannels split(ra.data<float>(), t);
     for (int64_t blk = b0; blk < b1; ++blk)
-      forward_block(t, x, u.data(), b, y, r, blk, split, v, m);
+      if (t.m == 4)
+        forward_block<4>(t, x, u.data(), b, y, r, blk, split, v, m);
+      else
+        forward_block<2>(t, x, u.data(), b, y, r, blk, split, v, m);
   });
 }
 
@@ -422,7 +526,7 @@ __attribute__((target("avx2,fma"))) void weight_block(const Tiling& t, const flo
                                                       SplitChannels& split, float* v, float* gt,
                                                       int64_t gp, int64_t ldo, float* du) {
   const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
-  transform_inputs(t, x, g0, g1, split, v);
+  transform_inputs<2>(t, x, g0, g1, split, v);
   for (int64_t o0 = 0; o0 < t.O; o0 += 8)
     for (int64_t n = g0 / t.th; n < g1 / t.th; ++n)
       for (int64_t i = 0; i < t.th; ++i)
@@ -458,22 +562,31 @@ bool applies(const ConvShape& s) {
   return f.avx2 && f.fma;
 }
 
-/// Tiles per block for the forward pass: the transformed inputs and outputs of a block,
-/// kPos * (C + O) * tiles floats, take about half of a 512 KiB L2.
-int64_t forward_block_tiles(int64_t C, int64_t O) {
-  return std::clamp<int64_t>(4096 / (C + O), 24, 512);
+/// The output tile size of the forward passes for outputs Wo wide: F(4x4, 3x3) where a tile row
+/// fills most of a vector of 8 tiles (Wo >= 20), F(2x2, 3x3) for narrower outputs, whose tile
+/// rows leave fewer lanes idle at size 2 (a 14-wide output: 7 of 8 lanes at size 2, 4 of 8 at 4).
+std::atomic<int64_t> forced_tile_size{0};
+int64_t forward_tile_size(int64_t Wo) {
+  const int64_t forced = forced_tile_size;
+  return forced ? forced : Wo >= 20 ? 4 : 2;
 }
 
 }  // namespace
 
 void set_winograd_conv_disabled(bool disabled) { disabled_flag() = disabled; }
 int64_t winograd_conv_runs() { return runs; }
+void set_winograd_tile_size(int64_t m) {
+  if (m != 0 && m != 2 && m != 4)
+    throw std::invalid_argument("set_winograd_tile_size: " + std::to_string(m) +
+                                " is not 0, 2 or 4");
+  forced_tile_size = m;
+}
 
 bool winograd_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
                            float* y) {
   if (!applies(s)) return false;
-  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, forward_block_tiles(s.C, s.O));
-  const auto u = transform_weights(s.O, s.C, [&](int64_t o, int64_t c, int i, int j) {
+  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, forward_tile_size(s.Wo));
+  const auto u = transform_weights(t.m, s.O, s.C, [&](int64_t o, int64_t c, int i, int j) {
     return w[((o * s.C + c) * 3 + i) * 3 + j];
   });
   forward_tiles(t, x, u, b, y);
@@ -486,8 +599,8 @@ bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const floa
   if (!applies(s)) return false;
   // dx = conv(gy, w rotated 180 degrees with O and C swapped), padding 2 - p.
   const Tiling t =
-      make_tiling(s.N, s.O, s.C, s.Ho, s.Wo, 2 - s.ph, 2 - s.pw, forward_block_tiles(s.O, s.C));
-  const auto u = transform_weights(s.C, s.O, [&](int64_t c, int64_t o, int i, int j) {
+      make_tiling(s.N, s.O, s.C, s.Ho, s.Wo, 2 - s.ph, 2 - s.pw, forward_tile_size(s.W));
+  const auto u = transform_weights(t.m, s.C, s.O, [&](int64_t c, int64_t o, int i, int j) {
     return w[((o * s.C + c) * 3 + (2 - i)) * 3 + (2 - j)];
   });
   forward_tiles(t, gy, u, nullptr, dx, addend);
@@ -498,7 +611,7 @@ bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const floa
 bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const float* gy,
                                     float* dw) {
   if (!applies(s)) return false;
-  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, forward_block_tiles(s.C, s.O));
+  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, 2);
   const int64_t ldo = (s.O + 7) / 8 * 8, gp = odd_lines(t.ld * ldo), D = kPos * s.C * ldo;
   // Fewer chunks where their sums would take more than 64 MiB (over ~250 channels each side): a
   // count that depends on the shape only, never on the thread count.

@@ -1,5 +1,6 @@
-// AVX2 helpers for rows split into even and odd columns and merged back: the Winograd
-// transforms' column pairs and the direct kernels' stride-2 phase planes.
+// AVX2 helpers for rows split into even and odd columns (or into the four columns mod 4) and
+// merged back: the Winograd transforms' column pairs and quads, and the direct kernels' stride-2
+// phase planes.
 #pragma once
 
 #include <immintrin.h>
@@ -79,6 +80,55 @@ inline __attribute__((target("avx2,fma"))) void store_pairs(float* d, __m256 a, 
       store_first(d + 8, second, n - 8);
   } else {
     store_first(d, first, n);
+  }
+}
+
+/// The rows of a 4x4 block in each 128-bit half of a, b, c, d, transposed in place (each half
+/// separately).
+inline __attribute__((target("avx2,fma"))) void transpose_halves(__m256& a, __m256& b, __m256& c,
+                                                                 __m256& d) {
+  const __m256 t0 = _mm256_unpacklo_ps(a, b), t1 = _mm256_unpackhi_ps(a, b);
+  const __m256 t2 = _mm256_unpacklo_ps(c, d), t3 = _mm256_unpackhi_ps(c, d);
+  a = _mm256_shuffle_ps(t0, t2, 0x44);
+  b = _mm256_shuffle_ps(t0, t2, 0xEE);
+  c = _mm256_shuffle_ps(t1, t3, 0x44);
+  d = _mm256_shuffle_ps(t1, t3, 0xEE);
+}
+
+/// dst[r][k] = src[4k + r] for r < 4 and the columns of a row of W floats, and zeros after them up
+/// to whole vectors: each dst[r] gets a multiple of 8 floats, up to 8 past its W / 4 (rounded up)
+/// values.
+inline __attribute__((target("avx2,fma"))) void split_row4(const float* src, int64_t W,
+                                                           float* const dst[4]) {
+  // After the transpose, half h of vector r holds columns r, r + 8, r + 16, r + 24 (+ 4 h): the
+  // permute puts them in column order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t k = 0; k < W; k += 32) {
+    __m256 v[4];
+    for (int q = 0; q < 4; ++q) v[q] = load_first(src + k + 8 * q, W - k - 8 * q);
+    transpose_halves(v[0], v[1], v[2], v[3]);
+    for (int r = 0; r < 4; ++r)
+      _mm256_storeu_ps(dst[r] + k / 4, _mm256_permutevar8x32_ps(v[r], order));
+  }
+}
+
+/// d[4j + r] = v[r][j] (split_row4's inverse), the first n floats only, plus add[4j + r] where
+/// add is not null.
+inline __attribute__((target("avx2,fma"))) void store_quads(float* d, const __m256 v[4], int64_t n,
+                                                            const float* add) {
+  const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  __m256 q[4];
+  for (int r = 0; r < 4; ++r) q[r] = _mm256_permutevar8x32_ps(v[r], order);
+  // Half h of q[r] now holds v[r][h], v[r][h + 2], v[r][h + 4], v[r][h + 6]; transposed, vector
+  // k is columns 8k .. 8k + 7.
+  transpose_halves(q[0], q[1], q[2], q[3]);
+  for (int k = 0; k < 4 && 8 * k < n; ++k) {
+    const int64_t left = n - 8 * k;
+    const __m256 out = add ? _mm256_add_ps(q[k], load_first(add + 8 * k, left)) : q[k];
+    if (left >= 8)
+      _mm256_storeu_ps(d + 8 * k, out);
+    else
+      store_first(d + 8 * k, out, left);
   }
 }
 
