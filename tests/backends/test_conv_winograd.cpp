@@ -98,7 +98,7 @@ void check_against_reference(const ConvShape& s) {
     const Passes got = run_winograd(s, x, w, b, gy, m);
     // Rounding of f32 sums over C * 9 (forward, input gradient) or N * Ho * Wo (weight gradient)
     // terms, plus the transforms' extra additions and their factors (up to 8 at 4x4 tiles):
-    // measured up to 7e-7 with 2x2 tiles and 6e-6 with 4x4 tiles (40 channels).
+    // measured up to 7e-7 with 2x2 tiles and 6e-6 with 4x4 tiles (40 channels, all passes).
     const std::string what =
         std::to_string(m) + "x" + std::to_string(m) + " tiles, N=" + std::to_string(s.N) +
         " C=" + std::to_string(s.C) + " H=" + std::to_string(s.H) + " W=" + std::to_string(s.W) +
@@ -137,7 +137,8 @@ TEST(ConvWinograd, MatchesReferenceOnFashionCnnShape) {
 TEST(ConvWinograd, TileSizeFollowsOutputWidth) {
   if (!has_avx2_fma()) GTEST_SKIP() << "needs AVX2 and FMA";
   // The picked size gives the bits of the forced one: 4x4 from 20 wide, 2x2 below. The input
-  // gradient's output is the input, so a 19-wide output with a 21-wide input takes both.
+  // gradient's output is the input, so a 19-wide output with a 21-wide input takes both; the
+  // weight gradient's tiles are the output's.
   for (const auto& [s, fwd, bwd] : {std::tuple{shape3x3(2, 8, 22, 22, 8, 0, 0), 4, 4},
                                     std::tuple{shape3x3(2, 8, 21, 21, 8, 0, 0), 2, 4},
                                     std::tuple{shape3x3(2, 8, 14, 14, 8, 1, 1), 2, 2}}) {
@@ -150,6 +151,8 @@ TEST(ConvWinograd, TileSizeFollowsOutputWidth) {
     EXPECT_NE(picked.y, other_fwd.y) << "Wo=" << s.Wo;
     EXPECT_EQ(picked.dx, run_winograd(s, x, w, b, gy, bwd).dx) << "W=" << s.W;
     EXPECT_NE(picked.dx, other_bwd.dx) << "W=" << s.W;
+    EXPECT_EQ(picked.dw, run_winograd(s, x, w, b, gy, fwd).dw) << "Wo=" << s.Wo;
+    EXPECT_NE(picked.dw, other_fwd.dw) << "Wo=" << s.Wo;
   }
 }
 

@@ -5,8 +5,8 @@
 // 2). Summed over input channels this is, for each of the (m+2)^2 positions p of a tile, a GEMM
 // M_p = U_p V_p with U_p (O, C) and V_p (C, tiles). The input gradient is the same on the output
 // gradient with the kernel rotated 180 degrees, O and C swapped and padding 2 - p. The weight
-// gradient, with m = 2 only, is dg = G^T dU G with dU_p = sum over tiles of (A dY A^T)_p V_p^T.
-// The forward passes take 4x4 tiles where outputs are 20 wide or more: 36 products per 16
+// gradient is dg = G^T dU G with dU_p = sum over tiles of (A dY A^T)_p V_p^T. Where the output
+// (the input, for the input gradient) is 20 wide or more, tiles are 4x4: 36 products per 16
 // outputs instead of 16 per 4 (0.56x the GEMM work) and 0.56x the transformed data, at 5-10x the
 // rounding error of 2x2 tiles (the transforms scale by up to 8; still ~5e-6 of the output's
 // scale). Narrower outputs keep 2x2 tiles, whose tile rows fill more of a vector's 8 lanes.
@@ -304,11 +304,9 @@ __attribute__((target("avx2,fma"))) void gemm_position(const float* u, const flo
   for_row_blocks(O, [&]<int R>(int64_t o0) { gemm_rows<R>(u + o0 * C, v, ld, C, m + o0 * ld, T); });
 }
 
-/// U = G g G^T for every (o, c) of F(m x m, 3x3), g = weight(o, c, i, j). Position p's (O, C)
-/// matrix starts at p * O * C, packed for fma_tile (pack_tile_rows).
-template <class Weight>
-std::vector<float> transform_weights(int64_t m, int64_t O, int64_t C, Weight weight) {
-  // G (m + 2 rows of 3): Lavin and Gray's, interpolating at 0, 1, -1 (and 2, -2 for m = 4).
+/// G of F(m x m, 3x3), m + 2 rows of 3: Lavin and Gray's, interpolating at 0, 1, -1 (and 2, -2
+/// for m = 4).
+const double (*kernel_transform(int64_t m))[3] {
   static constexpr double G2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
   static constexpr double G4[6][3] = {{0.25, 0, 0},
                                       {-1.0 / 6, -1.0 / 6, -1.0 / 6},
@@ -316,8 +314,15 @@ std::vector<float> transform_weights(int64_t m, int64_t O, int64_t C, Weight wei
                                       {1.0 / 24, 1.0 / 12, 1.0 / 6},
                                       {1.0 / 24, -1.0 / 12, 1.0 / 6},
                                       {0, 0, 1}};
+  return m == 2 ? G2 : G4;
+}
+
+/// U = G g G^T for every (o, c) of F(m x m, 3x3), g = weight(o, c, i, j). Position p's (O, C)
+/// matrix starts at p * O * C, packed for fma_tile (pack_tile_rows).
+template <class Weight>
+std::vector<float> transform_weights(int64_t m, int64_t O, int64_t C, Weight weight) {
   const int64_t n = m + 2, P = n * n;
-  const double(*G)[3] = m == 2 ? G2 : G4;
+  const double(*G)[3] = kernel_transform(m);
   std::vector<float> full(static_cast<size_t>(P * O * C));  // [p][o][c]
   for (int64_t o = 0; o < O; ++o)
     for (int64_t c = 0; c < C; ++c) {
@@ -452,44 +457,93 @@ __attribute__((target("avx2,fma"))) void transpose8(__m256 r[8]) {
   }
 }
 
+/// One column of A z for F(4x4, 3x3) (A = (A^T)^T, 6 x 4): o = A z over 4 values.
+__attribute__((target("avx2,fma"), always_inline)) inline void a6(const __m256 z[4], __m256 o[6]) {
+  const __m256 s02 = _mm256_add_ps(z[0], z[2]), s13 = _mm256_add_ps(z[1], z[3]);
+  const __m256 q02 = _mm256_fmadd_ps(_mm256_set1_ps(4.0f), z[2], z[0]);
+  const __m256 q13 = _mm256_fmadd_ps(_mm256_set1_ps(4.0f), z[3], z[1]);
+  o[0] = z[0];
+  o[1] = _mm256_add_ps(s02, s13);
+  o[2] = _mm256_sub_ps(s02, s13);
+  o[3] = _mm256_fmadd_ps(_mm256_set1_ps(2.0f), q13, q02);
+  o[4] = _mm256_fnmadd_ps(_mm256_set1_ps(2.0f), q13, q02);
+  o[5] = z[3];
+}
+
 /// A dY A^T for the tiles of tile row i of image n and output channels [o0, o0 + 8) (zeros past
 /// O), transposed: position p of block column tcol + j goes to gt[p * gp + (tcol + j) * ldo +
-/// o - o0]. The two gradient rows of 8 channels are transposed 8 columns at a time, so that the
-/// transform runs on vectors of 8 channels: a quarter of the transposing that its output would
-/// need.
+/// o - o0]. The M gradient rows of 8 channels are transposed 8 columns at a time, so that the
+/// transform runs on vectors of 8 channels: a quarter (M = 2) of the transposing that its output
+/// would need.
+template <int M>
 __attribute__((target("avx2,fma"))) void grad_tiles(const Tiling& t, const float* gy, int64_t n,
                                                     int64_t i, int64_t o0, float* gt, int64_t gp,
                                                     int64_t ldo, int64_t tcol) {
-  const int64_t count = std::min<int64_t>(8, t.O - o0);
-  const float* rows[2][8];
-  for (int a = 0; a < 2; ++a)
-    for (int k = 0; k < 8; ++k)
-      rows[a][k] = k < count && 2 * i + a < t.Ho
-                       ? gy + ((n * t.O + o0 + k) * t.Ho + 2 * i + a) * t.Wo
-                       : nullptr;
-  const __m256 zero = _mm256_setzero_ps();
-  for (int64_t w0 = 0; w0 < 2 * t.tw; w0 += 8) {
-    __m256 y[2][8];
-    for (int a = 0; a < 2; ++a) {
+  if constexpr (M == 2) {
+    const int64_t count = std::min<int64_t>(8, t.O - o0);
+    const float* rows[2][8];
+    for (int a = 0; a < 2; ++a)
       for (int k = 0; k < 8; ++k)
-        y[a][k] = rows[a][k] ? load_first(rows[a][k] + w0, t.Wo - w0) : zero;
-      transpose8(y[a]);  // y[a][w]: column w0 + w of row 2i + a, over the 8 channels
-    }
-    for (int64_t jj = 0; jj < std::min<int64_t>(4, t.tw - w0 / 2); ++jj) {
-      const __m256 e0 = y[0][2 * jj], d0 = y[0][2 * jj + 1];
-      const __m256 e1 = y[1][2 * jj], d1 = y[1][2 * jj + 1];
-      // Rows of A dY (even and odd column), then the same combination along the row.
-      const __m256 ze[4] = {e0, _mm256_add_ps(e0, e1), _mm256_sub_ps(e0, e1),
-                            _mm256_sub_ps(zero, e1)};
-      const __m256 zo[4] = {d0, _mm256_add_ps(d0, d1), _mm256_sub_ps(d0, d1),
-                            _mm256_sub_ps(zero, d1)};
-      float* g = gt + (tcol + w0 / 2 + jj) * ldo + o0;
+        rows[a][k] = k < count && 2 * i + a < t.Ho
+                         ? gy + ((n * t.O + o0 + k) * t.Ho + 2 * i + a) * t.Wo
+                         : nullptr;
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t w0 = 0; w0 < 2 * t.tw; w0 += 8) {
+      __m256 y[2][8];
+      for (int a = 0; a < 2; ++a) {
+        for (int k = 0; k < 8; ++k)
+          y[a][k] = rows[a][k] ? load_first(rows[a][k] + w0, t.Wo - w0) : zero;
+        transpose8(y[a]);  // y[a][w]: column w0 + w of row 2i + a, over the 8 channels
+      }
+      for (int64_t jj = 0; jj < std::min<int64_t>(4, t.tw - w0 / 2); ++jj) {
+        const __m256 e0 = y[0][2 * jj], d0 = y[0][2 * jj + 1];
+        const __m256 e1 = y[1][2 * jj], d1 = y[1][2 * jj + 1];
+        // Rows of A dY (even and odd column), then the same combination along the row.
+        const __m256 ze[4] = {e0, _mm256_add_ps(e0, e1), _mm256_sub_ps(e0, e1),
+                              _mm256_sub_ps(zero, e1)};
+        const __m256 zo[4] = {d0, _mm256_add_ps(d0, d1), _mm256_sub_ps(d0, d1),
+                              _mm256_sub_ps(zero, d1)};
+        float* g = gt + (tcol + w0 / 2 + jj) * ldo + o0;
 #pragma GCC unroll 4
+        for (int a = 0; a < 4; ++a) {
+          _mm256_storeu_ps(g + (4 * a + 0) * gp, ze[a]);
+          _mm256_storeu_ps(g + (4 * a + 1) * gp, _mm256_add_ps(ze[a], zo[a]));
+          _mm256_storeu_ps(g + (4 * a + 2) * gp, _mm256_sub_ps(ze[a], zo[a]));
+          _mm256_storeu_ps(g + (4 * a + 3) * gp, _mm256_sub_ps(zero, zo[a]));
+        }
+      }
+    }
+  } else {
+    const int64_t count = std::min<int64_t>(8, t.O - o0);
+    const float* rows[4][8];
+    for (int a = 0; a < 4; ++a)
+      for (int k = 0; k < 8; ++k)
+        rows[a][k] = k < count && 4 * i + a < t.Ho
+                         ? gy + ((n * t.O + o0 + k) * t.Ho + 4 * i + a) * t.Wo
+                         : nullptr;
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t w0 = 0; w0 < 4 * t.tw; w0 += 8) {
+      __m256 y[4][8];
       for (int a = 0; a < 4; ++a) {
-        _mm256_storeu_ps(g + (4 * a + 0) * gp, ze[a]);
-        _mm256_storeu_ps(g + (4 * a + 1) * gp, _mm256_add_ps(ze[a], zo[a]));
-        _mm256_storeu_ps(g + (4 * a + 2) * gp, _mm256_sub_ps(ze[a], zo[a]));
-        _mm256_storeu_ps(g + (4 * a + 3) * gp, _mm256_sub_ps(zero, zo[a]));
+        for (int k = 0; k < 8; ++k)
+          y[a][k] = rows[a][k] ? load_first(rows[a][k] + w0, t.Wo - w0) : zero;
+        transpose8(y[a]);  // y[a][w]: column w0 + w of row 4i + a, over the 8 channels
+      }
+      for (int64_t jj = 0; jj < std::min<int64_t>(2, t.tw - w0 / 4); ++jj) {
+        __m256 c[6][4];  // A dY: 6 rows of the tile's 4 columns
+        for (int b = 0; b < 4; ++b) {
+          const __m256 z[4] = {y[0][4 * jj + b], y[1][4 * jj + b], y[2][4 * jj + b],
+                               y[3][4 * jj + b]};
+          __m256 o[6];
+          a6(z, o);
+          for (int k = 0; k < 6; ++k) c[k][b] = o[k];
+        }
+        float* g = gt + (tcol + w0 / 4 + jj) * ldo + o0;
+        for (int k = 0; k < 6; ++k) {
+          __m256 o[6];
+          a6(c[k], o);
+          for (int l = 0; l < 6; ++l) _mm256_storeu_ps(g + (6 * k + l) * gp, o[l]);
+        }
       }
     }
   }
@@ -520,24 +574,27 @@ __attribute__((target("avx2,fma"))) void weight_position(const float* v, int64_t
       C, [&]<int R>(int64_t c0) { weight_rows<R>(v + c0 * ld, ld, gt, ldo, T, du + c0 * ldo); });
 }
 
-/// du (kPos, C, ldo) += one block's sums for the weight gradient, with v its transformed inputs.
+/// du (positions, C, ldo) += one block's sums for the weight gradient, with v its transformed
+/// inputs; M = t.m.
+template <int M>
 __attribute__((target("avx2,fma"))) void weight_block(const Tiling& t, const float* x,
                                                       const float* gy, int64_t blk,
                                                       SplitChannels& split, float* v, float* gt,
                                                       int64_t gp, int64_t ldo, float* du) {
   const int64_t g0 = blk * t.rows, g1 = std::min(t.N * t.th, g0 + t.rows);
-  transform_inputs<2>(t, x, g0, g1, split, v);
+  transform_inputs<M>(t, x, g0, g1, split, v);
   for (int64_t o0 = 0; o0 < t.O; o0 += 8)
     for (int64_t n = g0 / t.th; n < g1 / t.th; ++n)
       for (int64_t i = 0; i < t.th; ++i)
-        grad_tiles(t, gy, n, i, o0, gt, gp, ldo, (n * t.th + i - g0) * t.tw);
+        grad_tiles<M>(t, gy, n, i, o0, gt, gp, ldo, (n * t.th + i - g0) * t.tw);
   const int64_t images = t.rows / t.th, n1 = (g1 - 1) / t.th + 1;
   const int64_t n_next = std::min(t.N, n1 + images);
-  for (int64_t p = 0; p < kPos; ++p) {
+  constexpr int64_t P = (M + 2) * (M + 2);
+  for (int64_t p = 0; p < P; ++p) {
     weight_position(v + p * t.vp, t.ld, gt + p * gp, ldo, t.C, (g1 - g0) * t.tw,
                     du + p * t.C * ldo);
-    prefetch_part(x + n1 * t.C * t.H * t.W, (n_next - n1) * t.C * t.H * t.W * 4, p, kPos);
-    prefetch_part(gy + n1 * t.O * t.Ho * t.Wo, (n_next - n1) * t.O * t.Ho * t.Wo * 4, p, kPos);
+    prefetch_part(x + n1 * t.C * t.H * t.W, (n_next - n1) * t.C * t.H * t.W * 4, p, P);
+    prefetch_part(gy + n1 * t.O * t.Ho * t.Wo, (n_next - n1) * t.O * t.Ho * t.Wo * 4, p, P);
   }
 }
 
@@ -611,8 +668,9 @@ bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const floa
 bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const float* gy,
                                     float* dw) {
   if (!applies(s)) return false;
-  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, 2);
-  const int64_t ldo = (s.O + 7) / 8 * 8, gp = odd_lines(t.ld * ldo), D = kPos * s.C * ldo;
+  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, forward_tile_size(s.Wo));
+  const int64_t P = t.positions();
+  const int64_t ldo = (s.O + 7) / 8 * 8, gp = odd_lines(t.ld * ldo), D = P * s.C * ldo;
   // Fewer chunks where their sums would take more than 64 MiB (over ~250 channels each side): a
   // count that depends on the shape only, never on the thread count.
   const int64_t chunks =
@@ -620,14 +678,17 @@ bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const fl
   const int64_t nb = t.blocks();
   Array partial = workspace({chunks, D}, Dtype::f32);
   parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
-    Array va = workspace({kPos * t.vp}, Dtype::f32), ga = workspace({kPos * gp}, Dtype::f32);
+    Array va = workspace({P * t.vp}, Dtype::f32), ga = workspace({P * gp}, Dtype::f32);
     Array ra = workspace({SplitChannels::floats(t)}, Dtype::f32);
     SplitChannels split(ra.data<float>(), t);
     for (int64_t chunk = c0; chunk < c1; ++chunk) {
       float* du = partial.data<float>() + chunk * D;
       std::fill(du, du + D, 0.0f);
       for (int64_t blk = chunk * nb / chunks; blk < (chunk + 1) * nb / chunks; ++blk)
-        weight_block(t, x, gy, blk, split, va.data<float>(), ga.data<float>(), gp, ldo, du);
+        if (t.m == 4)
+          weight_block<4>(t, x, gy, blk, split, va.data<float>(), ga.data<float>(), gp, ldo, du);
+        else
+          weight_block<2>(t, x, gy, blk, split, va.data<float>(), ga.data<float>(), gp, ldo, du);
     }
   });
   // dw = G^T dU G per (o, c), from the chunks' sums added in chunk order.
@@ -635,22 +696,22 @@ bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const fl
   std::vector<float> du(p, p + D);
   for (int64_t c = 1; c < chunks; ++c)
     for (int64_t i = 0; i < D; ++i) du[i] += p[c * D + i];
+  const int64_t n = t.m + 2;
+  const double(*G)[3] = kernel_transform(t.m);
   for (int64_t i = 0; i < s.O * s.C; ++i) {
     const int64_t o = i / s.C, c = i % s.C;
-    double d[4][4], gd[3][4];
-    for (int a = 0; a < 4; ++a)
-      for (int b = 0; b < 4; ++b) d[a][b] = du[((4 * a + b) * s.C + c) * ldo + o];
-    for (int b = 0; b < 4; ++b) {
-      gd[0][b] = d[0][b] + 0.5 * (d[1][b] + d[2][b]);
-      gd[1][b] = 0.5 * (d[1][b] - d[2][b]);
-      gd[2][b] = 0.5 * (d[1][b] + d[2][b]) + d[3][b];
-    }
-    for (int a = 0; a < 3; ++a) {
-      float* out = dw + i * 9 + a * 3;
-      out[0] = static_cast<float>(gd[a][0] + 0.5 * (gd[a][1] + gd[a][2]));
-      out[1] = static_cast<float>(0.5 * (gd[a][1] - gd[a][2]));
-      out[2] = static_cast<float>(0.5 * (gd[a][1] + gd[a][2]) + gd[a][3]);
-    }
+    double gd[3][6];  // G^T dU
+    for (int a = 0; a < 3; ++a)
+      for (int64_t b = 0; b < n; ++b) {
+        gd[a][b] = 0;
+        for (int64_t k = 0; k < n; ++k) gd[a][b] += G[k][a] * du[((n * k + b) * s.C + c) * ldo + o];
+      }
+    for (int a = 0; a < 3; ++a)
+      for (int j = 0; j < 3; ++j) {
+        double v = 0;
+        for (int64_t b = 0; b < n; ++b) v += gd[a][b] * G[b][j];
+        dw[i * 9 + a * 3 + j] = static_cast<float>(v);
+      }
   }
   ++runs;
   return true;

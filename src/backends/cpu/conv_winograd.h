@@ -1,6 +1,6 @@
 // Winograd f32 convolution for 3x3 kernels at stride 1 on AVX2 + FMA, on plain NCHW / OIHW
-// arrays: F(2x2, 3x3), 16 transformed products per 2x2 output tile instead of 36, and for the
-// forward passes on outputs 20 or more wide F(4x4, 3x3), 36 per 4x4 tile instead of 144. The
+// arrays: F(2x2, 3x3), 16 transformed products per 2x2 output tile instead of 36, and on outputs
+// 20 or more wide F(4x4, 3x3), 36 per 4x4 tile instead of 144. The
 // transforms cost most where channels are few (16), where it gains least over the direct kernels.
 // Each function returns false when it does not apply (a kernel other than 3x3, stride other than
 // 1, padding other than 0 or 1 per side, images so large that one image's transformed arrays pass
@@ -29,9 +29,9 @@ bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const fl
 void set_winograd_conv_disabled(bool disabled);
 /// How many conv passes the Winograd kernels have run in this process.
 int64_t winograd_conv_runs();
-/// The output tile size of the forward and input-gradient passes: 0 (the default) picks it by
-/// the output width, 2 or 4 forces F(2x2, 3x3) or F(4x4, 3x3), for tests and benchmarks that
-/// compare them. The weight gradient always uses 2x2 tiles.
+/// The output tile size of the three passes: 0 (the default) picks it by the output width (the
+/// input's for the input gradient), 2 or 4 forces F(2x2, 3x3) or F(4x4, 3x3), for tests and
+/// benchmarks that compare them.
 void set_winograd_tile_size(int64_t m);
 
 }  // namespace hetrain::cpu
