@@ -42,8 +42,7 @@ namespace hetrain::cpu {
 
 namespace {
 
-constexpr int kVecs = 3;  // 8-float vectors of grid positions per tile
-constexpr int64_t kTile = 8 * kVecs;
+constexpr int64_t kTile = 8 * kTileVecs;  // grid positions of a full register tile
 
 /// A stride-1 or stride-2 convolution of one padded image.
 struct Grid {
@@ -144,24 +143,30 @@ std::vector<float> pack_weights(int64_t O, int64_t K, Weight weight) {
   return p;
 }
 
-/// out[r * ldo + q] = sum_k w[k][r] * in[off[k] + q] for R rows and q in [0, Q), Q a whole
-/// number of tiles.
+/// out[r * ldo + q] = sum_k w[k][r] * in[off[k] + q] for R rows and q in [0, 8 NV).
+template <int R, int NV>
+__attribute__((target("avx2,fma"))) void forward_tile(const float* in, const int32_t* off,
+                                                      int64_t K, const float* w, float* out,
+                                                      int64_t ldo) {
+  fma_tile<R, NV>([in, off](int64_t k) { return in + off[k]; }, w, K, out, ldo);
+}
+
+/// forward_tile over q in [0, Q), Q a multiple of 8.
 template <int R>
 __attribute__((target("avx2,fma"))) void forward_rows(const float* in, const int32_t* off,
                                                       int64_t K, const float* w, float* out,
                                                       int64_t Q, int64_t ldo) {
-  for (int64_t q = 0; q < Q; q += kTile)
-    fma_tile<R, kVecs>([base = in + q, off](int64_t k) { return base + off[k]; }, w, K, out + q,
-                       ldo);
+  for_column_tiles(
+      Q, [&]<int NV>(int64_t q) { forward_tile<R, NV>(in + q, off, K, w, out + q, ldo); });
 }
 
 /// Runs the forward kernel over n images: x (n, C, H, W) -> y (n, O, Ho, Wo) [+ b] [+ r], one
-/// image's grid positions (rounded up to whole tiles) at a time. (Laying small images side by side,
-/// as the weight gradient does, made a 7x7-output stride-2 forward no faster: the group's input
-/// falls out of L1 between the output channels' row blocks.)
+/// image's grid positions (rounded up to whole vectors) at a time. (Laying small images side by
+/// side, as the weight gradient does, made a 7x7-output stride-2 forward no faster: the group's
+/// input falls out of L1 between the output channels' row blocks.)
 void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk, const float* b,
                     float* y, int64_t n, const float* r = nullptr) {
-  const int64_t Q = (g.Ho * g.Wq + kTile - 1) / kTile * kTile;
+  const int64_t Q = (g.Ho * g.Wq + 7) / 8 * 8;
   const int64_t pstride = std::max(Q + g.reach(), g.image() + Grid::kSpill);
   const int64_t cstride = g.phases() * pstride;
   const int64_t K = g.K();
@@ -282,7 +287,7 @@ void strided_backward_data(const ConvShape& s, const float* gy, const float* w, 
                            const float* addend) {
   const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw, s.sh);
   const int64_t st = g.s, pt = (s.kh - 1) / st, pl = (s.kw - 1) / st, Wg = pl + g.Wq;
-  const int64_t Qr = (g.Hq * Wg + kTile - 1) / kTile * kTile;
+  const int64_t Qr = (g.Hq * Wg + 7) / 8 * 8;
   const int64_t plane = pt * Wg + pl + Qr;  // >= (pt + Hq) rows: every row the taps read
   struct Phase {
     int64_t a, b, K;

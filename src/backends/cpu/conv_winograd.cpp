@@ -53,7 +53,6 @@ namespace hetrain::cpu {
 namespace {
 
 constexpr int64_t kPos = 16;     // positions of a transformed F(2x2, 3x3) tile (4x4)
-constexpr int kVecs = 3;         // 8-tile vectors per forward register tile
 constexpr int64_t kChunks = 16;  // weight-gradient partial sums (more than threads, to balance)
 
 /// A 3x3 stride-1 convolution from C to O channels as m x m output tiles, in blocks of tile rows.
@@ -277,18 +276,6 @@ template <int R, int NV>
 __attribute__((target("avx2,fma"))) void gemm_tile(const float* u, const float* v, int64_t ld,
                                                    int64_t C, float* m) {
   fma_tile<R, NV>([v, ld](int64_t c) { return v + c * ld; }, u, C, m, ld);
-}
-
-/// Calls f.template operator()<NV>(j) over columns [0, n) (a multiple of 8) in register tiles of
-/// NV vectors: kVecs where it can. A remainder of one vector ends in two tiles of two vectors
-/// instead: a one-vector tile has too few accumulators to hide the FMA latency.
-template <class F>
-__attribute__((target("avx2,fma"), always_inline)) inline void for_column_tiles(int64_t n, F&& f) {
-  int64_t j = 0;
-  const int64_t full = n % 24 == 8 && n > 8 ? n - 32 : n;
-  for (; j + 8 * kVecs <= full; j += 8 * kVecs) f.template operator()<kVecs>(j);
-  for (; j + 16 <= n; j += 16) f.template operator()<2>(j);
-  if (j < n) f.template operator()<1>(j);
 }
 
 /// gemm_tile over T tiles (a multiple of 8).

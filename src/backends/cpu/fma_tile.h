@@ -13,6 +13,8 @@ namespace hetrain::cpu {
 /// Rows (output channels) of a register tile: 4 rows x 3 vectors = 12 accumulators, plus 3
 /// loaded vectors and one broadcast, fill AVX2's 16 registers.
 inline constexpr int kTileRows = 4;
+/// Vectors of 8 columns in a full register tile.
+inline constexpr int kTileVecs = 3;
 
 /// out[r * ldo + 8 v + i] (+)= sum over k < K of *wt(k, r) * src(k)[8 v + i], for R rows and
 /// NV vectors of 8 floats: src(k) gives the k-th input row, wt(k, r) the address of the value
@@ -89,6 +91,18 @@ inline void for_row_blocks(int64_t n, F&& f) {
         break;
     }
   }
+}
+
+/// Calls f.template operator()<NV>(j) over columns [0, n) (a multiple of 8) in register tiles of
+/// NV vectors: kTileVecs where it can. A remainder of one vector ends in two tiles of two vectors
+/// instead: a one-vector tile has too few accumulators to hide the FMA latency.
+template <class F>
+__attribute__((target("avx2,fma"), always_inline)) inline void for_column_tiles(int64_t n, F&& f) {
+  int64_t j = 0;
+  const int64_t full = n % 24 == 8 && n > 8 ? n - 32 : n;
+  for (; j + 8 * kTileVecs <= full; j += 8 * kTileVecs) f.template operator()<kTileVecs>(j);
+  for (; j + 16 <= n; j += 16) f.template operator()<2>(j);
+  if (j < n) f.template operator()<1>(j);
 }
 
 }  // namespace hetrain::cpu
