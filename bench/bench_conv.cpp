@@ -4,10 +4,10 @@
 // (the path before oneDNN), 1 = oneDNN, 2 = the direct kernels where they apply (oneDNN
 // for the other shapes), 3 = Winograd F(2x2,3x3) for 3x3 stride 1, then as 2; BM_BatchNorm's: 1 =
 // fused batch_norm2d, 0 = the composite of mean/var/elementwise ops it replaced, 2 = fused with
-// relu, 3 = fused then a separate relu. BM_WinogradTiles and BM_FashionCnnStepTiles run the
-// Winograd passes with 2x2 output tiles and with 4x4 (or the size picked by output width)
-// alternately in one process and report each one's median time and the median ratio b/a of
-// adjacent runs, which holds on a machine whose speed drifts.
+// relu, 3 = fused then a separate relu. BM_ConvAB runs one conv pass on two paths or Winograd tile
+// sizes, and BM_FashionCnnStepTiles training steps with 2x2 Winograd tiles and with the size
+// picked by output width, alternately in one process; each reports both medians and the median
+// ratio b/a of adjacent runs, which holds on a machine whose speed drifts.
 //   cmake -S . -B build -G Ninja -DHETRAIN_BUILD_BENCH=ON && cmake --build build -j2
 //   [THREADS=N] ./build/bench/bench_conv --benchmark_filter=Step
 // "Time" is wall clock, "CPU" the whole process's CPU time (a steadier measure of work on a shared
@@ -149,12 +149,12 @@ void interleaved(benchmark::State& st, const std::function<void()>& a,
   st.counters["b/a"] = median(ratio);
 }
 
-/// One conv pass of case range(0) (pass range(1) as in BM_Conv) on the Winograd path with 2x2
-/// output tiles (a) and 4x4 tiles (b), interleaved.
-void BM_WinogradTiles(benchmark::State& st) {
+/// One conv pass of case range(0) (pass range(1) as in BM_Conv) on two variants, range(2) (a) and
+/// range(3) (b), interleaved: 0-3 the paths of BM_Conv (picking their tile size), 4 Winograd
+/// with 2x2 output tiles forced, 5 with 4x4 tiles forced.
+void BM_ConvAB(benchmark::State& st) {
   const ConvCase& c = kConvs[st.range(0)];
   const int64_t pass = st.range(1);
-  use_conv_path(3);
   Generator gen(1);
   Tensor x = randn({kBatch, c.C, c.H, c.H}, Dtype::f32, gen);
   Tensor w = randn({c.O, c.C, c.k, c.k}, Dtype::f32, gen);
@@ -163,13 +163,14 @@ void BM_WinogradTiles(benchmark::State& st) {
   };
   Tensor gy = randn(conv(x, w).shape(), Dtype::f32, gen);
   eval({x, w, gy});
-  auto run = [&](int64_t m) {
-    return [&, m] {
-      cpu::set_winograd_tile_size(m);
+  auto run = [&](int64_t variant) {
+    return [&, variant] {
+      use_conv_path(std::min<int64_t>(variant, 3));
+      cpu::set_winograd_tile_size(variant == 4 ? 2 : variant == 5 ? 4 : 0);
       eval({pass == 0 ? conv(x, w) : grad({conv(x, w)}, {pass == 1 ? x : w}, {gy})[0]});
     };
   };
-  interleaved(st, run(2), run(4));
+  interleaved(st, run(st.range(2)), run(st.range(3)));
   cpu::set_winograd_tile_size(0);
   use_conv_path(-1);
 }
@@ -227,8 +228,11 @@ void BM_FashionCnnStepTiles(benchmark::State& st) {
 
 BENCHMARK(BM_Conv)->Apply(conv_args)->MeasureProcessCPUTime()->UseRealTime()->Unit(
     benchmark::kMillisecond);
-BENCHMARK(BM_WinogradTiles)
-    ->ArgsProduct({{1, 3}, {0, 1, 2}})
+// Winograd tile sizes on the 28x28 and 14x14 stride-1 convs; direct against oneDNN on the
+// stride-2 convs to 7x7 outputs.
+BENCHMARK(BM_ConvAB)
+    ->ArgsProduct({{1, 3}, {0, 1, 2}, {4}, {5}})
+    ->ArgsProduct({{5, 7}, {0, 1, 2}, {1}, {2}})
     ->Iterations(40)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FashionCnnStepTiles)->Iterations(20)->Unit(benchmark::kMillisecond);
