@@ -121,7 +121,12 @@ TEST(ConvWinograd, MatchesReferenceOnOddShapes) {
     check_against_reference(shape3x3(5, 9, 6, 19, 10, p, p));    // O, C not multiples of 4 or 8
     check_against_reference(shape3x3(1, 2, 3, 3, 3, p, p));      // a single tile
     check_against_reference(shape3x3(2, 40, 31, 30, 40, p, p));  // image over the block target
-    cases += 5;
+    // 7 and 8 wide: 2x2 tile rows of 4 tiles, two per vector; 3 images of 3 or 2 tile rows put an
+    // odd number of tile rows in a block at p = 1, 9 wide ones in between (p = 0: 7 wide).
+    check_against_reference(shape3x3(3, 6, 5, 8, 5, p, p));
+    check_against_reference(shape3x3(3, 6, 5, 9, 5, p, p));
+    check_against_reference(shape3x3(4, 9, 7, 7, 12, p, p));
+    cases += 8;
   }
   check_against_reference(shape3x3(2, 3, 4, 5, 6, 1, 0));  // padding differs per axis
   check_against_reference(shape3x3(2, 4, 7, 4, 5, 0, 1));

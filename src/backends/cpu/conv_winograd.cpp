@@ -101,6 +101,10 @@ Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_
   return t;
 }
 
+/// Whether the transforms take two tile rows per vector: 2x2 tiles, 4 per row (7- and 8-wide
+/// outputs), whose rows would leave half of a vector's 8 lanes idle.
+bool paired(const Tiling& t) { return t.m == 2 && t.tw == 4; }
+
 /// A block's image rows, one channel at a time, zero-padded and split into their m column phases
 /// (columns mod m, L floats each). The caller splits a channel while it transforms the one before:
 /// reading a row right after splitting it stalls, as each of the transform's loads spans two of
@@ -162,6 +166,42 @@ __attribute__((target("avx2,fma"), always_inline)) inline void bt6(const __m256 
   o[5] = _mm256_fmadd_ps(four, d[1], _mm256_fnmadd_ps(five, d[3], d[5]));
 }
 
+/// 8 floats at lo + off, or with Pair 4 at lo + off and 4 at hi + off.
+template <bool Pair>
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 load_rows(const float* lo,
+                                                                           const float* hi,
+                                                                           int64_t off) {
+  if constexpr (Pair) return _mm256_loadu2_m128(hi + off, lo + off);
+  return _mm256_loadu_ps(lo + off);
+}
+
+/// V = B^T d B of F(2x2, 3x3) for 8 tiles, position p to v[p * pstride]: lo[k] is input row k of
+/// the tiles, split into even and odd columns L floats apart, from their first even column on.
+/// Pair: the 8 tiles are two tile rows of 4, lo's and hi's (each 128-bit half loaded from its
+/// own rows).
+template <bool Pair>
+__attribute__((target("avx2,fma"), always_inline)) inline void input_tiles2(
+    const float* const lo[4], const float* const hi[4], int64_t L, float* v, int64_t pstride) {
+  // Tile j reads columns 2j .. 2j+3: even[j], odd[j], even[j+1], odd[j+1].
+  __m256 h[4][4];
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    const __m256 e = load_rows<Pair>(lo[k], hi[k], 0), e1 = load_rows<Pair>(lo[k], hi[k], 1);
+    const __m256 o = load_rows<Pair>(lo[k], hi[k], L), o1 = load_rows<Pair>(lo[k], hi[k], L + 1);
+    h[k][0] = _mm256_sub_ps(e, e1);
+    h[k][1] = _mm256_add_ps(o, e1);
+    h[k][2] = _mm256_sub_ps(e1, o);
+    h[k][3] = _mm256_sub_ps(o, o1);
+  }
+#pragma GCC unroll 4
+  for (int b = 0; b < 4; ++b) {
+    _mm256_storeu_ps(v + (0 + b) * pstride, _mm256_sub_ps(h[0][b], h[2][b]));
+    _mm256_storeu_ps(v + (4 + b) * pstride, _mm256_add_ps(h[1][b], h[2][b]));
+    _mm256_storeu_ps(v + (8 + b) * pstride, _mm256_sub_ps(h[2][b], h[1][b]));
+    _mm256_storeu_ps(v + (12 + b) * pstride, _mm256_sub_ps(h[1][b], h[3][b]));
+  }
+}
+
 /// V = B^T d B for `lanes` tiles of one tile row of one channel; r[k] is input row k of the tiles
 /// (M + 2 rows), split into M column phases L floats apart. Position p of tile j goes to
 /// v[p * pstride + j].
@@ -170,24 +210,8 @@ __attribute__((target("avx2,fma"))) void input_tiles(const float* const r[M + 2]
                                                      int64_t lanes, float* v, int64_t pstride) {
   if constexpr (M == 2) {
     for (int64_t j = 0; j < lanes; j += 8) {
-      // Along the row, tile j reads columns 2j .. 2j+3: even[j], odd[j], even[j+1], odd[j+1].
-      __m256 h[4][4];
-#pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
-        const __m256 e = _mm256_loadu_ps(r[k] + j), e1 = _mm256_loadu_ps(r[k] + j + 1);
-        const __m256 o = _mm256_loadu_ps(r[k] + L + j), o1 = _mm256_loadu_ps(r[k] + L + j + 1);
-        h[k][0] = _mm256_sub_ps(e, e1);
-        h[k][1] = _mm256_add_ps(o, e1);
-        h[k][2] = _mm256_sub_ps(e1, o);
-        h[k][3] = _mm256_sub_ps(o, o1);
-      }
-#pragma GCC unroll 4
-      for (int b = 0; b < 4; ++b) {
-        _mm256_storeu_ps(v + (0 + b) * pstride + j, _mm256_sub_ps(h[0][b], h[2][b]));
-        _mm256_storeu_ps(v + (4 + b) * pstride + j, _mm256_add_ps(h[1][b], h[2][b]));
-        _mm256_storeu_ps(v + (8 + b) * pstride + j, _mm256_sub_ps(h[2][b], h[1][b]));
-        _mm256_storeu_ps(v + (12 + b) * pstride + j, _mm256_sub_ps(h[1][b], h[3][b]));
-      }
+      const float* q[4] = {r[0] + j, r[1] + j, r[2] + j, r[3] + j};
+      input_tiles2<false>(q, q, L, v + j, pstride);
     }
   } else {
     for (int64_t j = 0; j < lanes; j += 8) {
@@ -220,6 +244,48 @@ __attribute__((target("avx2,fma"), always_inline)) inline void at6(const __m256 
   z[3] = _mm256_add_ps(_mm256_fmadd_ps(_mm256_set1_ps(8.0f), d34, d12), m[5]);
 }
 
+/// Y = A^T M A + bias of F(2x2, 3x3) for 8 tiles from m[p * pstride]: the even and odd columns
+/// of output row 0 (e0, o0) and of row 1 (e1, o1).
+__attribute__((target("avx2,fma"), always_inline)) inline void output_tiles2(
+    const float* m, int64_t pstride, __m256 bv, __m256& e0, __m256& o0, __m256& e1, __m256& o1) {
+  __m256 z0[4], z1[4];
+#pragma GCC unroll 4
+  for (int b = 0; b < 4; ++b) {
+    const __m256 m0 = _mm256_loadu_ps(m + (0 + b) * pstride);
+    const __m256 m1 = _mm256_loadu_ps(m + (4 + b) * pstride);
+    const __m256 m2 = _mm256_loadu_ps(m + (8 + b) * pstride);
+    const __m256 m3 = _mm256_loadu_ps(m + (12 + b) * pstride);
+    z0[b] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
+    z1[b] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
+  }
+  e0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z0[0], z0[1]), z0[2]), bv);
+  o0 = _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z0[1], z0[2]), z0[3]), bv);
+  e1 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z1[0], z1[1]), z1[2]), bv);
+  o1 = _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z1[1], z1[2]), z1[3]), bv);
+}
+
+/// Stores the first n (<= 8) floats of y + r (r where not null) to d.
+__attribute__((target("avx2,fma"), always_inline)) inline void store_row(float* d, __m256 y,
+                                                                         int64_t n,
+                                                                         const float* r) {
+  if (r) y = _mm256_add_ps(y, load_first(r, n));
+  if (n >= 8)
+    _mm256_storeu_ps(d, y);
+  else
+    store_first(d, y, n);
+}
+
+/// Stores an output row of two tile rows of 4 tiles (e and o: even and odd columns, tile row
+/// a in lanes 0-3, b in 4-7): the first n (<= 8) columns of each to da and db (null: not stored),
+/// plus ra and rb where not null.
+__attribute__((target("avx2,fma"), always_inline)) inline void store_row_pair(
+    __m256 e, __m256 o, int64_t n, float* da, const float* ra, float* db, const float* rb) {
+  const __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);
+  const __m256 ya = _mm256_permute2f128_ps(lo, hi, 0x20), yb = _mm256_permute2f128_ps(lo, hi, 0x31);
+  if (da) store_row(da, ya, n, ra);
+  if (db) store_row(db, yb, n, rb);
+}
+
 /// Y = A^T M A (+ bias) for the tw tiles of one tile row of one output channel, from
 /// m[p * pstride + j]; writes output rows y[0 .. M) (null past the last row), Wo wide, plus
 /// rows r[0 .. M) of the addend where not null.
@@ -230,26 +296,11 @@ __attribute__((target("avx2,fma"))) void output_tiles(const float* m, int64_t ps
   if constexpr (M == 2) {
     const __m256 bv = _mm256_set1_ps(bias);
     for (int64_t j = 0; j < tw; j += 8) {
-      __m256 z0[4], z1[4];
-#pragma GCC unroll 4
-      for (int b = 0; b < 4; ++b) {
-        const __m256 m0 = _mm256_loadu_ps(m + (0 + b) * pstride + j);
-        const __m256 m1 = _mm256_loadu_ps(m + (4 + b) * pstride + j);
-        const __m256 m2 = _mm256_loadu_ps(m + (8 + b) * pstride + j);
-        const __m256 m3 = _mm256_loadu_ps(m + (12 + b) * pstride + j);
-        z0[b] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
-        z1[b] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
-      }
+      __m256 e0, o0, e1, o1;
+      output_tiles2(m + j, pstride, bv, e0, o0, e1, o1);
       const int64_t n = Wo - 2 * j;
-      store_pairs(y[0] + 2 * j,
-                  _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z0[0], z0[1]), z0[2]), bv),
-                  _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z0[1], z0[2]), z0[3]), bv), n,
-                  r[0] ? r[0] + 2 * j : nullptr);
-      if (y[1])
-        store_pairs(y[1] + 2 * j,
-                    _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z1[0], z1[1]), z1[2]), bv),
-                    _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z1[1], z1[2]), z1[3]), bv), n,
-                    r[1] ? r[1] + 2 * j : nullptr);
+      store_pairs(y[0] + 2 * j, e0, o0, n, r[0] ? r[0] + 2 * j : nullptr);
+      if (y[1]) store_pairs(y[1] + 2 * j, e1, o1, n, r[1] ? r[1] + 2 * j : nullptr);
     }
   } else {
     const __m256 bv = _mm256_set1_ps(bias);
@@ -340,15 +391,33 @@ __attribute__((target("avx2,fma"))) void transform_inputs(const Tiling& t, const
                                                           int64_t g0, int64_t g1,
                                                           SplitChannels& split, float* v) {
   const int64_t n0 = g0 / t.th, n1 = (g1 - 1) / t.th + 1;
+  // The input rows of tile row g of the block's images, channel c.
+  auto rows = [&](int64_t c, int64_t g, const float* r[M + 2]) {
+    const int64_t n = g / t.th, i = g % t.th;
+    for (int64_t k = 0; k < M + 2; ++k) r[k] = split.row(c, n - n0, M * i - t.ph + k);
+  };
   split.split(x, n0, n1, 0);
   for (int64_t c = 0; c < t.C; ++c) {
     if (c + 1 < t.C) split.split(x, n0, n1, c + 1);
-    for (int64_t n = n0; n < n1; ++n)
-      for (int64_t i = 0; i < t.th; ++i) {
-        const float* r[M + 2];
-        for (int64_t k = 0; k < M + 2; ++k) r[k] = split.row(c, n - n0, M * i - t.ph + k);
-        input_tiles<M>(r, t.L, t.lanes, v + c * t.ld + (n * t.th + i - g0) * t.tw, t.vp);
+    float* vc = v + c * t.ld;
+    if constexpr (M == 2) {
+      if (paired(t)) {
+        // Tile rows g and g + 1 in one vector; past the block's last row, its own rows again
+        // (lanes that land in the arrays' slack).
+        for (int64_t g = g0; g < g1; g += 2) {
+          const float *lo[4], *hi[4];
+          rows(c, g, lo);
+          rows(c, std::min(g + 1, g1 - 1), hi);
+          input_tiles2<true>(lo, hi, t.L, vc + (g - g0) * 4, t.vp);
+        }
+        continue;
       }
+    }
+    for (int64_t g = g0; g < g1; ++g) {
+      const float* r[M + 2];
+      rows(c, g, r);
+      input_tiles<M>(r, t.L, t.lanes, vc + (g - g0) * t.tw, t.vp);
+    }
   }
 }
 
@@ -358,19 +427,42 @@ template <int M>
 __attribute__((target("avx2,fma"))) void transform_outputs(const Tiling& t, const float* m,
                                                            int64_t g0, int64_t g1, const float* b,
                                                            float* y, const float* r) {
-  for (int64_t o = 0; o < t.O; ++o)
-    for (int64_t n = g0 / t.th; n < g1 / t.th; ++n)
-      for (int64_t i = 0; i < t.th; ++i) {
-        float* rows[M];
-        const float* adds[M];
-        for (int64_t a = 0; a < M; ++a) {
-          const int64_t h = M * i + a, off = ((n * t.O + o) * t.Ho + h) * t.Wo;
-          rows[a] = h < t.Ho ? y + off : nullptr;
-          adds[a] = h < t.Ho && r ? r + off : nullptr;
+  // Output rows M i .. M i + M - 1 of tile row g (n, i), channel o, and of the addend (null past
+  // the last row, or past the block's tile rows).
+  auto rows = [&](int64_t o, int64_t g, float* out[M], const float* add[M]) {
+    const int64_t n = g / t.th, i = g % t.th;
+    for (int64_t a = 0; a < M; ++a) {
+      const int64_t h = M * i + a, off = ((n * t.O + o) * t.Ho + h) * t.Wo;
+      const bool in = g < g1 && h < t.Ho;
+      out[a] = in ? y + off : nullptr;
+      add[a] = in && r ? r + off : nullptr;
+    }
+  };
+  for (int64_t o = 0; o < t.O; ++o) {
+    const float* mo = m + o * t.ld;
+    if constexpr (M == 2) {
+      if (paired(t)) {
+        const __m256 bv = _mm256_set1_ps(b ? b[o] : 0.0f);
+        for (int64_t g = g0; g < g1; g += 2) {
+          float *ya[2], *yb[2];
+          const float *ra[2], *rb[2];
+          rows(o, g, ya, ra);
+          rows(o, g + 1, yb, rb);
+          __m256 e0, o0, e1, o1;
+          output_tiles2(mo + (g - g0) * 4, t.mp, bv, e0, o0, e1, o1);
+          store_row_pair(e0, o0, t.Wo, ya[0], ra[0], yb[0], rb[0]);
+          store_row_pair(e1, o1, t.Wo, ya[1], ra[1], yb[1], rb[1]);
         }
-        output_tiles<M>(m + o * t.ld + (n * t.th + i - g0) * t.tw, t.mp, t.tw, b ? b[o] : 0.0f,
-                        rows, t.Wo, adds);
+        continue;
       }
+    }
+    for (int64_t g = g0; g < g1; ++g) {
+      float* out[M];
+      const float* add[M];
+      rows(o, g, out, add);
+      output_tiles<M>(mo + (g - g0) * t.tw, t.mp, t.tw, b ? b[o] : 0.0f, out, t.Wo, add);
+    }
+  }
 }
 
 /// Prefetches part `k` of `parts` of [p, p + bytes) into L2: spread over a block's GEMMs, this
