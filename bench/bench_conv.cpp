@@ -64,28 +64,30 @@ void use_conv_path(int64_t path) {
   cpu::set_dnnl_conv_disabled(path == 0);
 }
 
+/// One of kConvs with random input, weights and output gradient; run(pass) evaluates pass 0
+/// (forward), 1 (input gradient) or 2 (weight gradient).
+struct ConvBench {
+  const ConvCase& c;
+  Tensor x, w, gy;
+  explicit ConvBench(const ConvCase& cc) : c(cc) {
+    Generator gen(1);
+    x = randn({kBatch, c.C, c.H, c.H}, Dtype::f32, gen);
+    w = randn({c.O, c.C, c.k, c.k}, Dtype::f32, gen);
+    gy = randn(conv().shape(), Dtype::f32, gen);
+    eval({x, w, gy});
+  }
+  Tensor conv() const { return conv2d(x, w, {}, {c.s, c.s}, {c.p, c.p}); }
+  void run(int64_t pass) const {
+    eval({pass == 0 ? conv() : grad({conv()}, {pass == 1 ? x : w}, {gy})[0]});
+  }
+};
+
 /// range(0): case, range(1): 0 forward, 1 backward data, 2 backward weights, range(2): path.
 void BM_Conv(benchmark::State& st) {
-  const ConvCase& c = kConvs[st.range(0)];
-  const int64_t pass = st.range(1);
+  const ConvBench b(kConvs[st.range(0)]);
   use_conv_path(st.range(2));
-  Generator gen(1);
-  Tensor x = randn({kBatch, c.C, c.H, c.H}, Dtype::f32, gen);
-  Tensor w = randn({c.O, c.C, c.k, c.k}, Dtype::f32, gen);
-  auto conv = [&](const Tensor& xx, const Tensor& ww) {
-    return conv2d(xx, ww, {}, {c.s, c.s}, {c.p, c.p});
-  };
-  Tensor gy = randn(conv(x, w).shape(), Dtype::f32, gen);
-  eval({x, w, gy});
-  for (auto _ : st) {
-    Tensor out;
-    if (pass == 0)
-      out = conv(x, w);
-    else
-      out = grad({conv(x, w)}, {pass == 1 ? x : w}, {gy})[0];
-    eval({out});
-  }
-  const double flops = 2.0 * static_cast<double>(gy.numel() * c.C * c.k * c.k);
+  for (auto _ : st) b.run(st.range(1));
+  const double flops = 2.0 * static_cast<double>(b.gy.numel() * b.c.C * b.c.k * b.c.k);
   st.counters["GFLOP/s"] =
       benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   use_conv_path(-1);
@@ -153,21 +155,12 @@ void interleaved(benchmark::State& st, const std::function<void()>& a,
 /// range(3) (b), interleaved: 0-3 the paths of BM_Conv (picking their tile size), 4 Winograd
 /// with 2x2 output tiles forced, 5 with 4x4 tiles forced.
 void BM_ConvAB(benchmark::State& st) {
-  const ConvCase& c = kConvs[st.range(0)];
-  const int64_t pass = st.range(1);
-  Generator gen(1);
-  Tensor x = randn({kBatch, c.C, c.H, c.H}, Dtype::f32, gen);
-  Tensor w = randn({c.O, c.C, c.k, c.k}, Dtype::f32, gen);
-  auto conv = [&](const Tensor& xx, const Tensor& ww) {
-    return conv2d(xx, ww, {}, {c.s, c.s}, {c.p, c.p});
-  };
-  Tensor gy = randn(conv(x, w).shape(), Dtype::f32, gen);
-  eval({x, w, gy});
+  const ConvBench b(kConvs[st.range(0)]);
   auto run = [&](int64_t variant) {
     return [&, variant] {
       use_conv_path(std::min<int64_t>(variant, 3));
       cpu::set_winograd_tile_size(variant == 4 ? 2 : variant == 5 ? 4 : 0);
-      eval({pass == 0 ? conv(x, w) : grad({conv(x, w)}, {pass == 1 ? x : w}, {gy})[0]});
+      b.run(st.range(1));
     };
   };
   interleaved(st, run(st.range(2)), run(st.range(3)));

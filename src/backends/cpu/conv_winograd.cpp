@@ -558,23 +558,25 @@ template <int M>
 __attribute__((target("avx2,fma"))) void grad_tiles(const Tiling& t, const float* gy, int64_t n,
                                                     int64_t i, int64_t o0, float* gt, int64_t gp,
                                                     int64_t ldo, int64_t tcol) {
-  if constexpr (M == 2) {
-    const int64_t count = std::min<int64_t>(8, t.O - o0);
-    const float* rows[2][8];
-    for (int a = 0; a < 2; ++a)
+  const int64_t count = std::min<int64_t>(8, t.O - o0);
+  const float* rows[M][8];
+  for (int a = 0; a < M; ++a)
+    for (int k = 0; k < 8; ++k)
+      rows[a][k] = k < count && M * i + a < t.Ho
+                       ? gy + ((n * t.O + o0 + k) * t.Ho + M * i + a) * t.Wo
+                       : nullptr;
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t w0 = 0; w0 < M * t.tw; w0 += 8) {
+    __m256 y[M][8];
+    for (int a = 0; a < M; ++a) {
       for (int k = 0; k < 8; ++k)
-        rows[a][k] = k < count && 2 * i + a < t.Ho
-                         ? gy + ((n * t.O + o0 + k) * t.Ho + 2 * i + a) * t.Wo
-                         : nullptr;
-    const __m256 zero = _mm256_setzero_ps();
-    for (int64_t w0 = 0; w0 < 2 * t.tw; w0 += 8) {
-      __m256 y[2][8];
-      for (int a = 0; a < 2; ++a) {
-        for (int k = 0; k < 8; ++k)
-          y[a][k] = rows[a][k] ? load_first(rows[a][k] + w0, t.Wo - w0) : zero;
-        transpose8(y[a]);  // y[a][w]: column w0 + w of row 2i + a, over the 8 channels
-      }
-      for (int64_t jj = 0; jj < std::min<int64_t>(4, t.tw - w0 / 2); ++jj) {
+        y[a][k] = rows[a][k] ? load_first(rows[a][k] + w0, t.Wo - w0) : zero;
+      transpose8(y[a]);  // y[a][w]: column w0 + w of row M i + a, over the 8 channels
+    }
+    // The 8 columns hold 8 / M tiles.
+    for (int64_t jj = 0; jj < std::min<int64_t>(8 / M, t.tw - w0 / M); ++jj) {
+      float* g = gt + (tcol + w0 / M + jj) * ldo + o0;
+      if constexpr (M == 2) {
         const __m256 e0 = y[0][2 * jj], d0 = y[0][2 * jj + 1];
         const __m256 e1 = y[1][2 * jj], d1 = y[1][2 * jj + 1];
         // Rows of A dY (even and odd column), then the same combination along the row.
@@ -582,7 +584,6 @@ __attribute__((target("avx2,fma"))) void grad_tiles(const Tiling& t, const float
                               _mm256_sub_ps(zero, e1)};
         const __m256 zo[4] = {d0, _mm256_add_ps(d0, d1), _mm256_sub_ps(d0, d1),
                               _mm256_sub_ps(zero, d1)};
-        float* g = gt + (tcol + w0 / 2 + jj) * ldo + o0;
 #pragma GCC unroll 4
         for (int a = 0; a < 4; ++a) {
           _mm256_storeu_ps(g + (4 * a + 0) * gp, ze[a]);
@@ -590,25 +591,7 @@ __attribute__((target("avx2,fma"))) void grad_tiles(const Tiling& t, const float
           _mm256_storeu_ps(g + (4 * a + 2) * gp, _mm256_sub_ps(ze[a], zo[a]));
           _mm256_storeu_ps(g + (4 * a + 3) * gp, _mm256_sub_ps(zero, zo[a]));
         }
-      }
-    }
-  } else {
-    const int64_t count = std::min<int64_t>(8, t.O - o0);
-    const float* rows[4][8];
-    for (int a = 0; a < 4; ++a)
-      for (int k = 0; k < 8; ++k)
-        rows[a][k] = k < count && 4 * i + a < t.Ho
-                         ? gy + ((n * t.O + o0 + k) * t.Ho + 4 * i + a) * t.Wo
-                         : nullptr;
-    const __m256 zero = _mm256_setzero_ps();
-    for (int64_t w0 = 0; w0 < 4 * t.tw; w0 += 8) {
-      __m256 y[4][8];
-      for (int a = 0; a < 4; ++a) {
-        for (int k = 0; k < 8; ++k)
-          y[a][k] = rows[a][k] ? load_first(rows[a][k] + w0, t.Wo - w0) : zero;
-        transpose8(y[a]);  // y[a][w]: column w0 + w of row 4i + a, over the 8 channels
-      }
-      for (int64_t jj = 0; jj < std::min<int64_t>(2, t.tw - w0 / 4); ++jj) {
+      } else {
         __m256 c[6][4];  // A dY: 6 rows of the tile's 4 columns
         for (int b = 0; b < 4; ++b) {
           const __m256 z[4] = {y[0][4 * jj + b], y[1][4 * jj + b], y[2][4 * jj + b],
@@ -617,7 +600,6 @@ __attribute__((target("avx2,fma"))) void grad_tiles(const Tiling& t, const float
           a6(z, o);
           for (int k = 0; k < 6; ++k) c[k][b] = o[k];
         }
-        float* g = gt + (tcol + w0 / 4 + jj) * ldo + o0;
         for (int k = 0; k < 6; ++k) {
           __m256 o[6];
           a6(c[k], o);
