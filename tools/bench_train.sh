@@ -40,7 +40,16 @@ PY
 run_torch() {
   t=$(/usr/bin/python3 tools/bench_train_torch.py "$preset" --steps "$steps" --threads "$threads")
 }
-echo "threads $threads, load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+# This VM's FMA peak and memory bandwidth drift by tens of percent within minutes, and the ratio
+# with them (Hetrain's step is the more memory-bound): both are printed before and after the
+# pairs, from `hetrain bench --quick` with its profile kept out of the user's cache.
+machine() {
+  XDG_CACHE_HOME="$tmp/cache" ./build/hetrain bench --quick --threads "$threads" 2>/dev/null |
+    awk 'function before(unit) { for (i = 2; i <= NF; ++i) if ($i == unit) return $(i - 1) }
+         /^fma peak/ {f = before("GFLOP/s")} /^triad 3 x 128/ {t = before("GB/s")}
+         END {printf "FMA peak %s GFLOP/s, triad %s GB/s", f, t}'
+}
+echo "threads $threads, load average before: $(cut -d' ' -f1-3 /proc/loadavg); $(machine)"
 printf "%-12s %11s %11s %6s %9s %9s %6s %13s %13s %13s %6s\n" preset "hetrain s/s" \
   "pytorch s/s" ratio "h cpu ms" "pt cpu ms" ratio "hetrain alloc" "hetrain RSS+" "pytorch RSS+" ratio
 for round in $(seq "$rounds"); do
@@ -75,4 +84,4 @@ for p in dict.fromkeys(r["preset"] for r in rows):
           f"{statistics.median(c):16.2f}")
 PY
 fi
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg); $(machine)"
