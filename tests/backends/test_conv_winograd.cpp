@@ -126,7 +126,9 @@ TEST(ConvWinograd, MatchesReferenceOnOddShapes) {
     check_against_reference(shape3x3(3, 6, 5, 8, 5, p, p));
     check_against_reference(shape3x3(3, 6, 5, 9, 5, p, p));
     check_against_reference(shape3x3(4, 9, 7, 7, 12, p, p));
-    cases += 8;
+    // 13 to 15 wide: 4x4 tile rows of 4 tiles, two per vector, 3 tile rows per image at p = 1.
+    check_against_reference(shape3x3(3, 6, 9, 15, 5, p, p));
+    cases += 9;
   }
   check_against_reference(shape3x3(2, 3, 4, 5, 6, 1, 0));  // padding differs per axis
   check_against_reference(shape3x3(2, 4, 7, 4, 5, 0, 1));
@@ -141,23 +143,30 @@ TEST(ConvWinograd, MatchesReferenceOnFashionCnnShape) {
 
 TEST(ConvWinograd, TileSizeFollowsOutputWidth) {
   if (!has_avx2_fma()) GTEST_SKIP() << "needs AVX2 and FMA";
-  // The picked size gives the bits of the forced one: 4x4 from 20 wide, 2x2 below. The input
-  // gradient's output is the input, so a 19-wide output with a 21-wide input takes both; the
-  // weight gradient's tiles are the output's.
-  for (const auto& [s, fwd, bwd] : {std::tuple{shape3x3(2, 8, 22, 22, 8, 0, 0), 4, 4},
-                                    std::tuple{shape3x3(2, 8, 21, 21, 8, 0, 0), 2, 4},
-                                    std::tuple{shape3x3(2, 8, 14, 14, 8, 1, 1), 2, 2}}) {
+  // The picked size gives the bits of the forced one: 4x4 from 20 wide and, in the forward and
+  // input-gradient passes, at 13 to 16 wide (tile rows of 4 tiles, two per vector); 2x2 below and
+  // for the weight gradient at 13 to 16. The input gradient's output is the input, so a 19-wide
+  // output with a 21-wide input takes both sizes.
+  struct Case {
+    ConvShape s;
+    int64_t fwd, bwd, wgrad;
+  };
+  for (const Case& c : {Case{shape3x3(2, 8, 22, 22, 8, 0, 0), 4, 4, 4},
+                        Case{shape3x3(2, 8, 21, 21, 8, 0, 0), 2, 4, 2},
+                        Case{shape3x3(3, 8, 14, 14, 8, 1, 1), 4, 4, 2},
+                        Case{shape3x3(2, 8, 10, 10, 8, 1, 1), 2, 2, 2}}) {
+    const ConvShape& s = c.s;
     const auto x = values(s.N * s.C * s.H * s.W, 1), w = values(s.O * s.C * 9, 2),
                b = values(s.O, 3), gy = values(s.N * s.O * s.Ho * s.Wo, 4);
     const Passes picked = run_winograd(s, x, w, b, gy);
-    const Passes other_fwd = run_winograd(s, x, w, b, gy, 6 - fwd);
-    const Passes other_bwd = run_winograd(s, x, w, b, gy, 6 - bwd);
-    EXPECT_EQ(picked.y, run_winograd(s, x, w, b, gy, fwd).y) << "Wo=" << s.Wo;
-    EXPECT_NE(picked.y, other_fwd.y) << "Wo=" << s.Wo;
-    EXPECT_EQ(picked.dx, run_winograd(s, x, w, b, gy, bwd).dx) << "W=" << s.W;
-    EXPECT_NE(picked.dx, other_bwd.dx) << "W=" << s.W;
-    EXPECT_EQ(picked.dw, run_winograd(s, x, w, b, gy, fwd).dw) << "Wo=" << s.Wo;
-    EXPECT_NE(picked.dw, other_fwd.dw) << "Wo=" << s.Wo;
+    const Passes two = run_winograd(s, x, w, b, gy, 2), four = run_winograd(s, x, w, b, gy, 4);
+    const std::string what = "W=" + std::to_string(s.W) + " Wo=" + std::to_string(s.Wo);
+    EXPECT_EQ(picked.y, (c.fwd == 4 ? four : two).y) << what;
+    EXPECT_NE(picked.y, (c.fwd == 4 ? two : four).y) << what;
+    EXPECT_EQ(picked.dx, (c.bwd == 4 ? four : two).dx) << what;
+    EXPECT_NE(picked.dx, (c.bwd == 4 ? two : four).dx) << what;
+    EXPECT_EQ(picked.dw, (c.wgrad == 4 ? four : two).dw) << what;
+    EXPECT_NE(picked.dw, (c.wgrad == 4 ? two : four).dw) << what;
   }
 }
 

@@ -101,9 +101,9 @@ Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_
   return t;
 }
 
-/// Whether the transforms take two tile rows per vector: 2x2 tiles, 4 per row (7- and 8-wide
-/// outputs), whose rows would leave half of a vector's 8 lanes idle.
-bool paired(const Tiling& t) { return t.m == 2 && t.tw == 4; }
+/// Whether the transforms take two tile rows per vector: tile rows of 4 tiles (7- and 8-wide
+/// outputs at 2x2, 13 to 16 wide at 4x4), which would leave half of a vector's 8 lanes idle.
+bool paired(const Tiling& t) { return t.tw == 4; }
 
 /// A block's image rows, one channel at a time, zero-padded and split into their m column phases
 /// (columns mod m, L floats each). The caller splits a channel while it transforms the one before:
@@ -202,6 +202,29 @@ __attribute__((target("avx2,fma"), always_inline)) inline void input_tiles2(
   }
 }
 
+/// V = B^T d B of F(4x4, 3x3) for 8 tiles, position p to v[p * pstride]: lo[k] is input row k of
+/// the tiles, split into 4 column phases L floats apart, from the tiles' first column on. Pair:
+/// two tile rows of 4, lo's and hi's, as input_tiles2.
+template <bool Pair>
+__attribute__((target("avx2,fma"), always_inline)) inline void input_tiles4(
+    const float* const lo[6], const float* const hi[6], int64_t L, float* v, int64_t pstride) {
+  // Tile j reads columns 4j .. 4j+5: phases 0..3 at j, then phases 0 and 1 at j + 1.
+  __m256 h[6][6];
+  for (int k = 0; k < 6; ++k) {
+    const __m256 d[6] = {
+        load_rows<Pair>(lo[k], hi[k], 0),     load_rows<Pair>(lo[k], hi[k], L),
+        load_rows<Pair>(lo[k], hi[k], 2 * L), load_rows<Pair>(lo[k], hi[k], 3 * L),
+        load_rows<Pair>(lo[k], hi[k], 1),     load_rows<Pair>(lo[k], hi[k], L + 1)};
+    bt6(d, h[k]);  // h[k][b]: row k of d B
+  }
+  for (int b = 0; b < 6; ++b) {
+    const __m256 col[6] = {h[0][b], h[1][b], h[2][b], h[3][b], h[4][b], h[5][b]};
+    __m256 o[6];
+    bt6(col, o);
+    for (int a = 0; a < 6; ++a) _mm256_storeu_ps(v + (6 * a + b) * pstride, o[a]);
+  }
+}
+
 /// V = B^T d B for `lanes` tiles of one tile row of one channel; r[k] is input row k of the tiles
 /// (M + 2 rows), split into M column phases L floats apart. Position p of tile j goes to
 /// v[p * pstride + j].
@@ -215,21 +238,8 @@ __attribute__((target("avx2,fma"))) void input_tiles(const float* const r[M + 2]
     }
   } else {
     for (int64_t j = 0; j < lanes; j += 8) {
-      // Tile j reads columns 4j .. 4j+5: phases 0..3 at j, then phases 0 and 1 at j + 1.
-      __m256 h[6][6];
-      for (int k = 0; k < 6; ++k) {
-        const float* q = r[k] + j;
-        const __m256 d[6] = {_mm256_loadu_ps(q),         _mm256_loadu_ps(q + L),
-                             _mm256_loadu_ps(q + 2 * L), _mm256_loadu_ps(q + 3 * L),
-                             _mm256_loadu_ps(q + 1),     _mm256_loadu_ps(q + L + 1)};
-        bt6(d, h[k]);  // h[k][b]: row k of d B
-      }
-      for (int b = 0; b < 6; ++b) {
-        const __m256 col[6] = {h[0][b], h[1][b], h[2][b], h[3][b], h[4][b], h[5][b]};
-        __m256 o[6];
-        bt6(col, o);
-        for (int a = 0; a < 6; ++a) _mm256_storeu_ps(v + (6 * a + b) * pstride + j, o[a]);
-      }
+      const float* q[6] = {r[0] + j, r[1] + j, r[2] + j, r[3] + j, r[4] + j, r[5] + j};
+      input_tiles4<false>(q, q, L, v + j, pstride);
     }
   }
 }
@@ -242,6 +252,25 @@ __attribute__((target("avx2,fma"), always_inline)) inline void at6(const __m256 
   z[1] = _mm256_fmadd_ps(_mm256_set1_ps(2.0f), d34, d12);
   z[2] = _mm256_fmadd_ps(_mm256_set1_ps(4.0f), s34, s12);
   z[3] = _mm256_add_ps(_mm256_fmadd_ps(_mm256_set1_ps(8.0f), d34, d12), m[5]);
+}
+
+/// Y = A^T M A + bias of F(4x4, 3x3) for 8 tiles from m[p * pstride]: out[a][c] is column c
+/// of output row a of each tile.
+__attribute__((target("avx2,fma"), always_inline)) inline void output_tiles4(const float* m,
+                                                                             int64_t pstride,
+                                                                             __m256 bv,
+                                                                             __m256 out[4][4]) {
+  __m256 z[4][6];  // z[a][b]: A^T M, row a, column b
+  for (int b = 0; b < 6; ++b) {
+    __m256 col[6], zb[4];
+    for (int a = 0; a < 6; ++a) col[a] = _mm256_loadu_ps(m + (6 * a + b) * pstride);
+    at6(col, zb);
+    for (int a = 0; a < 4; ++a) z[a][b] = zb[a];
+  }
+  for (int a = 0; a < 4; ++a) {
+    at6(z[a], out[a]);
+    for (int c = 0; c < 4; ++c) out[a][c] = _mm256_add_ps(out[a][c], bv);
+  }
 }
 
 /// Y = A^T M A + bias of F(2x2, 3x3) for 8 tiles from m[p * pstride]: the even and odd columns
@@ -305,19 +334,10 @@ __attribute__((target("avx2,fma"))) void output_tiles(const float* m, int64_t ps
   } else {
     const __m256 bv = _mm256_set1_ps(bias);
     for (int64_t j = 0; j < tw; j += 8) {
-      __m256 z[4][6];  // z[a][b]: A^T M, row a, column b
-      for (int b = 0; b < 6; ++b) {
-        __m256 col[6], out[4];
-        for (int a = 0; a < 6; ++a) col[a] = _mm256_loadu_ps(m + (6 * a + b) * pstride + j);
-        at6(col, out);
-        for (int a = 0; a < 4; ++a) z[a][b] = out[a];
-      }
-      for (int a = 0; a < 4 && y[a]; ++a) {
-        __m256 out[4];
-        at6(z[a], out);
-        for (int c = 0; c < 4; ++c) out[c] = _mm256_add_ps(out[c], bv);
-        store_quads(y[a] + 4 * j, out, Wo - 4 * j, r[a] ? r[a] + 4 * j : nullptr);
-      }
+      __m256 out[4][4];
+      output_tiles4(m + j, pstride, bv, out);
+      for (int a = 0; a < 4 && y[a]; ++a)
+        store_quads(y[a] + 4 * j, out[a], Wo - 4 * j, r[a] ? r[a] + 4 * j : nullptr);
     }
   }
 }
@@ -400,18 +420,19 @@ __attribute__((target("avx2,fma"))) void transform_inputs(const Tiling& t, const
   for (int64_t c = 0; c < t.C; ++c) {
     if (c + 1 < t.C) split.split(x, n0, n1, c + 1);
     float* vc = v + c * t.ld;
-    if constexpr (M == 2) {
-      if (paired(t)) {
-        // Tile rows g and g + 1 in one vector; past the block's last row, its own rows again
-        // (lanes that land in the arrays' slack).
-        for (int64_t g = g0; g < g1; g += 2) {
-          const float *lo[4], *hi[4];
-          rows(c, g, lo);
-          rows(c, std::min(g + 1, g1 - 1), hi);
+    if (paired(t)) {
+      // Tile rows g and g + 1 in one vector; past the block's last row, its own rows again
+      // (lanes that land in the arrays' slack).
+      for (int64_t g = g0; g < g1; g += 2) {
+        const float *lo[M + 2], *hi[M + 2];
+        rows(c, g, lo);
+        rows(c, std::min(g + 1, g1 - 1), hi);
+        if constexpr (M == 2)
           input_tiles2<true>(lo, hi, t.L, vc + (g - g0) * 4, t.vp);
-        }
-        continue;
+        else
+          input_tiles4<true>(lo, hi, t.L, vc + (g - g0) * 4, t.vp);
       }
+      continue;
     }
     for (int64_t g = g0; g < g1; ++g) {
       const float* r[M + 2];
@@ -440,21 +461,32 @@ __attribute__((target("avx2,fma"))) void transform_outputs(const Tiling& t, cons
   };
   for (int64_t o = 0; o < t.O; ++o) {
     const float* mo = m + o * t.ld;
-    if constexpr (M == 2) {
-      if (paired(t)) {
-        const __m256 bv = _mm256_set1_ps(b ? b[o] : 0.0f);
-        for (int64_t g = g0; g < g1; g += 2) {
-          float *ya[2], *yb[2];
-          const float *ra[2], *rb[2];
-          rows(o, g, ya, ra);
-          rows(o, g + 1, yb, rb);
+    if (paired(t)) {
+      const __m256 bv = _mm256_set1_ps(b ? b[o] : 0.0f);
+      for (int64_t g = g0; g < g1; g += 2) {
+        float *ya[M], *yb[M];
+        const float *ra[M], *rb[M];
+        rows(o, g, ya, ra);
+        rows(o, g + 1, yb, rb);
+        const float* mg = mo + (g - g0) * 4;
+        if constexpr (M == 2) {
           __m256 e0, o0, e1, o1;
-          output_tiles2(mo + (g - g0) * 4, t.mp, bv, e0, o0, e1, o1);
+          output_tiles2(mg, t.mp, bv, e0, o0, e1, o1);
           store_row_pair(e0, o0, t.Wo, ya[0], ra[0], yb[0], rb[0]);
           store_row_pair(e1, o1, t.Wo, ya[1], ra[1], yb[1], rb[1]);
+        } else {
+          __m256 out[4][4];
+          output_tiles4(mg, t.mp, bv, out);
+          for (int a = 0; a < 4; ++a) {
+            // Tile row g's 16 columns in q[0..1], g + 1's in q[2..3].
+            __m256 q[4];
+            interleave_quads(out[a], q);
+            if (ya[a]) store_vectors(ya[a], q, 2, t.Wo, ra[a]);
+            if (yb[a]) store_vectors(yb[a], q + 2, 2, t.Wo, rb[a]);
+          }
         }
-        continue;
       }
+      continue;
     }
     for (int64_t g = g0; g < g1; ++g) {
       float* out[M];
@@ -680,13 +712,16 @@ bool applies(const ConvShape& s) {
   return f.avx2 && f.fma;
 }
 
-/// The output tile size of the forward passes for outputs Wo wide: F(4x4, 3x3) where a tile row
-/// fills most of a vector of 8 tiles (Wo >= 20), F(2x2, 3x3) for narrower outputs, whose tile
-/// rows leave fewer lanes idle at size 2 (a 14-wide output: 7 of 8 lanes at size 2, 4 of 8 at 4).
+/// The output tile size for outputs Wo wide (the input's width for the input gradient):
+/// F(4x4, 3x3) where a tile row fills most of a vector of 8 tiles (Wo >= 20) and, in the forward
+/// passes, where tile rows of 4 tiles pair up in a vector (13 to 16 wide: at 14 wide 0.90-0.97x
+/// the time of 2x2 tiles, whose rows fill 7 of 8 lanes); F(2x2, 3x3) otherwise. The weight
+/// gradient keeps 2x2 tiles at 13 to 16 wide (4x4 took 1.04-1.09x the time there).
 std::atomic<int64_t> forced_tile_size{0};
-int64_t forward_tile_size(int64_t Wo) {
+int64_t tile_size(int64_t Wo, bool weight_gradient) {
   const int64_t forced = forced_tile_size;
-  return forced ? forced : Wo >= 20 ? 4 : 2;
+  if (forced) return forced;
+  return Wo >= 20 || (!weight_gradient && (Wo + 3) / 4 == 4) ? 4 : 2;
 }
 
 }  // namespace
@@ -703,7 +738,7 @@ void set_winograd_tile_size(int64_t m) {
 bool winograd_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
                            float* y) {
   if (!applies(s)) return false;
-  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, forward_tile_size(s.Wo));
+  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, tile_size(s.Wo, false));
   const auto u = transform_weights(t.m, s.O, s.C, [&](int64_t o, int64_t c, int i, int j) {
     return w[((o * s.C + c) * 3 + i) * 3 + j];
   });
@@ -717,7 +752,7 @@ bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const floa
   if (!applies(s)) return false;
   // dx = conv(gy, w rotated 180 degrees with O and C swapped), padding 2 - p.
   const Tiling t =
-      make_tiling(s.N, s.O, s.C, s.Ho, s.Wo, 2 - s.ph, 2 - s.pw, forward_tile_size(s.W));
+      make_tiling(s.N, s.O, s.C, s.Ho, s.Wo, 2 - s.ph, 2 - s.pw, tile_size(s.W, false));
   const auto u = transform_weights(t.m, s.C, s.O, [&](int64_t c, int64_t o, int i, int j) {
     return w[((o * s.C + c) * 3 + (2 - i)) * 3 + (2 - j)];
   });
@@ -729,7 +764,7 @@ bool winograd_conv_backward_data(const ConvShape& s, const float* gy, const floa
 bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const float* gy,
                                     float* dw) {
   if (!applies(s)) return false;
-  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, forward_tile_size(s.Wo));
+  const Tiling t = make_tiling(s.N, s.C, s.O, s.H, s.W, s.ph, s.pw, tile_size(s.Wo, true));
   const int64_t P = t.positions();
   const int64_t ldo = (s.O + 7) / 8 * 8, gp = odd_lines(t.ld * ldo), D = P * s.C * ldo;
   // Fewer chunks where their sums would take more than 64 MiB (over ~250 channels each side): a

@@ -112,17 +112,20 @@ inline __attribute__((target("avx2,fma"))) void split_row4(const float* src, int
   }
 }
 
-/// d[4j + r] = v[r][j] (split_row4's inverse), the first n floats only, plus add[4j + r] where
-/// add is not null.
-inline __attribute__((target("avx2,fma"))) void store_quads(float* d, const __m256 v[4], int64_t n,
-                                                            const float* add) {
+/// q[k] = columns 8k .. 8k + 7 of the row with column 4j + r = v[r][j] (split_row4's inverse):
+/// q[0] and q[1] hold tiles 0-3 of 8 four-column tiles, q[2] and q[3] tiles 4-7.
+inline __attribute__((target("avx2,fma"))) void interleave_quads(const __m256 v[4], __m256 q[4]) {
   const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-  __m256 q[4];
   for (int r = 0; r < 4; ++r) q[r] = _mm256_permutevar8x32_ps(v[r], order);
   // Half h of q[r] now holds v[r][h], v[r][h + 2], v[r][h + 4], v[r][h + 6]; transposed, vector
   // k is columns 8k .. 8k + 7.
   transpose_halves(q[0], q[1], q[2], q[3]);
-  for (int k = 0; k < 4 && 8 * k < n; ++k) {
+}
+
+/// Stores the first n floats of q[0], q[1], ... (n <= 8 * count) to d, plus add where not null.
+inline __attribute__((target("avx2,fma"))) void store_vectors(float* d, const __m256* q, int count,
+                                                              int64_t n, const float* add) {
+  for (int k = 0; k < count && 8 * k < n; ++k) {
     const int64_t left = n - 8 * k;
     const __m256 out = add ? _mm256_add_ps(q[k], load_first(add + 8 * k, left)) : q[k];
     if (left >= 8)
@@ -130,6 +133,15 @@ inline __attribute__((target("avx2,fma"))) void store_quads(float* d, const __m2
     else
       store_first(d + 8 * k, out, left);
   }
+}
+
+/// d[4j + r] = v[r][j] (split_row4's inverse), the first n floats only, plus add[4j + r] where
+/// add is not null.
+inline __attribute__((target("avx2,fma"))) void store_quads(float* d, const __m256 v[4], int64_t n,
+                                                            const float* add) {
+  __m256 q[4];
+  interleave_quads(v, q);
+  store_vectors(d, q, 4, n, add);
 }
 
 }  // namespace hetrain::cpu
