@@ -9,14 +9,18 @@
 // (the input, for the input gradient) is 20 wide or more, tiles are 4x4: 36 products per 16
 // outputs instead of 16 per 4 (0.56x the GEMM work) and 0.56x the transformed data, at 5-10x the
 // rounding error of 2x2 tiles (the transforms scale by up to 8; still ~5e-6 of the output's
-// scale). Narrower outputs keep 2x2 tiles, whose tile rows fill more of a vector's 8 lanes.
+// scale). Narrower outputs keep 2x2 tiles, whose tile rows fill more of a vector's 8 lanes,
+// except in the forward passes at 13 to 16 wide, where 4x4 tile rows of 4 tiles pair up (see
+// tile_size).
 //
 // The work runs in blocks of whole images, sized so that a block's transformed arrays stay in L2
 // as far as one image allows; in a block, tile rows (the tw tiles of an image that share output
 // rows) are laid side by side. The input and output transforms are vectorised across 8 tiles of
 // a row: each input row is split once into its m column phases (columns mod m), so that the
 // m + 2 columns a tile reads are plain unaligned loads. A row's last vector spills into the next
-// tile row's columns, which that row overwrites; the arrays have room for the last row's spill. The
+// tile row's columns, which that row overwrites; the arrays have room for the last row's spill.
+// Tile rows of 4 tiles (7 or 8 wide at 2x2, 13 to 16 at 4x4) go two to a vector instead, each
+// 128-bit half loaded from and stored to its own rows. The
 // forward GEMM's register tile is 4 output channels by 24 tiles (12 accumulators) like
 // conv_direct.cpp. The weight gradient transforms the output gradient across 8 channels instead
 // (after 8 x 8 transposes of its rows), so that its GEMM has the same shape: 4 input channels by 24
