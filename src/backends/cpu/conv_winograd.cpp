@@ -241,6 +241,11 @@ __attribute__((target("avx2,fma"))) void input_tiles(const float* const r[M + 2]
       input_tiles2<false>(q, q, L, v + j, pstride);
     }
   } else {
+    // One vector in straight-line code, as output_tiles.
+    if (lanes == 8) {
+      input_tiles4<false>(r, r, L, v, pstride);
+      return;
+    }
     for (int64_t j = 0; j < lanes; j += 8) {
       const float* q[6] = {r[0] + j, r[1] + j, r[2] + j, r[3] + j, r[4] + j, r[5] + j};
       input_tiles4<false>(q, q, L, v + j, pstride);
@@ -275,6 +280,17 @@ __attribute__((target("avx2,fma"), always_inline)) inline void output_tiles4(con
     at6(z[a], out[a]);
     for (int c = 0; c < 4; ++c) out[a][c] = _mm256_add_ps(out[a][c], bv);
   }
+}
+
+/// Tiles j .. j + 7 of a 4x4 tile row: output_tiles4, then rows y[a] (until a null one) from
+/// column 4j, plus r[a] where not null.
+__attribute__((target("avx2,fma"), always_inline)) inline void output_vector4(
+    const float* m, int64_t pstride, __m256 bv, float* const y[4], int64_t Wo,
+    const float* const r[4], int64_t j) {
+  __m256 out[4][4];
+  output_tiles4(m + j, pstride, bv, out);
+  for (int a = 0; a < 4 && y[a]; ++a)
+    store_quads(y[a] + 4 * j, out[a], Wo - 4 * j, r[a] ? r[a] + 4 * j : nullptr);
 }
 
 /// Y = A^T M A + bias of F(2x2, 3x3) for 8 tiles from m[p * pstride]: the even and odd columns
@@ -337,12 +353,13 @@ __attribute__((target("avx2,fma"))) void output_tiles(const float* m, int64_t ps
     }
   } else {
     const __m256 bv = _mm256_set1_ps(bias);
-    for (int64_t j = 0; j < tw; j += 8) {
-      __m256 out[4][4];
-      output_tiles4(m + j, pstride, bv, out);
-      for (int a = 0; a < 4 && y[a]; ++a)
-        store_quads(y[a] + 4 * j, out[a], Wo - 4 * j, r[a] ? r[a] + 4 * j : nullptr);
+    // One vector (up to 32 columns) in straight-line code: a loop would first compute and spill
+    // the 36 positions' addresses, a third of this function's time when it runs once.
+    if (tw <= 8) {
+      output_vector4(m, pstride, bv, y, Wo, r, 0);
+      return;
     }
+    for (int64_t j = 0; j < tw; j += 8) output_vector4(m, pstride, bv, y, Wo, r, j);
   }
 }
 
