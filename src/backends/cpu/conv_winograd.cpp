@@ -313,17 +313,6 @@ __attribute__((target("avx2,fma"), always_inline)) inline void output_tiles2(
   o1 = _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(z1[1], z1[2]), z1[3]), bv);
 }
 
-/// Stores the first n (<= 8) floats of y + r (r where not null) to d.
-__attribute__((target("avx2,fma"), always_inline)) inline void store_row(float* d, __m256 y,
-                                                                         int64_t n,
-                                                                         const float* r) {
-  if (r) y = _mm256_add_ps(y, load_first(r, n));
-  if (n >= 8)
-    _mm256_storeu_ps(d, y);
-  else
-    store_first(d, y, n);
-}
-
 /// Stores an output row of two tile rows of 4 tiles (e and o: even and odd columns, tile row
 /// a in lanes 0-3, b in 4-7): the first n (<= 8) columns of each to da and db (null: not stored),
 /// plus ra and rb where not null.
@@ -331,8 +320,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline void store_row_pair(
     __m256 e, __m256 o, int64_t n, float* da, const float* ra, float* db, const float* rb) {
   const __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);
   const __m256 ya = _mm256_permute2f128_ps(lo, hi, 0x20), yb = _mm256_permute2f128_ps(lo, hi, 0x31);
-  if (da) store_row(da, ya, n, ra);
-  if (db) store_row(db, yb, n, rb);
+  if (da) store_vectors(da, &ya, 1, n, ra);
+  if (db) store_vectors(db, &yb, 1, n, rb);
 }
 
 /// Y = A^T M A (+ bias) for the tw tiles of one tile row of one output channel, from

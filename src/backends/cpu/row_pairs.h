@@ -10,7 +10,7 @@
 namespace hetrain::cpu {
 
 /// The first n floats of src (all 8 when n >= 8), zeros after them (all zeros when n <= 0).
-/// Loaded by halves, quarters and singles, not vmaskmovps, which is slow on AMD: on Zen 3 the
+/// Loaded by halves, pairs and singles, not vmaskmovps, which is slow on AMD: on Zen 3 the
 /// masked tail loads took 86% of split_row's time.
 inline __attribute__((target("avx2,fma"))) __m256 load_first(const float* src, int64_t n) {
   if (n >= 8) return _mm256_loadu_ps(src);
