@@ -10,13 +10,13 @@
 // (2 (i%2) + j%2) * plane + (i/2) * Wq + j/2 and q = oh * Wq + ow. Its input gradient is, for each
 // phase (a, b) of the padded input, a stride-1 correlation of the output gradient with the taps
 // i%2 = a, j%2 = b (flipped), written back to that phase's pixels. The register tile is 4 output
-// channels by 24 consecutive grid positions (12 accumulators); each step loads three vectors of
-// input and broadcasts four weights. At stride 1 the input gradient is the same kernel on the
-// padded output gradient with the kernel flipped and transposed; at either stride it can add
-// another tensor (Conv2dBackwardInput's addend) as it writes dx. The weight gradient is dw[o][k] =
-// sum_q g[o][q]
-// * in[off[k] + q] over every image, with g the output gradient on the same grid (zero in the
-// thrown-away columns), vectorised along q with 4 x 3 (o, k) tiles of vector partial sums.
+// channels by 24 consecutive grid positions (12 accumulators; 16 positions at a grid's end); each
+// step loads three vectors of input and broadcasts four weights. At stride 1 the input gradient
+// is the same kernel on the padded output gradient with the kernel flipped and transposed; at
+// either stride it can add another tensor (Conv2dBackwardInput's addend) as it writes dx. The
+// weight gradient is dw[o][k] = sum_q g[o][q] * in[off[k] + q] over every image, with g the
+// output gradient on the same grid (zero in the thrown-away columns), vectorised along q with
+// 4 x 3 (o, k) tiles of vector partial sums.
 //
 // Every output element is computed by one thread in a fixed order, so forward and input-gradient
 // results do not depend on the thread count; the weight gradient adds per-thread partial sums in
@@ -84,7 +84,8 @@ __attribute__((target("avx2,fma"))) void merge_row(const float* lo, const float*
 }
 
 /// Copies one image x (C, H, W) into its zero-padded phase planes of g.image() floats: channels
-/// cstride apart, a channel's phases pstride apart.
+/// cstride apart, a channel's phases pstride apart. At stride 2 the caller zeroes the planes once:
+/// every image writes the same cells (its pixels and split_row's zeros), so the padding stays.
 void pad_image(const float* x, const Grid& g, float* xp, int64_t cstride, int64_t pstride) {
   for (int64_t c = 0; c < g.C; ++c) {
     const float* xc = x + c * g.H * g.W;
@@ -101,14 +102,7 @@ void pad_image(const float* x, const Grid& g, float* xp, int64_t cstride, int64_
       continue;
     }
     // Stride 2: each row of x goes to the phase of its padded row, its columns alternately to
-    // the two column phases. Only the row phases some tap reads (a < kh) are written, and only
-    // the planes a tap reads (b < kw too) need their padding zeroed.
-    for (int64_t a = 0; a < g.s; ++a)
-      for (int64_t b = 0; b < g.s; ++b)
-        if (a < g.kh && b < g.kw) {
-          float* p = xp + c * cstride + (a * g.s + b) * pstride;
-          std::fill(p, p + g.image(), 0.0f);
-        }
+    // the two column phases. Only the row phases some tap reads (a < kh) are written.
     for (int64_t h = 0; h < g.H; ++h) {
       const int64_t a = (h + g.ph) % 2, r = (h + g.ph) / 2;
       if (a >= g.kh) continue;
@@ -190,16 +184,16 @@ void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
           const float* sr = src + oh * g.Wq;
           float* d = dst + oh * g.Wo;
-          if (ri) {
-            const float* a = ri + (o * g.Ho + oh) * g.Wo;
-            if (b)
-              for (int64_t ow = 0; ow < g.Wo; ++ow) d[ow] = (sr[ow] + bias) + a[ow];
-            else
-              for (int64_t ow = 0; ow < g.Wo; ++ow) d[ow] = sr[ow] + a[ow];
-          } else if (b) {
-            for (int64_t ow = 0; ow < g.Wo; ++ow) d[ow] = sr[ow] + bias;
-          } else {
+          const float* a = ri ? ri + (o * g.Ho + oh) * g.Wo : nullptr;
+          if (!b && !a) {
             std::memcpy(d, sr, static_cast<size_t>(g.Wo) * sizeof(float));
+            continue;
+          }
+          for (int64_t ow = 0; ow < g.Wo; ++ow) {
+            float v = sr[ow];
+            if (b) v += bias;
+            if (a) v += a[ow];
+            d[ow] = v;
           }
         }
       }
