@@ -56,13 +56,13 @@ namespace hetrain::cpu {
 
 namespace {
 
-constexpr int64_t kPos = 16;     // positions of a transformed F(2x2, 3x3) tile (4x4)
+constexpr int64_t kPos = 16;     // positions of a 2x2 tile's transform, for applies()'s bound
 constexpr int64_t kChunks = 16;  // weight-gradient partial sums (more than threads, to balance)
 
 /// A 3x3 stride-1 convolution from C to O channels as m x m output tiles, in blocks of tile rows.
 struct Tiling {
   int64_t N, C, O, H, W, ph, pw, Ho, Wo;
-  int64_t m;       // output tile size: 2 (F(2x2, 3x3)) or 4 (F(4x4, 3x3), forward passes only)
+  int64_t m;       // output tile size: 2 (F(2x2, 3x3)) or 4 (F(4x4, 3x3)); see tile_size
   int64_t th, tw;  // tile rows and tiles per row of one image
   int64_t lanes;   // tiles a row's transforms compute: tw rounded up to whole vectors
   int64_t L;       // floats in each of a split row's m column phases: room past `lanes` for the
@@ -96,9 +96,9 @@ Tiling make_tiling(int64_t N, int64_t C, int64_t O, int64_t H, int64_t W, int64_
   // The GEMMs run over whole vectors; the last tile row spills up to (rows - 1) tw + lanes.
   t.ld = std::max((t.rows * t.tw + 7) / 8 * 8, (t.rows - 1) * t.tw + t.lanes);
   // An odd number of cache lines between rows and between positions: the transforms access the
-  // 16 positions of a tile together and the GEMMs up to C rows, which with a stride of an even
-  // number of lines share a few L1 sets and evict each other (with 16 channels, 16 lines in two
-  // sets: forward 16->16 @28x28 was ~20% slower).
+  // 16 or 36 positions of a tile together and the GEMMs up to C rows, which with a stride of an
+  // even number of lines share a few L1 sets and evict each other (with 16 channels, 16 lines in
+  // two sets: forward 16->16 @28x28 was ~20% slower).
   t.ld = odd_lines(t.ld);
   t.vp = odd_lines(C * t.ld);
   t.mp = odd_lines(O * t.ld);
@@ -318,10 +318,10 @@ __attribute__((target("avx2,fma"), always_inline)) inline void output_tiles2(
 /// plus ra and rb where not null.
 __attribute__((target("avx2,fma"), always_inline)) inline void store_row_pair(
     __m256 e, __m256 o, int64_t n, float* da, const float* ra, float* db, const float* rb) {
-  const __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);
-  const __m256 ya = _mm256_permute2f128_ps(lo, hi, 0x20), yb = _mm256_permute2f128_ps(lo, hi, 0x31);
-  if (da) store_vectors(da, &ya, 1, n, ra);
-  if (db) store_vectors(db, &yb, 1, n, rb);
+  __m256 q[2];  // tile row a's 8 columns, then b's
+  interleave_pairs(e, o, q);
+  if (da) store_vectors(da, q, 1, n, ra);
+  if (db) store_vectors(db, q + 1, 1, n, rb);
 }
 
 /// Y = A^T M A (+ bias) for the tw tiles of one tile row of one output channel, from

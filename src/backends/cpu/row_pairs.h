@@ -60,27 +60,35 @@ inline __attribute__((target("avx2,fma"))) void store_first(float* d, __m256 v, 
   if (n & 1) _mm_store_ss(d, h);
 }
 
+/// Stores the first n floats of q[0], q[1], ... (n <= 8 * count) to d, plus add where not null;
+/// a last partial vector by halves, not vmaskmovps, which is slow on AMD.
+inline __attribute__((target("avx2,fma"))) void store_vectors(float* d, const __m256* q, int count,
+                                                              int64_t n, const float* add) {
+  for (int k = 0; k < count && 8 * k < n; ++k) {
+    const int64_t left = n - 8 * k;
+    const __m256 out = add ? _mm256_add_ps(q[k], load_first(add + 8 * k, left)) : q[k];
+    if (left >= 8)
+      _mm256_storeu_ps(d + 8 * k, out);
+    else
+      store_first(d + 8 * k, out, left);
+  }
+}
+
+/// q[0] = a[0], b[0], ..., a[3], b[3] and q[1] = a[4], b[4], ..., a[7], b[7] (split_row's
+/// inverse for 16 columns).
+inline __attribute__((target("avx2,fma"))) void interleave_pairs(__m256 a, __m256 b, __m256 q[2]) {
+  const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+  q[0] = _mm256_permute2f128_ps(lo, hi, 0x20);
+  q[1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+}
+
 /// Stores pairs (a[j], b[j]) (8 tiles' outputs, or a phase row's two halves) to d[2j], d[2j + 1],
 /// the first n floats only, plus r[2j], r[2j + 1] where r is not null.
 inline __attribute__((target("avx2,fma"))) void store_pairs(float* d, __m256 a, __m256 b, int64_t n,
                                                             const float* r) {
-  const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
-  __m256 first = _mm256_permute2f128_ps(lo, hi, 0x20);
-  __m256 second = _mm256_permute2f128_ps(lo, hi, 0x31);
-  if (r) {
-    first = _mm256_add_ps(first, load_first(r, n));
-    if (n > 8) second = _mm256_add_ps(second, load_first(r + 8, n - 8));
-  }
-  // Partial stores by halves, not vmaskmovps, which is slow on AMD.
-  if (n >= 8) {
-    _mm256_storeu_ps(d, first);
-    if (n >= 16)
-      _mm256_storeu_ps(d + 8, second);
-    else
-      store_first(d + 8, second, n - 8);
-  } else {
-    store_first(d, first, n);
-  }
+  __m256 q[2];
+  interleave_pairs(a, b, q);
+  store_vectors(d, q, 2, n, r);
 }
 
 /// The rows of a 4x4 block in each 128-bit half of a, b, c, d, transposed in place (each half
@@ -120,19 +128,6 @@ inline __attribute__((target("avx2,fma"))) void interleave_quads(const __m256 v[
   // Half h of q[r] now holds v[r][h], v[r][h + 2], v[r][h + 4], v[r][h + 6]; transposed, vector
   // k is columns 8k .. 8k + 7.
   transpose_halves(q[0], q[1], q[2], q[3]);
-}
-
-/// Stores the first n floats of q[0], q[1], ... (n <= 8 * count) to d, plus add where not null.
-inline __attribute__((target("avx2,fma"))) void store_vectors(float* d, const __m256* q, int count,
-                                                              int64_t n, const float* add) {
-  for (int k = 0; k < count && 8 * k < n; ++k) {
-    const int64_t left = n - 8 * k;
-    const __m256 out = add ? _mm256_add_ps(q[k], load_first(add + 8 * k, left)) : q[k];
-    if (left >= 8)
-      _mm256_storeu_ps(d + 8 * k, out);
-    else
-      store_first(d + 8 * k, out, left);
-  }
 }
 
 /// d[4j + r] = v[r][j] (split_row4's inverse), the first n floats only, plus add[4j + r] where
