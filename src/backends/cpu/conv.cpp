@@ -186,11 +186,11 @@ void conv_backward_weight(const T* x, const T* gy, T* dw, const ConvGeom& g, Dty
   }
 }
 
-/// f32 convolutions try Winograd F(2x2,3x3) first, then the direct kernels (strides 1 and 2), then
-/// oneDNN, then im2col + GEMM; each kernel declines shapes it cannot do. Winograd is skipped
-/// where a side has fewer than 8 channels: the transforms then outweigh the products it saves
-/// (fashion-cnn's 1 -> 16 stem ran 1.7-2.5x slower than the direct kernels; bench_conv
-/// BM_Conv/0, one thread).
+/// f32 convolutions try Winograd (F(2x2,3x3) or F(4x4,3x3)) first, then the direct kernels
+/// (strides 1 and 2), then oneDNN, then im2col + GEMM; each kernel declines shapes it cannot do.
+/// Winograd is skipped where a side has fewer than 8 channels: the transforms then outweigh the
+/// products it saves (fashion-cnn's 1 -> 16 stem ran 1.7-2.5x slower than the direct kernels;
+/// bench_conv BM_Conv/0, one thread).
 bool winograd_pays(const cpu::ConvShape& s) { return std::min(s.C, s.O) >= 8; }
 }  // namespace
 
