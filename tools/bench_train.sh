@@ -4,9 +4,9 @@
 # warm-up steps. Usage: [THREADS=N] [ROUNDS=R] [PRESETS="a b"] tools/bench_train.sh [STEPS]
 # (threads default: nproc; rounds 1; presets all three).
 # With ROUNDS > 1 the pair is run R times per preset (Hetrain first in odd rounds, PyTorch first
-# in even ones), the presets in turn,
-# and a summary gives the median, lowest and highest ratio of each: on a VM whose speed drifts
-# by tens of percent within minutes, the median of adjacent pairs is the ratio to quote.
+# in even ones), the presets in turn, and a summary gives the median, lowest and highest ratio of
+# each: on a VM whose speed drifts by tens of percent within minutes, the median of adjacent
+# pairs is the ratio to quote.
 # Memory, measured the same way in both processes: growth of the resident set over the training
 # loop (high-water mark, reset before the first step, minus the RSS then; "RSS+"). Hetrain's
 # allocator peak (live tensors, all tags) is shown beside it. "cpu ms": CPU time per timed step
