@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -184,6 +185,9 @@ TEST(ConvWinograd, RefusesOtherConvolutions) {
     EXPECT_FALSE(cpu::winograd_conv_backward_data(s, y.data(), w.data(), out.data()));
     EXPECT_FALSE(cpu::winograd_conv_backward_weights(s, x.data(), y.data(), out.data()));
   }
+  // Only 2x2 and 4x4 tiles exist (0: picked by width).
+  EXPECT_THROW(cpu::set_winograd_tile_size(3), std::invalid_argument);
+  EXPECT_THROW(cpu::set_winograd_tile_size(-2), std::invalid_argument);
   const ConvShape ok = shape3x3(2, 4, 12, 12, 4, 1, 1);
   cpu::set_winograd_conv_disabled(true);
   EXPECT_FALSE(cpu::winograd_conv_forward(ok, x.data(), w.data(), nullptr, out.data()));
