@@ -797,28 +797,37 @@ bool winograd_conv_backward_weights(const ConvShape& s, const float* x, const fl
           weight_block<2>(t, x, gy, blk, split, va.data<float>(), ga.data<float>(), gp, ldo, du);
     }
   });
-  // dw = G^T dU G per (o, c), from the chunks' sums added in chunk order.
-  const float* p = partial.data<float>();
-  std::vector<float> du(p, p + D);
-  for (int64_t c = 1; c < chunks; ++c)
-    for (int64_t i = 0; i < D; ++i) du[i] += p[c * D + i];
+  // dw = G^T dU G per (o, c), dU the chunks' sums added in chunk order. Both steps are split
+  // between the threads: the sums over ranges of dU, the transforms over input channels (output
+  // channels inside, adjacent in dU).
+  float* du = partial.data<float>();
+  parallel_for(D, 4096, [&](int64_t i0, int64_t i1) {
+    for (int64_t ch = 1; ch < chunks; ++ch) {
+      const float* q = du + ch * D;
+      for (int64_t i = i0; i < i1; ++i) du[i] += q[i];
+    }
+  });
   const int64_t n = t.m + 2;
   const double(*G)[3] = kernel_transform(t.m);
-  for (int64_t i = 0; i < s.O * s.C; ++i) {
-    const int64_t o = i / s.C, c = i % s.C;
-    double gd[3][6];  // G^T dU
-    for (int a = 0; a < 3; ++a)
-      for (int64_t b = 0; b < n; ++b) {
-        gd[a][b] = 0;
-        for (int64_t k = 0; k < n; ++k) gd[a][b] += G[k][a] * du[((n * k + b) * s.C + c) * ldo + o];
+  parallel_for(s.C, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t o = 0; o < s.O; ++o) {
+        auto at = [&](int64_t k, int64_t b) { return du[((n * k + b) * s.C + c) * ldo + o]; };
+        double gd[3][6];  // G^T dU
+        for (int a = 0; a < 3; ++a)
+          for (int64_t b = 0; b < n; ++b) {
+            gd[a][b] = 0;
+            for (int64_t k = 0; k < n; ++k) gd[a][b] += G[k][a] * at(k, b);
+          }
+        float* d = dw + (o * s.C + c) * 9;
+        for (int a = 0; a < 3; ++a)
+          for (int j = 0; j < 3; ++j) {
+            double v = 0;
+            for (int64_t b = 0; b < n; ++b) v += gd[a][b] * G[b][j];
+            d[a * 3 + j] = static_cast<float>(v);
+          }
       }
-    for (int a = 0; a < 3; ++a)
-      for (int j = 0; j < 3; ++j) {
-        double v = 0;
-        for (int64_t b = 0; b < n; ++b) v += gd[a][b] * G[b][j];
-        dw[i * 9 + a * 3 + j] = static_cast<float>(v);
-      }
-  }
+  });
   ++runs;
   return true;
 }
