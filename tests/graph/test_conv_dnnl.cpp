@@ -33,7 +33,8 @@ struct Case {
   Shape x, w;
   std::vector<int64_t> s, p;
   bool bias;
-  enum Path { im2col, dnnl, direct, winograd } path;  // the path expected to run
+  // The path expected to run; direct_forward: the direct kernels forward, oneDNN's gradients.
+  enum Path { im2col, dnnl, direct_forward, direct, winograd } path;
 };
 
 /// y, then the gradients of sum(y * r) for x, w and b, as f64 vectors.
@@ -87,7 +88,10 @@ const Case kCases[] = {
     {{2, 8, 26, 25}, {6, 8, 3, 3}, {2, 2}, {0, 0}, false, Case::direct},
     {{2, 6, 24, 27}, {5, 6, 2, 4}, {2, 2}, {1, 2}, true, Case::direct},
     {{3, 16, 28, 25}, {32, 16, 1, 1}, {2, 2}, {0, 0}, false, Case::direct},  // a shortcut
-    {{2, 3, 27, 29}, {4, 3, 5, 5}, {2, 2}, {2, 1}, true, Case::direct},   // 5x5: two rows of reach
+    {{2, 3, 27, 29}, {4, 3, 5, 5}, {2, 2}, {2, 1}, true, Case::direct},  // 5x5: two rows of reach
+    // Stride 2 to 7 or 8 wide outputs: the direct forward, oneDNN's gradients.
+    {{3, 32, 14, 14}, {64, 32, 3, 3}, {2, 2}, {1, 1}, false, Case::direct_forward},
+    {{2, 16, 13, 15}, {13, 16, 3, 3}, {2, 2}, {1, 1}, true, Case::direct_forward},
     {{2, 8, 9, 9}, {8, 8, 3, 3}, {1, 1}, {1, 1}, false, Case::winograd},  // 9 wide: a 9-float row
     // 20 wide or more: 4x4 output tiles, the last ones partial (23 = 5 * 4 + 3; the input
     // gradient of the second is 26 wide, padded by 2).
@@ -107,12 +111,15 @@ TEST(ConvDnnl, MatchesIm2colAndF64) {
     // Both AVX2 paths fall back to oneDNN on a CPU without AVX2 and FMA.
     const bool avx2 = cpu_features().avx2 && cpu_features().fma;
     const bool winograd = c.path == Case::winograd && avx2;
-    const bool direct = c.path == Case::direct && avx2;
-    const bool dnnl = c.path == Case::dnnl || (c.path >= Case::direct && !avx2);
+    const int direct = !avx2 ? 0 : c.path == Case::direct ? 3 : c.path == Case::direct_forward;
+    const bool dnnl = c.path == Case::dnnl || (c.path >= Case::direct_forward && !avx2);
     EXPECT_EQ(cpu::winograd_conv_runs() - winograd_runs, winograd ? 3 : 0)
         << what << ": Winograd passes";
-    EXPECT_EQ(cpu::direct_conv_runs() - direct_runs, direct ? 3 : 0) << what << ": direct passes";
-    EXPECT_EQ(cpu::dnnl_conv_runs() - dnnl_runs, dnnl ? 3 : 0) << what << ": oneDNN passes";
+    EXPECT_EQ(cpu::direct_conv_runs() - direct_runs, direct) << what << ": direct passes";
+    EXPECT_EQ(cpu::dnnl_conv_runs() - dnnl_runs, dnnl          ? 3
+                                                 : direct == 1 ? 2
+                                                               : 0)
+        << what << ": oneDNN passes";
     expect_matches(got, want, "default path " + what);
     cpu::set_winograd_conv_disabled(true);
     if (c.path == Case::winograd) {

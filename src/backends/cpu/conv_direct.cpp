@@ -246,7 +246,8 @@ std::atomic<bool>& disabled_flag() {
 }
 std::atomic<int64_t> runs{0};
 
-bool applies(const ConvShape& s) {
+/// Whether the direct kernels take the convolution: the forward pass (forward) or either gradient.
+bool applies(const ConvShape& s, bool forward) {
   if (disabled_flag() || s.N <= 0 || s.sh != s.sw || s.sh < 1 || s.sh > 2) return false;
   // A 1x1 stride-1 convolution is one GEMM per image; at stride 2 (a ResNet shortcut) the
   // copy into phase planes reads x once and writes a quarter of it.
@@ -255,8 +256,12 @@ bool applies(const ConvShape& s) {
   // Narrow images waste too much on the padded grid's thrown-away columns: (kw - 1) of every
   // W + 2 pw. On fashion-cnn's 7x7 64-channel conv oneDNN was 1.2-1.5x faster in each pass;
   // at 14 wide and above the direct kernels were as fast or faster (bench_conv, 2 threads).
-  // Stride 2 to a 7x7 output (32 -> 64 channels from 14x14) was 1.05-1.3x slower than oneDNN.
-  if (std::min(s.Wo, s.W) < 12) return false;
+  // Stride 2 to a 7x7 output (32 -> 64 channels from 14x14; one column in 8 thrown away): the
+  // forward took 0.81x (1 thread) and 0.83x (2 threads) of oneDNN's time once forward_grid
+  // walked column tiles outside row blocks; the input and weight gradients 1.01-1.17x, so they
+  // stay with oneDNN, as does the 1x1 shortcut (1.15x and 0.96x of the im2col path's forward).
+  const bool narrow_forward = forward && s.sh == 2 && s.kh * s.kw > 1;
+  if (std::min(s.Wo, s.W) < (narrow_forward ? 7 : 12)) return false;
   const CpuFeatures& f = cpu_features();
   if (!f.avx2 || !f.fma) return false;
   // Offsets are 32-bit: every plane of the larger side must fit, as up to four phase planes of a
@@ -349,7 +354,7 @@ int64_t direct_conv_runs() { return runs; }
 
 bool direct_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
                          float* y) {
-  if (!applies(s)) return false;
+  if (!applies(s, true)) return false;
   const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw, s.sh);
   const int64_t K = g.K();
   const auto wpk = pack_weights(s.O, K, [&](int64_t o, int64_t k) { return w[o * K + k]; });
@@ -360,7 +365,7 @@ bool direct_conv_forward(const ConvShape& s, const float* x, const float* w, con
 
 bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
                                const float* addend) {
-  if (!applies(s)) return false;
+  if (!applies(s, false)) return false;
   if (s.sh != 1) {
     strided_backward_data(s, gy, w, dx, addend);
     ++runs;
@@ -379,7 +384,7 @@ bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float*
 }
 
 bool direct_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw) {
-  if (!applies(s)) return false;
+  if (!applies(s, false)) return false;
   const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw, s.sh);
   const int64_t K = g.K();
   // Images are laid side by side, `group` at a time, S floats apart, so that each tile's sums run
