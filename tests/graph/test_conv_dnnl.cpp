@@ -112,14 +112,12 @@ TEST(ConvDnnl, MatchesIm2colAndF64) {
     const bool avx2 = cpu_features().avx2 && cpu_features().fma;
     const bool winograd = c.path == Case::winograd && avx2;
     const int direct = !avx2 ? 0 : c.path == Case::direct ? 3 : c.path == Case::direct_forward;
-    const bool dnnl = c.path == Case::dnnl || (c.path >= Case::direct_forward && !avx2);
+    const bool all_dnnl = c.path == Case::dnnl || (c.path >= Case::direct_forward && !avx2);
+    const int dnnl = all_dnnl ? 3 : direct == 1 ? 2 : 0;
     EXPECT_EQ(cpu::winograd_conv_runs() - winograd_runs, winograd ? 3 : 0)
         << what << ": Winograd passes";
     EXPECT_EQ(cpu::direct_conv_runs() - direct_runs, direct) << what << ": direct passes";
-    EXPECT_EQ(cpu::dnnl_conv_runs() - dnnl_runs, dnnl          ? 3
-                                                 : direct == 1 ? 2
-                                                               : 0)
-        << what << ": oneDNN passes";
+    EXPECT_EQ(cpu::dnnl_conv_runs() - dnnl_runs, dnnl) << what << ": oneDNN passes";
     expect_matches(got, want, "default path " + what);
     cpu::set_winograd_conv_disabled(true);
     if (c.path == Case::winograd) {

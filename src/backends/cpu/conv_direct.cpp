@@ -176,8 +176,8 @@ __attribute__((target("avx2,fma"))) void copy_out(const Grid& g, const float* yb
 
 /// Runs the forward kernel over n images: x (n, C, H, W) -> y (n, O, Ho, Wo) [+ b] [+ r], one
 /// image's grid positions (rounded up to whole vectors) at a time. (Laying small images side by
-/// side, as the weight gradient does, made a 7x7-output stride-2 forward no faster: the group's
-/// input falls out of L1 between the output channels' row blocks.)
+/// side, as the weight gradient does, made a 7x7-output stride-2 forward no faster, in a version
+/// that walked row blocks outside: the group's input fell out of L1 between them.)
 void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk, const float* b,
                     float* y, int64_t n, const float* r = nullptr) {
   const int64_t Q = (g.Ho * g.Wq + 7) / 8 * 8;
