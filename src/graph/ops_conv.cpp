@@ -101,24 +101,55 @@ std::vector<Tensor> Conv2d::vjp(const std::vector<Tensor>& x, const std::vector<
 }
 
 std::vector<TensorMeta> Conv2dBackwardInput::infer(const std::vector<TensorMeta>& in) const {
-  const Shape &g = in[0].shape, &w = in[1].shape;
-  HT_ASSERT(in.size() == (addend_ ? 3u : 2u));
-  HT_ASSERT(g.size() == 4 && w.size() == 4 && g[1] == w[0] && in[0].dtype == in[1].dtype);
-  HT_ASSERT(win_.out_size(0, in_hw_[0]) == g[2] && win_.out_size(1, in_hw_[1]) == g[3]);
-  const TensorMeta dx{{g[0], w[1], in_hw_[0], in_hw_[1]}, in[0].dtype};
-  HT_ASSERT(!addend_ || (in[2].shape == dx.shape && in[2].dtype == dx.dtype));
+  const size_t n = (second_ ? 4u : 2u) + (addend_ ? 1u : 0u);
+  HT_ASSERT(in.size() == n);
+  auto check = [&](const TensorMeta& gm, const TensorMeta& wm, const Window2d& win) {
+    const Shape &g = gm.shape, &w = wm.shape;
+    HT_ASSERT(g.size() == 4 && w.size() == 4 && g[1] == w[0] && gm.dtype == wm.dtype);
+    HT_ASSERT(win.out_size(0, in_hw_[0]) == g[2] && win.out_size(1, in_hw_[1]) == g[3]);
+  };
+  check(in[0], in[1], win_);
+  const Shape& g = in[0].shape;
+  const TensorMeta dx{{g[0], in[1].shape[1], in_hw_[0], in_hw_[1]}, in[0].dtype};
+  if (second_) {
+    check(in[2], in[3], *second_);
+    HT_ASSERT(in[2].shape[0] == g[0] && in[3].shape[1] == dx.shape[1] && in[2].dtype == dx.dtype);
+  }
+  HT_ASSERT(!addend_ || (in[n - 1].shape == dx.shape && in[n - 1].dtype == dx.dtype));
   return {dx};
+}
+
+std::string Conv2dBackwardInput::attrs() const {
+  return win_.str() + (second_ ? " + " + second_->str() : std::string()) +
+         (addend_ ? " addend" : "");
 }
 
 std::shared_ptr<Primitive> Conv2dBackwardInput::with_addend() const {
   if (addend_) return nullptr;
-  return std::make_shared<Conv2dBackwardInput>(win_, in_hw_, true);
+  return std::make_shared<Conv2dBackwardInput>(win_, in_hw_, true, second_);
+}
+
+std::shared_ptr<Primitive> Conv2dBackwardInput::with_second(const Primitive& other) const {
+  const auto* o = dynamic_cast<const Conv2dBackwardInput*>(&other);
+  // Other's addend, if it has one, stays the last input: the sum's addend.
+  if (!o || addend_ || second_ || o->second_ || o->in_hw_ != in_hw_) return nullptr;
+  // Only where one kernel computes both: stride 2 both ways, the same output grid, and the
+  // other's window inside this one's (its taps are some of this kernel's taps).
+  const Window2d &a = win_, &b = o->win_;
+  for (size_t i = 0; i < 2; ++i) {
+    const int64_t first = a.padding[i] - b.padding[i];  // b's tap 0 as a tap of a
+    if (a.stride[i] != 2 || b.stride[i] != 2 || first < 0 || first + b.kernel[i] > a.kernel[i] ||
+        a.out_size(static_cast<int>(i), in_hw_[i]) != b.out_size(static_cast<int>(i), in_hw_[i]))
+      return nullptr;
+  }
+  return std::make_shared<Conv2dBackwardInput>(win_, in_hw_, o->addend_, b);
 }
 
 Cost Conv2dBackwardInput::cost(const std::vector<TensorMeta>& in,
                                const std::vector<TensorMeta>& out) const {
   Cost c = Primitive::cost(in, out);
   c.flops = flops_conv(in[1].shape, in[0].shape);
+  if (second_) c.flops += flops_conv(in[3].shape, in[2].shape);
   return c;
 }
 
@@ -126,16 +157,18 @@ std::vector<Tensor> Conv2dBackwardInput::vjp(const std::vector<Tensor>& x,
                                              const std::vector<Tensor>&,
                                              const std::vector<Tensor>& g,
                                              const std::vector<int>& argnums) const {
-  // dx = convT(g, w) (+ r) is bilinear in (g, w): d/dg = conv(c, w), d/dw =
-  // backward_weight(c, g); d/dr = c.
+  // dx = convT(g, w) (+ convT(g2, w2)) (+ r) is bilinear in each (g, w) pair: d/dg = conv(c, w),
+  // d/dw = backward_weight(c, g); d/dr = c.
+  const int r_at = second_ ? 4 : 2;
   std::vector<Tensor> r;
   for (int i : argnums) {
-    if (i == 0)
-      r.push_back(conv_node(g[0], x[1], {}, win_));
-    else if (i == 1)
-      r.push_back(conv_backward_weight(g[0], x[0], win_));
-    else
+    const Window2d& win = i >= 2 && i < r_at ? *second_ : win_;
+    if (i == r_at)
       r.push_back(g[0]);
+    else if (i % 2 == 0)
+      r.push_back(conv_node(g[0], x[static_cast<size_t>(i + 1)], {}, win));
+    else
+      r.push_back(conv_backward_weight(g[0], x[static_cast<size_t>(i - 1)], win));
   }
   return r;
 }

@@ -183,3 +183,78 @@ TEST(ConvDnnl, InputGradientTakesTheOtherBranchAsItWrites) {
   cpu::set_direct_conv_disabled(false);
   cpu::set_winograd_conv_disabled(false);
 }
+
+TEST(ConvDnnl, ShortcutAndSiblingInputGradientsInOnePass) {
+  // x feeds a 3x3 stride-2 convolution and a 1x1 stride-2 one (a ResNet downsampling block) and
+  // a third branch: autodiff sums the two input gradients in one node (with_second), with the
+  // third as its addend. Against the three gradients taken one by one in f64 and added, on the
+  // direct kernel (which takes both in one pass), on the fallbacks (the 7-wide case, and every
+  // path turned off in turn) and in f64.
+  struct Block {
+    Shape x;
+    int64_t O;
+    bool fused;  // the direct kernel takes both
+  };
+  const Block blocks[] = {{{3, 16, 28, 26}, 32, true}, {{2, 16, 14, 14}, 24, false}};
+  const bool avx2 = cpu_features().avx2 && cpu_features().fma;
+  for (const Block& b : blocks) {
+    auto grads = [&](Dtype dt, bool together) {
+      Tensor x = seq(b.x, 1, dt), w1 = seq({b.O, b.x[1], 3, 3}, 2, dt);
+      Tensor w2 = seq({b.O, b.x[1], 1, 1}, 3, dt);
+      auto y1 = [&] { return conv2d(x, w1, {}, {2, 2}, {1, 1}); };
+      auto y2 = [&] { return conv2d(x, w2, {}, {2, 2}, {0, 0}); };
+      Tensor r1 = seq(y1().shape(), 4, dt), r2 = seq(y2().shape(), 5, dt), r3 = seq(b.x, 6, dt);
+      if (!together)
+        return std::vector<Tensor>{grad({sum(y1() * r1)}, {x})[0] + grad({sum(y2() * r2)}, {x})[0] +
+                                   r3};
+      std::vector<Tensor> g = grad({sum(y1() * r1) + sum(y2() * r2) + sum(x * r3)}, {x, w1, w2});
+      return g;
+    };
+    const std::string what = shape_str(b.x);
+    const std::vector<double> want = grads(Dtype::f64, false)[0].to_vector<double>();
+    for (Dtype dt : {Dtype::f32, Dtype::f64}) {
+      for (int off = 0; off < 3; ++off) {  // 1: direct off, 2: oneDNN off too
+        cpu::set_direct_conv_disabled(off >= 1);
+        cpu::set_dnnl_conv_disabled(off >= 2);
+        const std::string at =
+            what + " " + std::string(dtype_name(dt)) + " paths off " + std::to_string(off);
+        std::vector<Tensor> g = grads(dt, true);
+        const Node* n = g[0].node();
+        ASSERT_NE(n->prim, nullptr) << at;
+        EXPECT_STREQ(n->prim->name(), "conv2d_backward_input") << at;
+        EXPECT_NE(n->prim->attrs().find(" + kernel=(1, 1)"), std::string::npos) << at;
+        EXPECT_NE(n->prim->attrs().find("addend"), std::string::npos) << at;
+        EXPECT_EQ(n->inputs.size(), 5u) << at;
+        const int64_t before = cpu::direct_conv_runs();
+        g[0].eval();
+        const bool fused = b.fused && avx2 && off == 0 && dt == Dtype::f32;
+        EXPECT_EQ(cpu::direct_conv_runs() - before, fused ? 2 : 0) << at;
+        double scale = 1;
+        for (double v : want) scale = std::max(scale, std::abs(v));
+        expect_close(g[0].to_vector<double>(), want, 2e-5 * scale, 1e-5, at + " dx");
+      }
+    }
+  }
+  cpu::set_dnnl_conv_disabled(false);
+  cpu::set_direct_conv_disabled(false);
+}
+
+TEST(ConvDnnl, SummedInputGradientsDifferentiateLikeEachAlone) {
+  // The with_second node's own vjp (second derivatives): d/dw1 and d/dw2 of sum(dx * q), dx the
+  // summed input gradient, against the same through each convolution's input gradient alone.
+  const Dtype dt = Dtype::f64;
+  Tensor x = seq({2, 8, 16, 13}, 1, dt), w1 = seq({6, 8, 3, 3}, 2, dt);
+  Tensor w2 = seq({6, 8, 1, 1}, 3, dt);
+  auto y1 = [&] { return conv2d(x, w1, {}, {2, 2}, {1, 1}); };
+  auto y2 = [&] { return conv2d(x, w2, {}, {2, 2}, {0, 0}); };
+  Tensor r1 = seq(y1().shape(), 4, dt), r2 = seq(y2().shape(), 5, dt), q = seq(x.shape(), 6, dt);
+  Tensor dx = grad({sum(y1() * r1) + sum(y2() * r2)}, {x})[0];
+  ASSERT_NE(dx.node()->prim->attrs().find(" + "), std::string::npos);
+  std::vector<Tensor> got = grad({sum(dx * q)}, {w1, w2, r1, r2});
+  Tensor dx1 = grad({sum(y1() * r1)}, {x})[0], dx2 = grad({sum(y2() * r2)}, {x})[0];
+  std::vector<Tensor> want = {grad({sum(dx1 * q)}, {w1})[0], grad({sum(dx2 * q)}, {w2})[0],
+                              grad({sum(dx1 * q)}, {r1})[0], grad({sum(dx2 * q)}, {r2})[0]};
+  const char* names[] = {"dw1", "dw2", "dr1", "dr2"};
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_close(got[i].to_vector<double>(), want[i].to_vector<double>(), 1e-9, 1e-9, names[i]);
+}

@@ -58,6 +58,13 @@ class Primitive {
   /// adds to that output as it writes it (bit for bit what a separate add would give); null
   /// where it has no such form. Autodiff uses it to sum a fresh gradient with another.
   virtual std::shared_ptr<Primitive> with_addend() const { return nullptr; }
+  /// The same primitive also computing `other`'s output and returning the sum of the two, its
+  /// inputs followed by other's; null where the pair has no such form. Autodiff uses it to sum
+  /// two gradients that a kernel computes better together (a ResNet shortcut's input gradient
+  /// with its 3x3 sibling's).
+  virtual std::shared_ptr<Primitive> with_second(const Primitive& /*other*/) const {
+    return nullptr;
+  }
 };
 
 }  // namespace hetrain

@@ -220,11 +220,32 @@ void Conv2dBackwardInput::eval_cpu(const std::vector<const Array*>& in,
                                    const std::vector<Array*>& out) const {
   const Dtype dt = compute_dtype(in[0]->dtype);
   Array gy = as_contiguous(*in[0], dt), w = as_contiguous(*in[1], dt);
-  Array r = addend_ ? as_contiguous(*in[2], dt) : Array();
+  Array r = addend_ ? as_contiguous(*in[second_ ? 4 : 2], dt) : Array();
   Array dx = start_output(*out[0], dt);
   ConvGeom g = geom(dx.shape, gy.shape, win_);
+  if (second_) {
+    // The stride-2 direct kernel takes both convolutions in one pass; elsewhere the second's
+    // gradient (with the addend) is computed first and joins this one's as its addend.
+    Array gy2 = as_contiguous(*in[2], dt), w2 = as_contiguous(*in[3], dt);
+    if (dt == Dtype::f32 && cpu::direct_conv_backward_data(
+                                dnnl_shape(g), gy.data<float>(), w.data<float>(), dx.data<float>(),
+                                addend_ ? r.data<float>() : nullptr,
+                                cpu::SecondConv{dnnl_shape(geom(dx.shape, gy2.shape, *second_)),
+                                                gy2.data<float>(), w2.data<float>()})) {
+      finish_output(dx, *out[0]);
+      return;
+    }
+    Array sum;
+    sum.shape = dx.shape;
+    sum.dtype = dt;
+    sum.tag = MemoryTag::workspace;
+    std::vector<const Array*> in2{&gy2, &w2};
+    if (addend_) in2.push_back(&r);
+    Conv2dBackwardInput(*second_, in_hw_, addend_).eval_cpu(in2, {&sum});
+    r = sum;
+  }
   dispatch_compute(dt, [&]<class T>() {
-    const T* rp = addend_ ? r.data<T>() : nullptr;
+    const T* rp = addend_ || second_ ? r.data<T>() : nullptr;
     T* dp = dx.data<T>();
     if constexpr (std::is_same_v<T, float>) {
       // Winograd and the direct kernels add r as they write dx; the others after it.

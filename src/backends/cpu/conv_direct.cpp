@@ -296,11 +296,30 @@ __attribute__((target("avx2,fma"))) void merge_phases(const ConvShape& s, const 
 /// the phase's Hq rows of Wg = (kw-1)/2 + Wq positions. A phase without taps (a 1x1 kernel's
 /// three odd phases) gets zeros.
 void strided_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
-                           const float* addend) {
+                           const float* addend, const SecondConv* second) {
   const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw, s.sh);
   const int64_t st = g.s, pt = (s.kh - 1) / st, pl = (s.kw - 1) / st, Wg = pl + g.Wq;
   const int64_t Qr = (g.Hq * Wg + 7) / 8 * 8;
   const int64_t plane = pt * Wg + pl + Qr;  // >= (pt + Hq) rows: every row the taps read
+  // The second convolution's output gradient takes O2 more planes after gy's; its tap (i2, j2)
+  // reads what this kernel's tap (i2 + ph - ph2, j2 + pw - pw2) reads.
+  const int64_t O2 = second ? second->s.O : 0;
+  struct Tap {
+    int conv;      // 0: this convolution, 1: the second
+    int64_t i, j;  // as a tap of this kernel
+    int64_t o0;    // the first of its channels' planes
+    const float* w;
+    int64_t O, kh, kw, wi, wj;  // its weights: w[((o * C + c) * kh + wi) * kw + wj]
+  };
+  std::vector<Tap> all;
+  for (int64_t i = 0; i < s.kh; ++i)
+    for (int64_t j = 0; j < s.kw; ++j) all.push_back({0, i, j, 0, w, s.O, s.kh, s.kw, i, j});
+  if (second) {
+    const ConvShape& t = second->s;
+    for (int64_t i = 0; i < t.kh; ++i)
+      for (int64_t j = 0; j < t.kw; ++j)
+        all.push_back({1, i + s.ph - t.ph, j + s.pw - t.pw, s.O, second->w, t.O, t.kh, t.kw, i, j});
+  }
   struct Phase {
     int64_t a, b, K;
     std::vector<int32_t> off;
@@ -309,23 +328,29 @@ void strided_backward_data(const ConvShape& s, const float* gy, const float* w, 
   std::vector<Phase> phases;
   for (int64_t a = 0; a < st; ++a)
     for (int64_t b = 0; b < st; ++b) {
-      std::vector<std::pair<int64_t, int64_t>> taps;
-      for (int64_t i = a; i < s.kh; i += st)
-        for (int64_t j = b; j < s.kw; j += st) taps.emplace_back(i, j);
-      const auto nt = static_cast<int64_t>(taps.size());
-      Phase p{a, b, s.O * nt, {}, {}};
-      for (int64_t o = 0; o < s.O; ++o)
-        for (auto [i, j] : taps)
-          p.off.push_back(static_cast<int32_t>(o * plane + (pt - i / st) * Wg + (pl - j / st)));
+      // Rows k of the phase's GEMM: (tap, output channel), per convolution its channels outer
+      // and the phase's taps inner.
+      std::vector<std::pair<const Tap*, int64_t>> rows;
+      for (int conv : {0, 1}) {
+        std::vector<const Tap*> taps;
+        for (const Tap& t : all)
+          if (t.conv == conv && t.i % st == a && t.j % st == b) taps.push_back(&t);
+        for (int64_t o = 0; !taps.empty() && o < taps[0]->O; ++o)
+          for (const Tap* t : taps) rows.emplace_back(t, o);
+      }
+      Phase p{a, b, static_cast<int64_t>(rows.size()), {}, {}};
+      for (auto [t, o] : rows)
+        p.off.push_back(
+            static_cast<int32_t>((t->o0 + o) * plane + (pt - t->i / st) * Wg + (pl - t->j / st)));
       if (p.K > 0)
         p.wpk = pack_weights(s.C, p.K, [&](int64_t c, int64_t k) {
-          const auto [i, j] = taps[static_cast<size_t>(k % nt)];
-          return w[((k / nt * s.C + c) * s.kh + i) * s.kw + j];
+          const auto [t, o] = rows[static_cast<size_t>(k)];
+          return t->w[((o * s.C + c) * t->kh + t->wi) * t->kw + t->wj];
         });
       phases.push_back(std::move(p));
     }
   parallel_for(s.N, 1, [&](int64_t n0, int64_t n1) {
-    Array gpad = workspace({s.O * plane}, Dtype::f32);
+    Array gpad = workspace({(s.O + O2) * plane}, Dtype::f32);
     Array out = workspace({4, s.C * Qr}, Dtype::f32);  // one grid per phase
     float *gp = gpad.data<float>(), *op = out.data<float>();
     std::fill(gp, gp + gpad.numel(), 0.0f);  // the copies below overwrite only gy's own cells
@@ -333,6 +358,12 @@ void strided_backward_data(const ConvShape& s, const float* gy, const float* w, 
       const float* gn = gy + n * s.O * s.Ho * s.Wo;
       for (int64_t o = 0; o < s.O; ++o)
         copy_rows(gp + o * plane + pt * Wg + pl, Wg, gn + o * s.Ho * s.Wo, s.Wo, s.Ho, s.Wo);
+      if (second) {
+        const float* gn2 = second->gy + n * O2 * s.Ho * s.Wo;
+        for (int64_t o = 0; o < O2; ++o)
+          copy_rows(gp + (s.O + o) * plane + pt * Wg + pl, Wg, gn2 + o * s.Ho * s.Wo, s.Wo, s.Ho,
+                    s.Wo);
+      }
       for (const Phase& p : phases) {
         float* grid = op + (p.a * st + p.b) * s.C * Qr;
         if (p.K == 0) {
@@ -367,7 +398,7 @@ bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float*
                                const float* addend) {
   if (!applies(s, false)) return false;
   if (s.sh != 1) {
-    strided_backward_data(s, gy, w, dx, addend);
+    strided_backward_data(s, gy, w, dx, addend, nullptr);
     ++runs;
     return true;
   }
@@ -380,6 +411,18 @@ bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float*
   });
   forward_images(g, gy, wpk, nullptr, dx, s.N, addend);
   ++runs;
+  return true;
+}
+
+bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
+                               const float* addend, const SecondConv& second) {
+  const ConvShape& t = second.s;
+  if (!applies(s, false) || s.sh != 2 || t.sh != 2 || t.sw != 2 || t.N != s.N || t.C != s.C ||
+      t.H != s.H || t.W != s.W || t.Ho != s.Ho || t.Wo != s.Wo || s.ph - t.ph < 0 ||
+      s.pw - t.pw < 0 || s.ph - t.ph + t.kh > s.kh || s.pw - t.pw + t.kw > s.kw)
+    return false;
+  strided_backward_data(s, gy, w, dx, addend, &second);
+  runs += 2;
   return true;
 }
 

@@ -16,6 +16,18 @@ bool direct_conv_forward(const ConvShape& s, const float* x, const float* w, con
 /// where not null, added as dx is written.
 bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
                                const float* addend = nullptr);
+/// A second convolution of the same input: its shape, output gradient and weights.
+struct SecondConv {
+  ConvShape s;
+  const float* gy;
+  const float* w;
+};
+/// dx of both convolutions, summed (plus addend where not null), in one pass: s and second.s
+/// stride 2 both ways with the same output size, second's window inside s's (a ResNet
+/// shortcut's 1x1 and its 3x3 sibling). Its taps join the phase planes of s's input gradient.
+/// Counts as two passes in direct_conv_runs.
+bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
+                               const float* addend, const SecondConv& second);
 /// dw (O, C, kh, kw) from x (N, C, H, W) and gy (N, O, Ho, Wo).
 bool direct_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw);
 

@@ -106,12 +106,21 @@ void Conv2dBackwardInput::eval_cuda(const std::vector<const Array*>& in,
                                     const std::vector<Array*>& out) const {
   Array& dx = *out[0];
   backward_input_cuda(in, dx);
-  if (addend_ && dx.numel() > 0) {
-    // The addend joins after the kernels: one elementwise pass, as the separate add took.
-    const Array r = cuda::contiguous(*in[2]);
-    cuda::launch_binary(cuda::BinaryOp::add, dx.dtype, cuda::make_iter(dx.shape, {&dx, &dx, &r}),
-                        dx.raw(), dx.raw(), r.raw(), cuda::stream());
+  // The second convolution's gradient and the addend join after the kernels: one elementwise
+  // pass each, as the separate adds took.
+  auto add = [&](const Array& t) {
+    cuda::launch_binary(cuda::BinaryOp::add, dx.dtype, cuda::make_iter(dx.shape, {&dx, &dx, &t}),
+                        dx.raw(), dx.raw(), t.raw(), cuda::stream());
+  };
+  if (second_ && dx.numel() > 0) {
+    Array dx2;
+    dx2.shape = dx.shape;
+    dx2.dtype = dx.dtype;
+    dx2.tag = MemoryTag::workspace;
+    Conv2dBackwardInput(*second_, in_hw_).backward_input_cuda({in[2], in[3]}, dx2);
+    add(dx2);
   }
+  if (addend_ && dx.numel() > 0) add(cuda::contiguous(*in[second_ ? 4 : 2]));
 }
 
 void Conv2dBackwardInput::backward_input_cuda(const std::vector<const Array*>& in,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 
 #include "hetrain/graph/primitive.h"
 
@@ -45,11 +46,16 @@ class Conv2d final : public Primitive {
 /// dx (N, C, H, W) from g (N, O, Ho, Wo) and w (O, C, kh, kw): the transposed convolution
 /// (GEMM into columns, then col2im). With `addend`, a third input r of dx's shape and dtype is
 /// added as dx is written: a ResNet block input's gradient, this convolution's plus the other
-/// branch's, without a separate add over the tensor (with_addend; f32 and f64).
+/// branch's, without a separate add over the tensor (with_addend; f32 and f64). With a second
+/// window (with_second), two more inputs g2 and w2 of a second convolution of the same input
+/// come before the addend, and dx is the sum of both input gradients: a ResNet downsampling
+/// block's 1x1 shortcut and 3x3 convolution, which the stride-2 direct kernel computes in one
+/// pass (the shortcut's taps join the 3x3's phase planes).
 class Conv2dBackwardInput final : public Primitive {
  public:
-  Conv2dBackwardInput(Window2d win, std::array<int64_t, 2> in_hw, bool addend = false)
-      : win_(win), in_hw_(in_hw), addend_(addend) {}
+  Conv2dBackwardInput(Window2d win, std::array<int64_t, 2> in_hw, bool addend = false,
+                      std::optional<Window2d> second = std::nullopt)
+      : win_(win), in_hw_(in_hw), addend_(addend), second_(second) {}
   const char* name() const override { return "conv2d_backward_input"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
@@ -58,18 +64,22 @@ class Conv2dBackwardInput final : public Primitive {
   void eval_cuda(const std::vector<const Array*>& in,
                  const std::vector<Array*>& out) const override;
   bool has_kernel(DeviceKind) const override { return true; }
-  /// dx without the addend.
+  /// dx without the second convolution and the addend.
   void backward_input_cuda(const std::vector<const Array*>& in, Array& dx) const;
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
-  std::string attrs() const override { return win_.str() + (addend_ ? " addend" : ""); }
+  std::string attrs() const override;
   std::shared_ptr<Primitive> with_addend() const override;
+  std::shared_ptr<Primitive> with_second(const Primitive& other) const override;
 
  private:
   Window2d win_;
   std::array<int64_t, 2> in_hw_;
   bool addend_;
+  /// With a second convolution (with_second): inputs g, w, g2, w2 [, addend], and dx is the sum
+  /// of both convolutions' input gradients.
+  std::optional<Window2d> second_;
 };
 
 /// dw (O, C, kh, kw) from x (N, C, H, W) and g (N, O, Ho, Wo).
