@@ -294,7 +294,8 @@ __attribute__((target("avx2,fma"))) void merge_phases(const ConvShape& s, const 
 /// those taps of w[o][c][i][j] * gy[o][r - i/2][t - j/2], a stride-1 correlation on the output
 /// gradient padded with (kh-1)/2 zero rows above and (kw-1)/2 zero columns left, on a grid of
 /// the phase's Hq rows of Wg = (kw-1)/2 + Wq positions. A phase without taps (a 1x1 kernel's
-/// three odd phases) gets zeros.
+/// three odd phases) gets zeros. With second, its output gradient's planes follow gy's and its
+/// taps join the phases as the taps of this kernel that read the same pixels.
 void strided_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
                            const float* addend, const SecondConv* second) {
   const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw, s.sh);
@@ -417,7 +418,9 @@ bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float*
 bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
                                const float* addend, const SecondConv& second) {
   const ConvShape& t = second.s;
-  if (!applies(s, false) || s.sh != 2 || t.sh != 2 || t.sw != 2 || t.N != s.N || t.C != s.C ||
+  ConvShape both = s;  // its output gradient planes, all O + O2 of them, within 32-bit offsets
+  both.O += t.O;
+  if (!applies(both, false) || s.sh != 2 || t.sh != 2 || t.sw != 2 || t.N != s.N || t.C != s.C ||
       t.H != s.H || t.W != s.W || t.Ho != s.Ho || t.Wo != s.Wo || s.ph - t.ph < 0 ||
       s.pw - t.pw < 0 || s.ph - t.ph + t.kh > s.kh || s.pw - t.pw + t.kw > s.kw)
     return false;
