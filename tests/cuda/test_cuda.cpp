@@ -442,6 +442,25 @@ TEST_F(Cuda, Conv2dInputGradientWithTheOtherBranch) {
   }
 }
 
+TEST_F(Cuda, Conv2dShortcutAndSiblingInputGradientsInOneNode) {
+  // x feeds a 3x3 and a 1x1 stride-2 convolution (a ResNet downsampling block) and x * r3:
+  // autodiff sums the three gradients in one input-gradient node (with_second, then the
+  // addend); the CUDA kernel adds the second convolution's gradient and the addend after its own.
+  for (Dtype dt : {Dtype::f32, Dtype::f64}) {
+    Tensor x = input({3, 8, 14, 13}, dt, 64), w1 = input({12, 8, 3, 3}, dt, 65);
+    Tensor w2 = input({12, 8, 1, 1}, dt, 66);
+    auto y1 = [&] { return conv2d(x, w1, {}, {2, 2}, {1, 1}); };
+    auto y2 = [&] { return conv2d(x, w2, {}, {2, 2}, {0, 0}); };
+    Tensor r1 = input(y1().shape(), dt, 67), r2 = input(y2().shape(), dt, 68);
+    Tensor r3 = input(x.shape(), dt, 69);
+    compare(
+        [&] {
+          return grad({sum(y1() * r1) + sum(y2() * r2) + sum(x * r3)}, {x, w1, w2});
+        },
+        kLongSums, std::string("shortcut and 3x3 input gradients ") + std::string(dtype_name(dt)));
+  }
+}
+
 TEST_F(Cuda, Conv2dInImageChunks) {
   // A column budget of one byte forces one image per chunk (the weight gradient then
   // accumulates over three GEMMs).
