@@ -302,24 +302,19 @@ void strided_backward_data(const ConvShape& s, const float* gy, const float* w, 
   const int64_t st = g.s, pt = (s.kh - 1) / st, pl = (s.kw - 1) / st, Wg = pl + g.Wq;
   const int64_t Qr = (g.Hq * Wg + 7) / 8 * 8;
   const int64_t plane = pt * Wg + pl + Qr;  // >= (pt + Hq) rows: every row the taps read
-  // The second convolution's output gradient takes O2 more planes after gy's; its tap (i2, j2)
-  // reads what this kernel's tap (i2 + ph - ph2, j2 + pw - pw2) reads.
+  // The second convolution's output gradient takes O2 more planes after gy's; its tap (i, j)
+  // reads what this kernel's tap (i + ph - ph2, j + pw - pw2) reads.
   const int64_t O2 = second ? second->s.O : 0;
-  struct Tap {
-    int conv;      // 0: this convolution, 1: the second
-    int64_t i, j;  // as a tap of this kernel
-    int64_t o0;    // the first of its channels' planes
+  struct Conv {
     const float* w;
-    int64_t O, kh, kw, wi, wj;  // its weights: w[((o * C + c) * kh + wi) * kw + wj]
+    int64_t O, kh, kw;
+    int64_t di, dj;  // its tap (i, j) as this kernel's tap (i + di, j + dj)
+    int64_t o0;      // the plane of its first channel
   };
-  std::vector<Tap> all;
-  for (int64_t i = 0; i < s.kh; ++i)
-    for (int64_t j = 0; j < s.kw; ++j) all.push_back({0, i, j, 0, w, s.O, s.kh, s.kw, i, j});
+  std::vector<Conv> convs{{w, s.O, s.kh, s.kw, 0, 0, 0}};
   if (second) {
     const ConvShape& t = second->s;
-    for (int64_t i = 0; i < t.kh; ++i)
-      for (int64_t j = 0; j < t.kw; ++j)
-        all.push_back({1, i + s.ph - t.ph, j + s.pw - t.pw, s.O, second->w, t.O, t.kh, t.kw, i, j});
+    convs.push_back({second->w, t.O, t.kh, t.kw, s.ph - t.ph, s.pw - t.pw, s.O});
   }
   struct Phase {
     int64_t a, b, K;
@@ -329,24 +324,26 @@ void strided_backward_data(const ConvShape& s, const float* gy, const float* w, 
   std::vector<Phase> phases;
   for (int64_t a = 0; a < st; ++a)
     for (int64_t b = 0; b < st; ++b) {
-      // Rows k of the phase's GEMM: (tap, output channel), per convolution its channels outer
-      // and the phase's taps inner.
-      std::vector<std::pair<const Tap*, int64_t>> rows;
-      for (int conv : {0, 1}) {
-        std::vector<const Tap*> taps;
-        for (const Tap& t : all)
-          if (t.conv == conv && t.i % st == a && t.j % st == b) taps.push_back(&t);
-        for (int64_t o = 0; !taps.empty() && o < taps[0]->O; ++o)
-          for (const Tap* t : taps) rows.emplace_back(t, o);
-      }
-      Phase p{a, b, static_cast<int64_t>(rows.size()), {}, {}};
-      for (auto [t, o] : rows)
-        p.off.push_back(
-            static_cast<int32_t>((t->o0 + o) * plane + (pt - t->i / st) * Wg + (pl - t->j / st)));
+      // Rows k of the phase's GEMM, per convolution its channels outer and its taps in this
+      // phase inner: where the row reads the padded gradient, and its weight for input channel
+      // c at wk[k].first + c * wk[k].second.
+      Phase p{a, b, 0, {}, {}};
+      std::vector<std::pair<const float*, int64_t>> wk;
+      for (const Conv& cv : convs)
+        for (int64_t o = 0; o < cv.O; ++o)
+          for (int64_t i = 0; i < cv.kh; ++i)
+            for (int64_t j = 0; j < cv.kw; ++j) {
+              const int64_t ti = i + cv.di, tj = j + cv.dj;  // as this kernel's tap
+              if (ti % st != a || tj % st != b) continue;
+              p.off.push_back(
+                  static_cast<int32_t>((cv.o0 + o) * plane + (pt - ti / st) * Wg + (pl - tj / st)));
+              wk.emplace_back(cv.w + (o * s.C * cv.kh + i) * cv.kw + j, cv.kh * cv.kw);
+            }
+      p.K = static_cast<int64_t>(p.off.size());
       if (p.K > 0)
         p.wpk = pack_weights(s.C, p.K, [&](int64_t c, int64_t k) {
-          const auto [t, o] = rows[static_cast<size_t>(k)];
-          return t->w[((o * s.C + c) * t->kh + t->wi) * t->kw + t->wj];
+          const auto [w0, cstep] = wk[static_cast<size_t>(k)];
+          return w0[c * cstep];
         });
       phases.push_back(std::move(p));
     }
