@@ -168,6 +168,32 @@ void BM_ConvAB(benchmark::State& st) {
   use_conv_path(-1);
 }
 
+/// A downsampling block's 3x3 stride-2 convolution (case range(0): 2 or 5) and its 1x1 shortcut
+/// (the case two after it), forward (range(1) 0) or both weight gradients (2): as two conv2d nodes
+/// (a) and as one conv2d_pair (b), interleaved.
+void BM_ConvPair(benchmark::State& st) {
+  const ConvCase &c = kConvs[st.range(0)], &s = kConvs[st.range(0) + 2];
+  Generator gen(1);
+  Tensor x = randn({kBatch, c.C, c.H, c.H}, Dtype::f32, gen);
+  Tensor w = randn({c.O, c.C, c.k, c.k}, Dtype::f32, gen);
+  Tensor w2 = randn({s.O, s.C, s.k, s.k}, Dtype::f32, gen);
+  const Shape ys = conv2d(x, w, {}, {c.s, c.s}, {c.p, c.p}).shape();
+  Tensor gy = randn(ys, Dtype::f32, gen), gy2 = randn(ys, Dtype::f32, gen);
+  eval({x, w, w2, gy, gy2});
+  auto run = [&](bool pair) {
+    return [&, pair] {
+      auto [y, y2] = pair ? conv2d_pair(x, w, {c.s, c.s}, {c.p, c.p}, w2, {s.s, s.s}, {s.p, s.p})
+                          : std::pair{conv2d(x, w, {}, {c.s, c.s}, {c.p, c.p}),
+                                      conv2d(x, w2, {}, {s.s, s.s}, {s.p, s.p})};
+      if (st.range(1) == 0)
+        eval({y, y2});
+      else
+        eval(grad({y, y2}, {w, w2}, {gy, gy2}));
+    };
+  };
+  interleaved(st, run(false), run(true));
+}
+
 /// A fashion-cnn model and batch; step() runs one training step: forward, cross-entropy,
 /// backward, running statistics.
 struct FashionCnn {
@@ -226,6 +252,10 @@ BENCHMARK(BM_Conv)->Apply(conv_args)->MeasureProcessCPUTime()->UseRealTime()->Un
 BENCHMARK(BM_ConvAB)
     ->ArgsProduct({{1, 3}, {0, 1, 2}, {4}, {5}})
     ->ArgsProduct({{5, 7}, {0, 1, 2}, {1}, {2}})
+    ->Iterations(40)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ConvPair)
+    ->ArgsProduct({{2, 5}, {0, 2}})
     ->Iterations(40)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FashionCnnStepTiles)->Iterations(20)->Unit(benchmark::kMillisecond);

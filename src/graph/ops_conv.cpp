@@ -31,6 +31,17 @@ Tensor conv_backward_input(const Tensor& g, const Tensor& w, const Window2d& win
 Tensor conv_backward_weight(const Tensor& x, const Tensor& g, const Window2d& win) {
   return make_node1(std::make_shared<Conv2dBackwardWeight>(win), {x, g});
 }
+/// backward_input(g, w, win) + backward_input(g2, w2, win2), a term with an undefined factor (an
+/// output without a cotangent) counting as zero: one node where one pass computes both
+/// (one_pass_pair), else two and their sum.
+Tensor pair_backward_input(const Tensor& g, const Tensor& w, const Window2d& win, const Tensor& g2,
+                           const Tensor& w2, const Window2d& win2, std::array<int64_t, 2> hw) {
+  if (!g2.defined() || !w2.defined()) return conv_backward_input(g, w, win, hw);
+  if (!g.defined() || !w.defined()) return conv_backward_input(g2, w2, win2, hw);
+  if (one_pass_pair(win, win2, hw))
+    return make_node1(std::make_shared<Conv2dBackwardInput>(win, hw, false, win2), {g, w, g2, w2});
+  return add(conv_backward_input(g, w, win, hw), conv_backward_input(g2, w2, win2, hw));
+}
 
 std::array<int64_t, 2> pair_arg(const std::vector<int64_t>& v, const char* op, const char* what,
                                 std::array<int64_t, 2> dflt) {
@@ -73,25 +84,68 @@ Shape out_shape(const Shape& xs, int64_t channels, const Window2d& win) {
 
 // ---- conv2d ---------------------------------------------------------------------------------
 
+bool one_pass_pair(const Window2d& a, const Window2d& b, std::array<int64_t, 2> in_hw) {
+  for (size_t i = 0; i < 2; ++i) {
+    const int64_t first = a.padding[i] - b.padding[i];  // b's tap 0 as a tap of a
+    if (a.stride[i] != 2 || b.stride[i] != 2 || first < 0 || first + b.kernel[i] > a.kernel[i] ||
+        a.out_size(static_cast<int>(i), in_hw[i]) != b.out_size(static_cast<int>(i), in_hw[i]))
+      return false;
+  }
+  return true;
+}
+
 std::vector<TensorMeta> Conv2d::infer(const std::vector<TensorMeta>& in) const {
   const Shape &x = in[0].shape, &w = in[1].shape;
   HT_ASSERT(x.size() == 4 && w.size() == 4 && x[1] == w[1] && in[0].dtype == in[1].dtype);
-  return {{out_shape(x, w[0], win_), in[0].dtype}};
+  std::vector<TensorMeta> out{{out_shape(x, w[0], win_), in[0].dtype}};
+  if (second_) {
+    const Shape& w2 = in[2].shape;
+    HT_ASSERT(in.size() == 3 && w2.size() == 4 && x[1] == w2[1] && in[2].dtype == in[0].dtype);
+    out.push_back({out_shape(x, w2[0], *second_), in[0].dtype});
+  }
+  return out;
 }
 
 Cost Conv2d::cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const {
   Cost c = Primitive::cost(in, out);
   c.flops = flops_conv(in[1].shape, out[0].shape);
+  if (second_) c.flops += flops_conv(in[2].shape, out[1].shape);
   return c;
+}
+
+std::string Conv2d::attrs() const {
+  return win_.str() + (second_ ? " + " + second_->str() : std::string());
 }
 
 std::vector<Tensor> Conv2d::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>&,
                                 const std::vector<Tensor>& g,
                                 const std::vector<int>& argnums) const {
+  const std::array<int64_t, 2> hw{x[0].size(2), x[0].size(3)};
   std::vector<Tensor> r;
+  if (second_) {
+    // Outputs without a cotangent count as zero. Both weight gradients come from one node.
+    const bool both = g[0].defined() && g[1].defined() &&
+                      std::count(argnums.begin(), argnums.end(), 1) &&
+                      std::count(argnums.begin(), argnums.end(), 2);
+    std::vector<Tensor> dw;
+    if (both)
+      dw = make_node(std::make_shared<Conv2dBackwardWeight>(win_, *second_), {x[0], g[0], g[1]});
+    for (int i : argnums) {
+      const size_t k = static_cast<size_t>(i - 1);  // the output of weight i
+      if (i == 0)
+        r.push_back(pair_backward_input(g[0], x[1], win_, g[1], x[2], *second_, hw));
+      else if (both)
+        r.push_back(dw[k]);
+      else if (g[k].defined())
+        r.push_back(conv_backward_weight(x[0], g[k], i == 1 ? win_ : *second_));
+      else
+        r.emplace_back();
+    }
+    return r;
+  }
   for (int i : argnums) {
     if (i == 0)
-      r.push_back(conv_backward_input(g[0], x[1], win_, {x[0].size(2), x[0].size(3)}));
+      r.push_back(conv_backward_input(g[0], x[1], win_, hw));
     else if (i == 1)
       r.push_back(conv_backward_weight(x[0], g[0], win_));
     else
@@ -133,16 +187,9 @@ std::shared_ptr<Primitive> Conv2dBackwardInput::with_second(const Primitive& oth
   const auto* o = dynamic_cast<const Conv2dBackwardInput*>(&other);
   // Other's addend, if it has one, stays the last input: the sum's addend.
   if (!o || addend_ || second_ || o->second_ || o->in_hw_ != in_hw_) return nullptr;
-  // Only where one kernel computes both: stride 2 both ways, the same output grid, and the
-  // other's window inside this one's (its taps are some of this kernel's taps).
-  const Window2d &a = win_, &b = o->win_;
-  for (size_t i = 0; i < 2; ++i) {
-    const int64_t first = a.padding[i] - b.padding[i];  // b's tap 0 as a tap of a
-    if (a.stride[i] != 2 || b.stride[i] != 2 || first < 0 || first + b.kernel[i] > a.kernel[i] ||
-        a.out_size(static_cast<int>(i), in_hw_[i]) != b.out_size(static_cast<int>(i), in_hw_[i]))
-      return nullptr;
-  }
-  return std::make_shared<Conv2dBackwardInput>(win_, in_hw_, o->addend_, b);
+  // Only where one kernel computes both.
+  if (!one_pass_pair(win_, o->win_, in_hw_)) return nullptr;
+  return std::make_shared<Conv2dBackwardInput>(win_, in_hw_, o->addend_, o->win_);
 }
 
 Cost Conv2dBackwardInput::cost(const std::vector<TensorMeta>& in,
@@ -174,36 +221,60 @@ std::vector<Tensor> Conv2dBackwardInput::vjp(const std::vector<Tensor>& x,
 }
 
 std::vector<TensorMeta> Conv2dBackwardWeight::infer(const std::vector<TensorMeta>& in) const {
-  const Shape &x = in[0].shape, &g = in[1].shape;
-  HT_ASSERT(x.size() == 4 && g.size() == 4 && x[0] == g[0] && in[0].dtype == in[1].dtype);
-  HT_ASSERT(win_.out_size(0, x[2]) == g[2] && win_.out_size(1, x[3]) == g[3]);
-  return {{{g[1], x[1], win_.kernel[0], win_.kernel[1]}, in[0].dtype}};
+  HT_ASSERT(in.size() == (second_ ? 3u : 2u));
+  const Shape& x = in[0].shape;
+  std::vector<TensorMeta> out;
+  for (size_t k = 1; k < in.size(); ++k) {
+    const Shape& g = in[k].shape;
+    const Window2d& win = k == 1 ? win_ : *second_;
+    HT_ASSERT(x.size() == 4 && g.size() == 4 && x[0] == g[0] && in[0].dtype == in[k].dtype);
+    HT_ASSERT(win.out_size(0, x[2]) == g[2] && win.out_size(1, x[3]) == g[3]);
+    out.push_back({{g[1], x[1], win.kernel[0], win.kernel[1]}, in[0].dtype});
+  }
+  return out;
 }
 
 Cost Conv2dBackwardWeight::cost(const std::vector<TensorMeta>& in,
                                 const std::vector<TensorMeta>& out) const {
   Cost c = Primitive::cost(in, out);
   c.flops = flops_conv(out[0].shape, in[1].shape);
+  if (second_) c.flops += flops_conv(out[1].shape, in[2].shape);
   return c;
+}
+
+std::string Conv2dBackwardWeight::attrs() const {
+  return win_.str() + (second_ ? " + " + second_->str() : std::string());
 }
 
 std::vector<Tensor> Conv2dBackwardWeight::vjp(const std::vector<Tensor>& x,
                                               const std::vector<Tensor>&,
                                               const std::vector<Tensor>& g,
                                               const std::vector<int>& argnums) const {
-  // dw = corr(x, g) is bilinear: d/dx = backward_input(g, c), d/dg = conv(x, c).
+  // dw = corr(x, g) is bilinear: d/dx = backward_input(g, c), d/dg = conv(x, c). With a second
+  // window, (dw, dw2) = (corr(x, g), corr(x, g2)): d/dx is the sum of both, an undefined
+  // cotangent counting as zero.
+  const std::array<int64_t, 2> hw{x[0].size(2), x[0].size(3)};
   std::vector<Tensor> r;
   for (int i : argnums) {
-    if (i == 0)
-      r.push_back(conv_backward_input(x[1], g[0], win_, {x[0].size(2), x[0].size(3)}));
+    const size_t k = static_cast<size_t>(i - 1);  // the output of g input i
+    if (i == 0 && second_)
+      r.push_back(pair_backward_input(x[1], g[0], win_, x[2], g[1], *second_, hw));
+    else if (i == 0)
+      r.push_back(conv_backward_input(x[1], g[0], win_, hw));
+    else if (g[k].defined())
+      r.push_back(conv_node(x[0], g[k], {}, i == 1 ? win_ : *second_));
     else
-      r.push_back(conv_node(x[0], g[0], {}, win_));
+      r.emplace_back();
   }
   return r;
 }
 
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, std::vector<int64_t> stride,
-              std::vector<int64_t> padding) {
+namespace {
+
+/// Checks conv2d's arguments; returns the window and the dtype the convolution runs in.
+std::pair<Window2d, Dtype> conv_args(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                     const std::vector<int64_t>& stride,
+                                     const std::vector<int64_t>& padding) {
   if (x.ndim() != 4) fail("[conv2d] input must be 4-D (N, C, H, W), got ", shape_str(x.shape()));
   if (w.ndim() != 4) fail("[conv2d] weight must be 4-D (O, C, kh, kw), got ", shape_str(w.shape()));
   if (!is_floating(x.dtype()) || !is_floating(w.dtype()))
@@ -223,8 +294,28 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, std::vector<
     dt = promote_types(dt, bias.dtype());
   }
   if (stride.empty()) fail("[conv2d] stride must have 1 or 2 values, got 0");
-  Window2d win = make_window("conv2d", xs, {ws[2], ws[3]}, stride, padding);
+  return {make_window("conv2d", xs, {ws[2], ws[3]}, stride, padding), dt};
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, std::vector<int64_t> stride,
+              std::vector<int64_t> padding) {
+  const auto [win, dt] = conv_args(x, w, bias, stride, padding);
   return conv_node(cast(x, dt), cast(w, dt), bias.defined() ? cast(bias, dt) : Tensor(), win);
+}
+
+std::pair<Tensor, Tensor> conv2d_pair(const Tensor& x, const Tensor& w, std::vector<int64_t> stride,
+                                      std::vector<int64_t> padding, const Tensor& w2,
+                                      std::vector<int64_t> stride2, std::vector<int64_t> padding2) {
+  const auto [win, dt] = conv_args(x, w, {}, stride, padding);
+  const auto [win2, dt2] = conv_args(x, w2, {}, stride2, padding2);
+  if (dt != dt2 || !one_pass_pair(win, win2, {x.size(2), x.size(3)}))
+    return {conv_node(cast(x, dt), cast(w, dt), {}, win),
+            conv_node(cast(x, dt2), cast(w2, dt2), {}, win2)};
+  std::vector<Tensor> y =
+      make_node(std::make_shared<Conv2d>(win, win2), {cast(x, dt), cast(w, dt), cast(w2, dt)});
+  return {y[0], y[1]};
 }
 
 // ---- pooling --------------------------------------------------------------------------------

@@ -258,3 +258,134 @@ TEST(ConvDnnl, SummedInputGradientsDifferentiateLikeEachAlone) {
   for (size_t i = 0; i < want.size(); ++i)
     expect_close(got[i].to_vector<double>(), want[i].to_vector<double>(), 1e-9, 1e-9, names[i]);
 }
+
+TEST(ConvDnnl, PairedConvolutionsInOnePass) {
+  // conv2d_pair: a 3x3 stride-2 convolution and a 1x1 stride-2 one of the same x (a ResNet
+  // downsampling block) as one node, whose weight gradients are one node too and whose input
+  // gradient is the with_second node. The stride-2 direct kernels split x once for both: at 13
+  // wide, the forward and the weight gradients; at 7 wide, the forward only (the gradients fall
+  // back to one convolution after the other). Outputs and gradients against each convolution
+  // alone in f64, on the fused kernels, with the direct kernels off, with oneDNN off too, and in
+  // f64.
+  struct Block {
+    Shape x;
+    int64_t O;
+    bool fused_weights;  // the direct kernel takes both weight gradients
+  };
+  const Block blocks[] = {{{3, 16, 28, 26}, 32, true}, {{2, 16, 14, 14}, 24, false}};
+  const bool avx2 = cpu_features().avx2 && cpu_features().fma;
+  for (const Block& b : blocks) {
+    // y1, y2, then the gradients of sum(y1 * r1) + sum(y2 * r2) for x, w1 and w2.
+    auto run = [&](Dtype dt, bool paired, const std::string& at) {
+      Tensor x = seq(b.x, 1, dt), w1 = seq({b.O, b.x[1], 3, 3}, 2, dt);
+      Tensor w2 = seq({b.O, b.x[1], 1, 1}, 3, dt);
+      auto convs = [&](const Tensor& xx, const Tensor& a, const Tensor& c) {
+        if (paired) return conv2d_pair(xx, a, {2, 2}, {1, 1}, c, {2, 2}, {0, 0});
+        return std::pair{conv2d(xx, a, {}, {2, 2}, {1, 1}), conv2d(xx, c, {}, {2, 2}, {0, 0})};
+      };
+      auto [y1, y2] = convs(x, w1, w2);
+      Tensor r1 = seq(y1.shape(), 4, dt), r2 = seq(y2.shape(), 5, dt);
+      auto loss = [&](const std::vector<Tensor>& in) {
+        auto [p, q] = convs(in[0], in[1], in[2]);
+        return sum(p * r1) + sum(q * r2);
+      };
+      std::vector<Tensor> g = value_and_grad(loss, {x, w1, w2}).second;
+      if (paired) {
+        EXPECT_EQ(y1.node(), y2.node()) << at;
+        EXPECT_STREQ(y1.node()->prim->name(), "conv2d") << at;
+        EXPECT_NE(y1.node()->prim->attrs().find(" + kernel=(1, 1)"), std::string::npos) << at;
+        EXPECT_EQ(y1.node()->inputs.size(), 3u) << at;
+        EXPECT_NE(g[0].node()->prim->attrs().find(" + kernel=(1, 1)"), std::string::npos) << at;
+        EXPECT_EQ(g[1].node(), g[2].node()) << at;
+        EXPECT_STREQ(g[1].node()->prim->name(), "conv2d_backward_weight") << at;
+      }
+      std::vector<std::vector<double>> v;
+      for (const Tensor& t : {y1, y2, g[0], g[1], g[2]}) v.push_back(t.to_vector<double>());
+      return v;
+    };
+    const std::string what = shape_str(b.x);
+    const auto want = run(Dtype::f64, false, what + " f64 alone");
+    for (Dtype dt : {Dtype::f32, Dtype::f64}) {
+      for (int off = 0; off < 3; ++off) {  // 1: direct off, 2: oneDNN off too
+        cpu::set_direct_conv_disabled(off >= 1);
+        cpu::set_dnnl_conv_disabled(off >= 2);
+        const std::string at =
+            what + " " + std::string(dtype_name(dt)) + " paths off " + std::to_string(off);
+        const bool direct = avx2 && off == 0 && dt == Dtype::f32;
+        const std::vector<std::vector<double>> got = run(dt, true, at);
+        // The forward and the weight gradients evaluated alone: the direct kernels' passes.
+        Tensor x = seq(b.x, 1, dt), w1 = seq({b.O, b.x[1], 3, 3}, 2, dt);
+        Tensor w2 = seq({b.O, b.x[1], 1, 1}, 3, dt);
+        auto [p, q] = conv2d_pair(x, w1, {2, 2}, {1, 1}, w2, {2, 2}, {0, 0});
+        int64_t before = cpu::direct_conv_runs();
+        p.eval();
+        EXPECT_EQ(cpu::direct_conv_runs() - before, direct ? 2 : 0) << at << " forward";
+        Tensor rp = seq(p.shape(), 4, dt), rq = seq(q.shape(), 5, dt);
+        auto [pp, qq] = conv2d_pair(x, w1, {2, 2}, {1, 1}, w2, {2, 2}, {0, 0});
+        std::vector<Tensor> dw = grad({sum(pp * rp) + sum(qq * rq)}, {w1, w2});
+        before = cpu::direct_conv_runs();
+        dw[0].eval();
+        EXPECT_EQ(cpu::direct_conv_runs() - before, direct && b.fused_weights ? 2 : 0)
+            << at << " weight gradients";
+        const char* names[] = {"y1", "y2", "dx", "dw1", "dw2"};
+        for (size_t k = 0; k < want.size(); ++k) {
+          double scale = 1;
+          for (double v : want[k]) scale = std::max(scale, std::abs(v));
+          expect_close(got[k], want[k], 2e-5 * scale, 1e-5, at + " " + names[k]);
+        }
+      }
+    }
+  }
+  cpu::set_dnnl_conv_disabled(false);
+  cpu::set_direct_conv_disabled(false);
+}
+
+TEST(ConvDnnl, PairedConvolutionsDifferentiateLikeEachAlone) {
+  // The pair's weight-gradient node's own vjp (second derivatives for x and both output
+  // gradients), and the pair with one output unused, against each convolution alone.
+  const Dtype dt = Dtype::f64;
+  Tensor x = seq({2, 8, 16, 13}, 1, dt), w1 = seq({6, 8, 3, 3}, 2, dt);
+  Tensor w2 = seq({6, 8, 1, 1}, 3, dt);
+  auto [y1, y2] = conv2d_pair(x, w1, {2, 2}, {1, 1}, w2, {2, 2}, {0, 0});
+  ASSERT_EQ(y1.node(), y2.node());
+  Tensor r1 = seq(y1.shape(), 4, dt), r2 = seq(y2.shape(), 5, dt);
+  Tensor q1 = seq(w1.shape(), 6, dt), q2 = seq(w2.shape(), 7, dt);
+  std::vector<Tensor> dw = grad({sum(y1 * r1) + sum(y2 * r2)}, {w1, w2});
+  ASSERT_EQ(dw[0].node(), dw[1].node());
+  std::vector<Tensor> got = grad({sum(dw[0] * q1) + sum(dw[1] * q2)}, {x, r1, r2});
+  auto alone1 = [&] { return conv2d(x, w1, {}, {2, 2}, {1, 1}); };
+  auto alone2 = [&] { return conv2d(x, w2, {}, {2, 2}, {0, 0}); };
+  Tensor dw1 = grad({sum(alone1() * r1)}, {w1})[0], dw2 = grad({sum(alone2() * r2)}, {w2})[0];
+  std::vector<Tensor> want1 = grad({sum(dw1 * q1)}, {x, r1});
+  std::vector<Tensor> want2 = grad({sum(dw2 * q2)}, {x, r2});
+  expect_close(got[0].to_vector<double>(), (want1[0] + want2[0]).to_vector<double>(), 1e-9, 1e-9,
+               "d/dx");
+  expect_close(got[1].to_vector<double>(), want1[1].to_vector<double>(), 1e-9, 1e-9, "d/dr1");
+  expect_close(got[2].to_vector<double>(), want2[1].to_vector<double>(), 1e-9, 1e-9, "d/dr2");
+  // Only y1 used: dx and dw1 as the 3x3 alone's.
+  std::vector<Tensor> one = grad({sum(y1 * r1)}, {x, w1});
+  std::vector<Tensor> alone = grad({sum(alone1() * r1)}, {x, w1});
+  expect_close(one[0].to_vector<double>(), alone[0].to_vector<double>(), 1e-12, 1e-12, "y1 dx");
+  expect_close(one[1].to_vector<double>(), alone[1].to_vector<double>(), 1e-12, 1e-12, "y1 dw1");
+}
+
+TEST(ConvDnnl, PairedConvolutionsOtherwiseTwoNodes) {
+  // Where no kernel takes both (stride 1 here), conv2d_pair is two plain conv2d nodes; and each
+  // convolution's arguments are checked as conv2d checks them.
+  Tensor x = seq({2, 8, 10, 10}, 1, Dtype::f32), w1 = seq({4, 8, 3, 3}, 2, Dtype::f32);
+  Tensor w2 = seq({4, 8, 1, 1}, 3, Dtype::f32);
+  auto [y1, y2] = conv2d_pair(x, w1, {1, 1}, {1, 1}, w2, {1, 1}, {0, 0});
+  EXPECT_NE(y1.node(), y2.node());
+  expect_close(y1.to_vector<double>(), conv2d(x, w1, {}, {1, 1}, {1, 1}).to_vector<double>(), 0, 0,
+               "y1");
+  expect_close(y2.to_vector<double>(), conv2d(x, w2, {}, {1, 1}, {0, 0}).to_vector<double>(), 0, 0,
+               "y2");
+  try {
+    conv2d_pair(x, w1, {2, 2}, {1, 1}, seq({4, 3, 1, 1}, 3, Dtype::f32), {2, 2}, {0, 0});
+    FAIL() << "expected an error for the second weight's channels";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "[conv2d] input has 8 channels but weight expects 3: x (2, 8, 10, 10), w (4, 3, "
+                 "1, 1)");
+  }
+}

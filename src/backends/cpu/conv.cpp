@@ -192,15 +192,10 @@ void conv_backward_weight(const T* x, const T* gy, T* dw, const ConvGeom& g, Dty
 /// products it saves (fashion-cnn's 1 -> 16 stem ran 1.7-2.5x slower than the direct kernels;
 /// bench_conv BM_Conv/0, one thread).
 bool winograd_pays(const cpu::ConvShape& s) { return std::min(s.C, s.O) >= 8; }
-}  // namespace
 
-void Conv2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
-  const Dtype dt = compute_dtype(in[0]->dtype);
-  Array x = as_contiguous(*in[0], dt), w = as_contiguous(*in[1], dt);
-  Array b;
-  if (in.size() > 2) b = as_contiguous(*in[2], dt);
-  Array y = start_output(*out[0], dt);
-  ConvGeom g = geom(x.shape, y.shape, win_);
+/// y = conv(x, w) [+ b] in compute dtype dt on the first kernel that takes it.
+void forward_any(const Array& x, const Array& w, const Array& b, Array& y, const ConvGeom& g,
+                 Dtype dt) {
   dispatch_compute(dt, [&]<class T>() {
     const T* bp = b.has_data() ? b.data<T>() : nullptr;
     if constexpr (std::is_same_v<T, float>) {
@@ -213,6 +208,51 @@ void Conv2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Arr
     }
     conv_forward<T>(x.data<T>(), w.data<T>(), bp, y.data<T>(), g, dt);
   });
+}
+
+/// dw = the weight gradient from x and gy in compute dtype dt on the first kernel that takes it.
+void backward_weight_any(const Array& x, const Array& gy, Array& dw, const ConvGeom& g, Dtype dt) {
+  dispatch_compute(dt, [&]<class T>() {
+    if (g.N == 0) {
+      std::fill(dw.data<T>(), dw.data<T>() + dw.numel(), T(0));
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      const cpu::ConvShape s = dnnl_shape(g);
+      if ((winograd_pays(s) &&
+           cpu::winograd_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>())) ||
+          cpu::direct_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>()) ||
+          cpu::dnnl_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>()))
+        return;
+    }
+    conv_backward_weight<T>(x.data<T>(), gy.data<T>(), dw.data<T>(), g, dt);
+  });
+}
+}  // namespace
+
+void Conv2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+  const Dtype dt = compute_dtype(in[0]->dtype);
+  Array x = as_contiguous(*in[0], dt), w = as_contiguous(*in[1], dt);
+  Array y = start_output(*out[0], dt);
+  const ConvGeom g = geom(x.shape, y.shape, win_);
+  if (second_) {
+    // Both convolutions from one split of x into phase planes where the stride-2 direct kernel
+    // takes them; one after the other elsewhere.
+    Array w2 = as_contiguous(*in[2], dt), y2 = start_output(*out[1], dt);
+    const ConvGeom g2 = geom(x.shape, y2.shape, *second_);
+    const cpu::SecondConv second{dnnl_shape(g2), nullptr, w2.data<float>(), y2.data<float>()};
+    if (dt != Dtype::f32 ||
+        !cpu::direct_conv_forward(dnnl_shape(g), x.data<float>(), w.data<float>(), nullptr,
+                                  y.data<float>(), &second)) {
+      forward_any(x, w, Array(), y, g, dt);
+      forward_any(x, w2, Array(), y2, g2, dt);
+    }
+    finish_output(y2, *out[1]);
+  } else {
+    Array b;
+    if (in.size() > 2) b = as_contiguous(*in[2], dt);
+    forward_any(x, w, b, y, g, dt);
+  }
   finish_output(y, *out[0]);
 }
 
@@ -227,11 +267,11 @@ void Conv2dBackwardInput::eval_cpu(const std::vector<const Array*>& in,
     // The stride-2 direct kernel takes both convolutions in one pass; elsewhere the second's
     // gradient (with the addend) is computed first and joins this one's as its addend.
     Array gy2 = as_contiguous(*in[2], dt), w2 = as_contiguous(*in[3], dt);
+    const cpu::SecondConv second{dnnl_shape(geom(dx.shape, gy2.shape, *second_)), gy2.data<float>(),
+                                 w2.data<float>()};
     if (dt == Dtype::f32 && cpu::direct_conv_backward_data(
                                 dnnl_shape(g), gy.data<float>(), w.data<float>(), dx.data<float>(),
-                                addend_ ? r.data<float>() : nullptr,
-                                cpu::SecondConv{dnnl_shape(geom(dx.shape, gy2.shape, *second_)),
-                                                gy2.data<float>(), w2.data<float>()})) {
+                                addend_ ? r.data<float>() : nullptr, &second)) {
       finish_output(dx, *out[0]);
       return;
     }
@@ -272,22 +312,22 @@ void Conv2dBackwardWeight::eval_cpu(const std::vector<const Array*>& in,
   const Dtype dt = compute_dtype(in[0]->dtype);
   Array x = as_contiguous(*in[0], dt), gy = as_contiguous(*in[1], dt);
   Array dw = start_output(*out[0], dt);
-  ConvGeom g = geom(x.shape, gy.shape, win_);
-  dispatch_compute(dt, [&]<class T>() {
-    if (g.N == 0) {
-      std::fill(dw.data<T>(), dw.data<T>() + dw.numel(), T(0));
-      return;
+  const ConvGeom g = geom(x.shape, gy.shape, win_);
+  if (second_) {
+    // As the forward: one split of x for both where the stride-2 direct kernel takes them.
+    Array gy2 = as_contiguous(*in[2], dt), dw2 = start_output(*out[1], dt);
+    const ConvGeom g2 = geom(x.shape, gy2.shape, *second_);
+    const cpu::SecondConv second{dnnl_shape(g2), gy2.data<float>(), nullptr, dw2.data<float>()};
+    if (dt != Dtype::f32 || g.N == 0 ||
+        !cpu::direct_conv_backward_weights(dnnl_shape(g), x.data<float>(), gy.data<float>(),
+                                           dw.data<float>(), &second)) {
+      backward_weight_any(x, gy, dw, g, dt);
+      backward_weight_any(x, gy2, dw2, g2, dt);
     }
-    if constexpr (std::is_same_v<T, float>) {
-      const cpu::ConvShape s = dnnl_shape(g);
-      if ((winograd_pays(s) &&
-           cpu::winograd_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>())) ||
-          cpu::direct_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>()) ||
-          cpu::dnnl_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>()))
-        return;
-    }
-    conv_backward_weight<T>(x.data<T>(), gy.data<T>(), dw.data<T>(), g, dt);
-  });
+    finish_output(dw2, *out[1]);
+  } else {
+    backward_weight_any(x, gy, dw, g, dt);
+  }
   finish_output(dw, *out[0]);
 }
 

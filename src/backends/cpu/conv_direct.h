@@ -9,27 +9,30 @@
 
 namespace hetrain::cpu {
 
-/// y (N, O, Ho, Wo) = conv(x, w) [+ b]; b may be null.
-bool direct_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
-                         float* y);
-/// dx (N, C, H, W) from gy (N, O, Ho, Wo) and w (O, C, kh, kw), plus addend (of dx's shape)
-/// where not null, added as dx is written.
-bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
-                               const float* addend = nullptr);
-/// A second convolution of the same input: its shape, output gradient and weights.
+/// A second convolution of the same input (a ResNet shortcut's 1x1 beside its 3x3), which the
+/// kernels below take in the same pass over the phase planes where s and this.s have stride 2
+/// both ways, the same output size and this one's window inside s's (its taps are some of s's
+/// taps). Its shape, and per pass: the forward reads w and writes its y to out; the input
+/// gradient reads gy and w; the weight gradient reads gy and writes its dw to out. A pass with
+/// a second convolution counts as two in direct_conv_runs.
 struct SecondConv {
   ConvShape s;
-  const float* gy;
-  const float* w;
+  const float* gy = nullptr;
+  const float* w = nullptr;
+  float* out = nullptr;
 };
-/// dx of both convolutions, summed (plus addend where not null), in one pass: s and second.s
-/// stride 2 both ways with the same output size, second's window inside s's (a ResNet
-/// shortcut's 1x1 and its 3x3 sibling). Its taps join the phase planes of s's input gradient.
-/// Counts as two passes in direct_conv_runs.
+
+/// y (N, O, Ho, Wo) = conv(x, w) [+ b]; b may be null. With second, its output too.
+bool direct_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
+                         float* y, const SecondConv* second = nullptr);
+/// dx (N, C, H, W) from gy (N, O, Ho, Wo) and w (O, C, kh, kw), plus addend (of dx's shape)
+/// where not null, added as dx is written. With second, dx is the sum of both convolutions'
+/// input gradients (plus addend).
 bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
-                               const float* addend, const SecondConv& second);
-/// dw (O, C, kh, kw) from x (N, C, H, W) and gy (N, O, Ho, Wo).
-bool direct_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw);
+                               const float* addend = nullptr, const SecondConv* second = nullptr);
+/// dw (O, C, kh, kw) from x (N, C, H, W) and gy (N, O, Ho, Wo). With second, its dw too.
+bool direct_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw,
+                                  const SecondConv* second = nullptr);
 
 /// Turns the direct path off (true) or back on, for tests and benchmarks that compare paths.
 /// Also off when the environment sets HETRAIN_CONV_DIRECT=0.

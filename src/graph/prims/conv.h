@@ -22,10 +22,18 @@ struct Window2d {
   std::string str() const;
 };
 
-/// y (N, O, Ho, Wo) = conv(x (N, C, H, W), w (O, C, kh, kw)) [+ bias (O)].
+/// Whether one pass can take convolutions a and b of the same input (H, W): stride 2 both ways,
+/// the same output size, and b's window inside a's (its taps are some of a's taps). A ResNet
+/// downsampling block's 3x3 and 1x1 shortcut; the stride-2 direct kernels split the input into
+/// phase planes once for both.
+bool one_pass_pair(const Window2d& a, const Window2d& b, std::array<int64_t, 2> in_hw);
+
+/// y (N, O, Ho, Wo) = conv(x (N, C, H, W), w (O, C, kh, kw)) [+ bias (O)]. With a second window
+/// (conv2d_pair): inputs x, w, w2 (no bias), outputs y and y2 = conv(x, w2) with that window.
 class Conv2d final : public Primitive {
  public:
-  explicit Conv2d(Window2d win) : win_(win) {}
+  explicit Conv2d(Window2d win, std::optional<Window2d> second = std::nullopt)
+      : win_(win), second_(second) {}
   const char* name() const override { return "conv2d"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
@@ -37,10 +45,11 @@ class Conv2d final : public Primitive {
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
-  std::string attrs() const override { return win_.str(); }
+  std::string attrs() const override;
 
  private:
   Window2d win_;
+  std::optional<Window2d> second_;
 };
 
 /// dx (N, C, H, W) from g (N, O, Ho, Wo) and w (O, C, kh, kw): the transposed convolution
@@ -82,10 +91,12 @@ class Conv2dBackwardInput final : public Primitive {
   std::optional<Window2d> second_;
 };
 
-/// dw (O, C, kh, kw) from x (N, C, H, W) and g (N, O, Ho, Wo).
+/// dw (O, C, kh, kw) from x (N, C, H, W) and g (N, O, Ho, Wo). With a second window (the
+/// weight gradients of conv2d_pair): inputs x, g, g2, outputs dw and the second's dw2.
 class Conv2dBackwardWeight final : public Primitive {
  public:
-  explicit Conv2dBackwardWeight(Window2d win) : win_(win) {}
+  explicit Conv2dBackwardWeight(Window2d win, std::optional<Window2d> second = std::nullopt)
+      : win_(win), second_(second) {}
   const char* name() const override { return "conv2d_backward_weight"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
@@ -97,10 +108,11 @@ class Conv2dBackwardWeight final : public Primitive {
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
-  std::string attrs() const override { return win_.str(); }
+  std::string attrs() const override;
 
  private:
   Window2d win_;
+  std::optional<Window2d> second_;
 };
 
 /// Max pooling with -inf padding: outputs y and the flat index (h * W + w, i64) of each
