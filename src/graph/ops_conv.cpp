@@ -2,6 +2,7 @@
 #include <functional>
 
 #include "graph/prims/conv.h"
+#include "graph/prims/elementwise.h"
 #include "hetrain/graph/ops.h"
 
 namespace hetrain {
@@ -155,7 +156,7 @@ std::vector<Tensor> Conv2d::vjp(const std::vector<Tensor>& x, const std::vector<
 }
 
 std::vector<TensorMeta> Conv2dBackwardInput::infer(const std::vector<TensorMeta>& in) const {
-  const size_t n = (second_ ? 4u : 2u) + (addend_ ? 1u : 0u);
+  const size_t n = (second_ ? 4u : 2u) + (addend_ ? 1u : 0u) + (mask_ ? 1u : 0u);
   HT_ASSERT(in.size() == n);
   auto check = [&](const TensorMeta& gm, const TensorMeta& wm, const Window2d& win) {
     const Shape &g = gm.shape, &w = wm.shape;
@@ -169,24 +170,32 @@ std::vector<TensorMeta> Conv2dBackwardInput::infer(const std::vector<TensorMeta>
     check(in[2], in[3], *second_);
     HT_ASSERT(in[2].shape[0] == g[0] && in[3].shape[1] == dx.shape[1] && in[2].dtype == dx.dtype);
   }
-  HT_ASSERT(!addend_ || (in[n - 1].shape == dx.shape && in[n - 1].dtype == dx.dtype));
+  for (size_t k = n - (addend_ ? 1 : 0) - (mask_ ? 1 : 0); k < n; ++k)  // addend, mask
+    HT_ASSERT(in[k].shape == dx.shape && in[k].dtype == dx.dtype);
   return {dx};
 }
 
 std::string Conv2dBackwardInput::attrs() const {
   return win_.str() + (second_ ? " + " + second_->str() : std::string()) +
-         (addend_ ? " addend" : "");
+         (addend_ ? " addend" : "") + (mask_ ? " relu-mask" : "");
 }
 
 std::shared_ptr<Primitive> Conv2dBackwardInput::with_addend() const {
-  if (addend_) return nullptr;
+  // An addend joins the sum, which a mask must follow: not after one.
+  if (addend_ || mask_) return nullptr;
   return std::make_shared<Conv2dBackwardInput>(win_, in_hw_, true, second_);
+}
+
+std::shared_ptr<Primitive> Conv2dBackwardInput::with_relu_mask() const {
+  if (mask_) return nullptr;
+  return std::make_shared<Conv2dBackwardInput>(win_, in_hw_, addend_, second_, true);
 }
 
 std::shared_ptr<Primitive> Conv2dBackwardInput::with_second(const Primitive& other) const {
   const auto* o = dynamic_cast<const Conv2dBackwardInput*>(&other);
   // Other's addend, if it has one, stays the last input: the sum's addend.
-  if (!o || addend_ || second_ || o->second_ || o->in_hw_ != in_hw_) return nullptr;
+  if (!o || addend_ || second_ || mask_ || o->second_ || o->mask_ || o->in_hw_ != in_hw_)
+    return nullptr;
   // Only where one kernel computes both.
   if (!one_pass_pair(win_, o->win_, in_hw_)) return nullptr;
   return std::make_shared<Conv2dBackwardInput>(win_, in_hw_, o->addend_, o->win_);
@@ -205,17 +214,21 @@ std::vector<Tensor> Conv2dBackwardInput::vjp(const std::vector<Tensor>& x,
                                              const std::vector<Tensor>& g,
                                              const std::vector<int>& argnums) const {
   // dx = convT(g, w) (+ convT(g2, w2)) (+ r) is bilinear in each (g, w) pair: d/dg = conv(c, w),
-  // d/dw = backward_weight(c, g); d/dr = c.
-  const int r_at = second_ ? 4 : 2;
+  // d/dw = backward_weight(c, g); d/dr = c. With a mask m, c is first masked as dx was; m itself
+  // gets no gradient (relu_grad's derivative in its mask is zero almost everywhere).
+  const int r_at = second_ ? 4 : 2, m_at = r_at + (addend_ ? 1 : 0);
+  const Tensor c = mask_ ? relu_grad(x[static_cast<size_t>(m_at)], g[0]) : g[0];
   std::vector<Tensor> r;
   for (int i : argnums) {
     const Window2d& win = i >= 2 && i < r_at ? *second_ : win_;
-    if (i == r_at)
-      r.push_back(g[0]);
+    if (mask_ && i == m_at)
+      r.emplace_back();
+    else if (i == r_at)
+      r.push_back(c);
     else if (i % 2 == 0)
-      r.push_back(conv_node(g[0], x[static_cast<size_t>(i + 1)], {}, win));
+      r.push_back(conv_node(c, x[static_cast<size_t>(i + 1)], {}, win));
     else
-      r.push_back(conv_backward_weight(g[0], x[static_cast<size_t>(i - 1)], win));
+      r.push_back(conv_backward_weight(c, x[static_cast<size_t>(i - 1)], win));
   }
   return r;
 }

@@ -10,6 +10,7 @@
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_dnnl.h"
 #include "backends/cpu/conv_winograd.h"
+#include "graph/prims/elementwise.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
@@ -388,4 +389,92 @@ TEST(ConvDnnl, PairedConvolutionsOtherwiseTwoNodes) {
                  "[conv2d] input has 8 channels but weight expects 3: x (2, 8, 10, 10), w (4, 3, "
                  "1, 1)");
   }
+}
+
+TEST(ConvDnnl, ReluMaskedInputGradientInOnePass) {
+  // A residual block's output relu(bn(z) + r) feeding the next block's paired convolutions: the
+  // gradient through that relu is the pairs' input gradient masked where the output is not > 0,
+  // which the stride-2 direct kernel writes in its one pass (with_relu_mask) and the other
+  // paths mask after. Against the unmasked input gradient masked here, in f64, for the fused
+  // kernel, the fallback (7 wide: oneDNN and a masking pass; direct off) and f64.
+  struct Block {
+    Shape x;
+    int64_t O;
+    bool fused;
+  };
+  const Block blocks[] = {{{3, 16, 28, 26}, 32, true}, {{2, 16, 14, 14}, 24, false}};
+  const bool avx2 = cpu_features().avx2 && cpu_features().fma;
+  for (const Block& b : blocks) {
+    const int64_t C = b.x[1];
+    for (Dtype dt : {Dtype::f32, Dtype::f64}) {
+      for (int off = 0; off < 2; ++off) {  // 1: direct off
+        cpu::set_direct_conv_disabled(off == 1);
+        const std::string at =
+            shape_str(b.x) + " " + std::string(dtype_name(dt)) + (off ? " direct off" : "");
+        Tensor z = seq(b.x, 1, dt), r = seq(b.x, 2, dt);
+        Tensor gamma = seq({C}, 3, dt) + 1.5, beta = seq({C}, 4, dt);
+        Tensor w1 = seq({b.O, C, 3, 3}, 5, dt), w2 = seq({b.O, C, 1, 1}, 6, dt);
+        Tensor y = batch_norm2d(z, gamma, beta, 1e-5, true, r)[0];
+        y.eval();
+        Tensor yd = y.detach();
+        auto [p, q] = conv2d_pair(yd, w1, {2, 2}, {1, 1}, w2, {2, 2}, {0, 0});
+        Tensor r1 = seq(p.shape(), 7, dt), r2 = seq(q.shape(), 8, dt);
+        // The unmasked gradient for y, masked here.
+        std::vector<double> want = grad({sum(p * r1) + sum(q * r2)}, {yd})[0].to_vector<double>();
+        const std::vector<double> yv = yd.to_vector<double>();
+        int64_t zeros = 0;
+        for (size_t i = 0; i < want.size(); ++i)
+          if (!(yv[i] > 0)) want[i] = 0, ++zeros;
+        ASSERT_GT(zeros, static_cast<int64_t>(want.size() / 10)) << at;  // the mask matters
+        // Through the block: the residual's gradient is the masked one.
+        auto loss = [&](const std::vector<Tensor>& in) {
+          Tensor h = batch_norm2d(in[0], gamma, beta, 1e-5, true, in[1])[0];
+          auto [pp, qq] = conv2d_pair(h, w1, {2, 2}, {1, 1}, w2, {2, 2}, {0, 0});
+          return sum(pp * r1) + sum(qq * r2);
+        };
+        Tensor zl = z.detach(), rl = r.detach();
+        zl.requires_grad_(true);
+        rl.requires_grad_(true);
+        Tensor dr = grad({loss({zl, rl})}, {rl})[0];
+        const Node* n = dr.node();
+        ASSERT_NE(n->prim, nullptr) << at;
+        EXPECT_STREQ(n->prim->name(), "conv2d_backward_input") << at;
+        EXPECT_NE(n->prim->attrs().find("relu-mask"), std::string::npos) << at;
+        const int64_t before = cpu::direct_conv_runs();
+        dr.eval();
+        const bool fused = b.fused && avx2 && off == 0 && dt == Dtype::f32;
+        EXPECT_EQ(cpu::direct_conv_runs() - before, fused ? 2 : 0) << at;
+        double scale = 1;
+        for (double v : want) scale = std::max(scale, std::abs(v));
+        expect_close(dr.to_vector<double>(), want, 2e-5 * scale, 1e-5, at + " dr");
+      }
+    }
+  }
+  cpu::set_direct_conv_disabled(false);
+}
+
+TEST(ConvDnnl, ReluMaskedInputGradientDifferentiatesLikeTheMaskAfter) {
+  // The masked node's own vjp (second derivatives for both weights and both output gradients)
+  // against relu_grad applied after the unmasked input gradient.
+  const Dtype dt = Dtype::f64;
+  Tensor m = seq({2, 8, 16, 13}, 1, dt), w1 = seq({6, 8, 3, 3}, 2, dt);
+  Tensor w2 = seq({6, 8, 1, 1}, 3, dt), q = seq(m.shape(), 6, dt);
+  auto [p1, p2] = conv2d_pair(m, w1, {2, 2}, {1, 1}, w2, {2, 2}, {0, 0});
+  Tensor r1 = seq(p1.shape(), 4, dt), r2 = seq(p2.shape(), 5, dt);
+  Tensor dx = grad({sum(p1 * r1) + sum(p2 * r2)}, {m})[0];
+  const Node* n = dx.node();
+  std::shared_ptr<Primitive> masked = n->prim->with_relu_mask();
+  ASSERT_NE(masked, nullptr);
+  EXPECT_EQ(masked->with_relu_mask(), nullptr);
+  EXPECT_EQ(masked->with_addend(), nullptr);  // an addend would join after the mask
+  std::vector<Tensor> in = n->inputs;
+  in.push_back(m);
+  Tensor got_dx = make_node1(masked, in);
+  Tensor want_dx = relu_grad(m, dx);
+  expect_close(got_dx.to_vector<double>(), want_dx.to_vector<double>(), 1e-12, 1e-12, "dx");
+  std::vector<Tensor> got = grad({sum(got_dx * q)}, {w1, w2, r1, r2});
+  std::vector<Tensor> want = grad({sum(want_dx * q)}, {w1, w2, r1, r2});
+  const char* names[] = {"dw1", "dw2", "dr1", "dr2"};
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_close(got[i].to_vector<double>(), want[i].to_vector<double>(), 1e-9, 1e-9, names[i]);
 }

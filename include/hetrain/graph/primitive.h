@@ -65,6 +65,11 @@ class Primitive {
   virtual std::shared_ptr<Primitive> with_second(const Primitive& /*other*/) const {
     return nullptr;
   }
+  /// The same primitive taking one more input m, of its single output's shape and dtype, and
+  /// writing zero where m is not > 0 (bit for bit relu_grad(m, output)); null where it has no
+  /// such form. Autodiff uses it for a fresh gradient through a relu whose mask comes from the
+  /// relu's output (a ResNet block's last relu, after the residual add).
+  virtual std::shared_ptr<Primitive> with_relu_mask() const { return nullptr; }
 };
 
 }  // namespace hetrain

@@ -261,48 +261,67 @@ void Conv2dBackwardInput::eval_cpu(const std::vector<const Array*>& in,
   const Dtype dt = compute_dtype(in[0]->dtype);
   Array gy = as_contiguous(*in[0], dt), w = as_contiguous(*in[1], dt);
   Array r = addend_ ? as_contiguous(*in[second_ ? 4 : 2], dt) : Array();
+  Array m = mask_ ? as_contiguous(*in.back(), dt) : Array();
   Array dx = start_output(*out[0], dt);
-  ConvGeom g = geom(dx.shape, gy.shape, win_);
+  const ConvGeom g = geom(dx.shape, gy.shape, win_);
+  // The stride-2 direct kernel zeroes dx where the mask is not > 0 as it writes dx; elsewhere a
+  // pass after it does.
+  const float* mask = mask_ && dt == Dtype::f32 && g.win.stride[0] == 2 ? m.data<float>() : nullptr;
+  bool done = false, masked = false;  // dx written; the mask applied to it
   if (second_) {
     // The stride-2 direct kernel takes both convolutions in one pass; elsewhere the second's
     // gradient (with the addend) is computed first and joins this one's as its addend.
     Array gy2 = as_contiguous(*in[2], dt), w2 = as_contiguous(*in[3], dt);
     const cpu::SecondConv second{dnnl_shape(geom(dx.shape, gy2.shape, *second_)), gy2.data<float>(),
                                  w2.data<float>()};
-    if (dt == Dtype::f32 && cpu::direct_conv_backward_data(
-                                dnnl_shape(g), gy.data<float>(), w.data<float>(), dx.data<float>(),
-                                addend_ ? r.data<float>() : nullptr, &second)) {
-      finish_output(dx, *out[0]);
-      return;
+    done = dt == Dtype::f32 &&
+           cpu::direct_conv_backward_data(dnnl_shape(g), gy.data<float>(), w.data<float>(),
+                                          dx.data<float>(), addend_ ? r.data<float>() : nullptr,
+                                          &second, mask);
+    masked = done && mask;
+    if (!done) {
+      Array sum;
+      sum.shape = dx.shape;
+      sum.dtype = dt;
+      sum.tag = MemoryTag::workspace;
+      std::vector<const Array*> in2{&gy2, &w2};
+      if (addend_) in2.push_back(&r);
+      Conv2dBackwardInput(*second_, in_hw_, addend_).eval_cpu(in2, {&sum});
+      r = sum;
     }
-    Array sum;
-    sum.shape = dx.shape;
-    sum.dtype = dt;
-    sum.tag = MemoryTag::workspace;
-    std::vector<const Array*> in2{&gy2, &w2};
-    if (addend_) in2.push_back(&r);
-    Conv2dBackwardInput(*second_, in_hw_, addend_).eval_cpu(in2, {&sum});
-    r = sum;
   }
   dispatch_compute(dt, [&]<class T>() {
-    const T* rp = addend_ || second_ ? r.data<T>() : nullptr;
     T* dp = dx.data<T>();
-    if constexpr (std::is_same_v<T, float>) {
-      // Winograd and the direct kernels add r as they write dx; the others after it.
-      const cpu::ConvShape s = dnnl_shape(g);
-      if ((winograd_pays(s) &&
-           cpu::winograd_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp, rp)) ||
-          cpu::direct_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp, rp))
-        return;
-      if (!cpu::dnnl_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp))
+    if (!done) {
+      const T* rp = addend_ || second_ ? r.data<T>() : nullptr;
+      bool added = false;
+      if constexpr (std::is_same_v<T, float>) {
+        // Winograd and the direct kernels add r as they write dx; the others after it.
+        const cpu::ConvShape s = dnnl_shape(g);
+        if (winograd_pays(s) &&
+            cpu::winograd_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp, rp)) {
+          added = true;
+        } else if (cpu::direct_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp, rp, nullptr,
+                                                  mask)) {
+          added = true;
+          masked = mask != nullptr;
+        } else if (!cpu::dnnl_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp)) {
+          conv_backward_input<T>(gy.data<T>(), w.data<T>(), dp, g, dt);
+        }
+      } else {
         conv_backward_input<T>(gy.data<T>(), w.data<T>(), dp, g, dt);
-    } else {
-      conv_backward_input<T>(gy.data<T>(), w.data<T>(), dp, g, dt);
+      }
+      if (rp && !added)
+        parallel_for(dx.numel(), int64_t{1} << 14, [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) dp[i] += rp[i];
+        });
     }
-    if (rp)
+    if (mask_ && !masked) {
+      const T* mp = m.data<T>();
       parallel_for(dx.numel(), int64_t{1} << 14, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) dp[i] += rp[i];
+        for (int64_t i = i0; i < i1; ++i) dp[i] = mp[i] > T(0) ? dp[i] : T(0);
       });
+    }
   });
   finish_output(dx, *out[0]);
 }

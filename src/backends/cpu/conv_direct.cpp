@@ -83,12 +83,12 @@ Grid make_grid(int64_t C, int64_t O, int64_t H, int64_t W, int64_t kh, int64_t k
 }
 
 /// x[2u] = lo[u] and x[2u + 1] = hi[u] for the W values of x (split_row's inverse), plus r where
-/// r is not null.
+/// r is not null, zero where m is not null and not > 0.
 __attribute__((target("avx2,fma"))) void merge_row(const float* lo, const float* hi, int64_t W,
-                                                   float* x, const float* r) {
+                                                   float* x, const float* r, const float* m) {
   for (int64_t u = 0; 2 * u < W; u += 8)
     store_pairs(x + 2 * u, load_first(lo + u, (W + 1) / 2 - u), load_first(hi + u, W / 2 - u),
-                W - 2 * u, r ? r + 2 * u : nullptr);
+                W - 2 * u, r ? r + 2 * u : nullptr, m ? m + 2 * u : nullptr);
 }
 
 /// Copies one image x (C, H, W) into its zero-padded phase planes of g.image() floats: channels
@@ -318,18 +318,20 @@ bool applies(const ConvShape& s, bool forward) {
 }
 
 /// One image's dx (C, H, W) from its four phase grids (C rows of Qr each, rows Wg apart), plus
-/// addend where not null. dx row h is padded row h + ph: phase row (h + ph) % 2, grid row
-/// (h + ph) / 2; its columns alternate between the two column phases, starting with phase pw % 2.
+/// addend where not null, zero where mask is not null and not > 0. dx row h is padded row h + ph:
+/// phase row (h + ph) % 2, grid row (h + ph) / 2; its columns alternate between the two column
+/// phases, starting with phase pw % 2.
 __attribute__((target("avx2,fma"))) void merge_phases(const ConvShape& s, const float* op,
                                                       int64_t Qr, int64_t Wg, float* dx,
-                                                      const float* addend) {
+                                                      const float* addend, const float* mask) {
   for (int64_t c = 0; c < s.C; ++c)
     for (int64_t h = 0; h < s.H; ++h) {
       const int64_t a = (h + s.ph) % 2, r = (h + s.ph) / 2;
       const float* lo = op + (a * 2 + s.pw % 2) * s.C * Qr + c * Qr + r * Wg + s.pw / 2;
       const float* hi = op + (a * 2 + 1 - s.pw % 2) * s.C * Qr + c * Qr + r * Wg + (s.pw + 1) / 2;
       const int64_t row = (c * s.H + h) * s.W;
-      merge_row(lo, hi, s.W, dx + row, addend ? addend + row : nullptr);
+      merge_row(lo, hi, s.W, dx + row, addend ? addend + row : nullptr,
+                mask ? mask + row : nullptr);
     }
 }
 
@@ -341,7 +343,7 @@ __attribute__((target("avx2,fma"))) void merge_phases(const ConvShape& s, const 
 /// three odd phases) gets zeros. With second, its output gradient's planes follow gy's and its
 /// taps join the phases as the taps of this kernel that read the same pixels.
 void strided_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
-                           const float* addend, const SecondConv* second) {
+                           const float* addend, const SecondConv* second, const float* mask) {
   const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw, s.sh);
   const int64_t st = g.s, pt = (s.kh - 1) / st, pl = (s.kw - 1) / st, Wg = pl + g.Wq;
   const int64_t Qr = (g.Hq * Wg + 7) / 8 * 8;
@@ -415,7 +417,8 @@ void strided_backward_data(const ConvShape& s, const float* gy, const float* w, 
         forward_grid(gp, p.off.data(), p.K, p.wpk.data(), s.C, grid, Qr);
       }
       const int64_t image = n * s.C * s.H * s.W;
-      merge_phases(s, op, Qr, Wg, dx + image, addend ? addend + image : nullptr);
+      merge_phases(s, op, Qr, Wg, dx + image, addend ? addend + image : nullptr,
+                   mask ? mask + image : nullptr);
     }
   });
 }
@@ -446,18 +449,18 @@ bool direct_conv_forward(const ConvShape& s, const float* x, const float* w, con
 }
 
 bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
-                               const float* addend, const SecondConv* second) {
+                               const float* addend, const SecondConv* second, const float* mask) {
   if (second) {
     ConvShape both = s;  // its output gradient planes, all O + O2 of them, within 32-bit offsets
     both.O += second->s.O;
     if (!applies(both, false) || !pairs(s, second->s)) return false;
-    strided_backward_data(s, gy, w, dx, addend, second);
+    strided_backward_data(s, gy, w, dx, addend, second, mask);
     runs += 2;
     return true;
   }
-  if (!applies(s, false)) return false;
+  if (!applies(s, false) || (mask && s.sh == 1)) return false;
   if (s.sh != 1) {
-    strided_backward_data(s, gy, w, dx, addend, nullptr);
+    strided_backward_data(s, gy, w, dx, addend, nullptr, mask);
     ++runs;
     return true;
   }

@@ -27,9 +27,11 @@ bool direct_conv_forward(const ConvShape& s, const float* x, const float* w, con
                          float* y, const SecondConv* second = nullptr);
 /// dx (N, C, H, W) from gy (N, O, Ho, Wo) and w (O, C, kh, kw), plus addend (of dx's shape)
 /// where not null, added as dx is written. With second, dx is the sum of both convolutions'
-/// input gradients (plus addend).
+/// input gradients (plus addend). With mask (of dx's shape; stride 2 only), dx is zero where
+/// mask is not > 0: relu_grad(mask, dx), a ResNet block output's relu.
 bool direct_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx,
-                               const float* addend = nullptr, const SecondConv* second = nullptr);
+                               const float* addend = nullptr, const SecondConv* second = nullptr,
+                               const float* mask = nullptr);
 /// dw (O, C, kh, kw) from x (N, C, H, W) and gy (N, O, Ho, Wo). With second, its dw too.
 bool direct_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw,
                                   const SecondConv* second = nullptr);

@@ -92,13 +92,18 @@ inline __attribute__((target("avx2,fma"))) void copy_rows(float* d, int64_t ldd,
   for (int64_t r = 0; r < rows; ++r) copy_row(d + r * ldd, s + r * lds, n);
 }
 
-/// Stores the first n floats of q[0], q[1], ... (n <= 8 * count) to d, plus add where not null;
-/// a last partial vector by halves, not vmaskmovps, which is slow on AMD.
+/// Stores the first n floats of q[0], q[1], ... (n <= 8 * count) to d, plus add where not null,
+/// then zero where mask is not null and not > 0 (relu_grad(mask, value)); a last partial vector
+/// by halves, not vmaskmovps, which is slow on AMD.
 inline __attribute__((target("avx2,fma"))) void store_vectors(float* d, const __m256* q, int count,
-                                                              int64_t n, const float* add) {
+                                                              int64_t n, const float* add,
+                                                              const float* mask = nullptr) {
   for (int k = 0; k < count && 8 * k < n; ++k) {
     const int64_t left = n - 8 * k;
-    const __m256 out = add ? _mm256_add_ps(q[k], load_first(add + 8 * k, left)) : q[k];
+    __m256 out = add ? _mm256_add_ps(q[k], load_first(add + 8 * k, left)) : q[k];
+    if (mask)
+      out = _mm256_and_ps(
+          out, _mm256_cmp_ps(load_first(mask + 8 * k, left), _mm256_setzero_ps(), _CMP_GT_OQ));
     if (left >= 8)
       _mm256_storeu_ps(d + 8 * k, out);
     else
@@ -115,12 +120,14 @@ inline __attribute__((target("avx2,fma"))) void interleave_pairs(__m256 a, __m25
 }
 
 /// Stores pairs (a[j], b[j]) (8 tiles' outputs, or a phase row's two halves) to d[2j], d[2j + 1],
-/// the first n floats only, plus r[2j], r[2j + 1] where r is not null.
+/// the first n floats only, plus r[2j], r[2j + 1] where r is not null, masked by mask as
+/// store_vectors.
 inline __attribute__((target("avx2,fma"))) void store_pairs(float* d, __m256 a, __m256 b, int64_t n,
-                                                            const float* r) {
+                                                            const float* r,
+                                                            const float* mask = nullptr) {
   __m256 q[2];
   interleave_pairs(a, b, q);
-  store_vectors(d, q, 2, n, r);
+  store_vectors(d, q, 2, n, r, mask);
 }
 
 /// The rows of a 4x4 block in each 128-bit half of a, b, c, d, transposed in place (each half

@@ -126,6 +126,12 @@ void Conv2dBackwardInput::eval_cuda(const std::vector<const Array*>& in,
     add(dx2);
   }
   if (addend_ && dx.numel() > 0) add(cuda::contiguous(*in[second_ ? 4 : 2]));
+  if (mask_ && dx.numel() > 0) {  // dx = relu_grad(m, dx)
+    const Array m = cuda::contiguous(*in.back());
+    cuda::launch_binary(cuda::BinaryOp::relu_backward, dx.dtype,
+                        cuda::make_iter(dx.shape, {&dx, &m, &dx}), dx.raw(), m.raw(), dx.raw(),
+                        cuda::stream());
+  }
 }
 
 void Conv2dBackwardInput::backward_input_cuda(const std::vector<const Array*>& in,

@@ -59,12 +59,14 @@ class Conv2d final : public Primitive {
 /// window (with_second), two more inputs g2 and w2 of a second convolution of the same input
 /// come before the addend, and dx is the sum of both input gradients: a ResNet downsampling
 /// block's 1x1 shortcut and 3x3 convolution, which the stride-2 direct kernel computes in one
-/// pass (the shortcut's taps join the 3x3's phase planes).
+/// pass (the shortcut's taps join the 3x3's phase planes). With a relu mask (with_relu_mask), a
+/// last input m of dx's shape: dx is zero where m is not > 0, written so by the stride-2 direct
+/// kernel (a downsampling block's input is the previous block's relu output).
 class Conv2dBackwardInput final : public Primitive {
  public:
   Conv2dBackwardInput(Window2d win, std::array<int64_t, 2> in_hw, bool addend = false,
-                      std::optional<Window2d> second = std::nullopt)
-      : win_(win), in_hw_(in_hw), addend_(addend), second_(second) {}
+                      std::optional<Window2d> second = std::nullopt, bool mask = false)
+      : win_(win), in_hw_(in_hw), addend_(addend), second_(second), mask_(mask) {}
   const char* name() const override { return "conv2d_backward_input"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const override;
@@ -81,6 +83,7 @@ class Conv2dBackwardInput final : public Primitive {
   std::string attrs() const override;
   std::shared_ptr<Primitive> with_addend() const override;
   std::shared_ptr<Primitive> with_second(const Primitive& other) const override;
+  std::shared_ptr<Primitive> with_relu_mask() const override;
 
  private:
   Window2d win_;
@@ -89,6 +92,7 @@ class Conv2dBackwardInput final : public Primitive {
   /// With a second convolution (with_second): inputs g, w, g2, w2 [, addend], and dx is the sum
   /// of both convolutions' input gradients.
   std::optional<Window2d> second_;
+  bool mask_;  // a last input m: dx = relu_grad(m, dx)
 };
 
 /// dw (O, C, kh, kw) from x (N, C, H, W) and g (N, O, Ho, Wo). With a second window (the
