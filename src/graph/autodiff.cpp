@@ -49,7 +49,7 @@ Tensor accumulate(const Tensor& acc, const Tensor& g, const std::vector<Tensor>&
   const bool exact = g.dtype() == Dtype::f32 || g.dtype() == Dtype::f64;
   auto fresh = [&](const Tensor& t) {
     const Node* n = t.node();
-    return n->prim && n->outs.size() == 1 && !n->evaluated() &&
+    return n->rebuildable() &&
            std::none_of(given.begin(), given.end(), [n](const Tensor& c) { return c.node() == n; });
   };
   if (!exact || acc.dtype() != g.dtype() || acc.shape() != g.shape() || !fresh(g))

@@ -35,8 +35,7 @@ std::vector<Tensor> BatchNorm2d::vjp(const std::vector<Tensor>& x, const std::ve
   // can mask its own output (the next block's input gradient), that node does it as it writes.
   if (residual_ && relu_) {
     const Node* n = gy.node();
-    std::shared_ptr<Primitive> p;
-    if (n->prim && n->outs.size() == 1 && !n->evaluated()) p = n->prim->with_relu_mask();
+    std::shared_ptr<Primitive> p = n->rebuildable() ? n->prim->with_relu_mask() : nullptr;
     if (p) {
       std::vector<Tensor> in = n->inputs;
       in.push_back(y[0]);

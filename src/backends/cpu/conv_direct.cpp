@@ -91,6 +91,15 @@ __attribute__((target("avx2,fma"))) void merge_row(const float* lo, const float*
                 W - 2 * u, r ? r + 2 * u : nullptr, m ? m + 2 * u : nullptr);
 }
 
+/// Copies `planes` planes of rows x cols floats, contiguous at s, to d: planes ldp apart, rows
+/// ldr apart (an image's output gradient onto the padded grids).
+__attribute__((target("avx2,fma"))) void copy_planes(float* d, int64_t ldp, int64_t ldr,
+                                                     const float* s, int64_t planes, int64_t rows,
+                                                     int64_t cols) {
+  for (int64_t p = 0; p < planes; ++p)
+    copy_rows(d + p * ldp, ldr, s + p * rows * cols, cols, rows, cols);
+}
+
 /// Copies one image x (C, H, W) into its zero-padded phase planes of g.image() floats: channels
 /// cstride apart, a channel's phases pstride apart. At stride 2 the caller zeroes the planes once:
 /// every image writes the same cells (its pixels and split_row's zeros), so the padding stays.
@@ -158,19 +167,24 @@ std::vector<float> pack_weights(int64_t O, int64_t K, Weight weight) {
   pack_tile_rows(O, K, weight, p.data());
   return p;
 }
+/// w (O, K) row-major, packed for fma_tile.
+std::vector<float> pack_weights(int64_t O, int64_t K, const float* w) {
+  return pack_weights(O, K, [w, K](int64_t o, int64_t k) { return w[o * K + k]; });
+}
 
 /// Where the taps of a second convolution t (pairs(s, t)) read on the grid g of s: its tap (i, j)
 /// is s's tap (i + s.ph - t.ph, j + s.pw - t.pw).
-std::vector<int32_t> second_taps(const Grid& g, const ConvShape& s, const ConvShape& t,
-                                 int64_t cstride, int64_t pstride) {
-  return tap_offsets(g, cstride, pstride, t.kh, t.kw, s.ph - t.ph, s.pw - t.pw);
+std::vector<int32_t> second_taps(const Grid& g, const ConvShape& t, int64_t cstride,
+                                 int64_t pstride) {
+  return tap_offsets(g, cstride, pstride, t.kh, t.kw, g.ph - t.ph, g.pw - t.pw);
 }
 
-/// A second convolution t beside s (pairs(s, t)) for forward_images, its weights packed for
-/// fma_tile.
+/// A second convolution t on forward_images' grid (pairs(s, t)): its weights packed for fma_tile
+/// and its output y (N, O2, Ho, Wo).
 struct GridSecond {
-  const ConvShape &s, &t;
+  const ConvShape& t;
   std::vector<float> wpk;
+  float* y;
 };
 
 /// out[r * ldo + q] = sum_k w[k][r] * in[off[k] + q] for R rows and q in [0, 8 NV).
@@ -214,17 +228,16 @@ __attribute__((target("avx2,fma"))) void copy_out(const Grid& g, int64_t O, cons
 /// image's grid positions (rounded up to whole vectors) at a time. (Laying small images side by
 /// side, as the weight gradient does, made a 7x7-output stride-2 forward no faster, in a version
 /// that walked row blocks outside: the group's input fell out of L1 between them.) With second,
-/// its output y2 (n, O2, Ho, Wo) too, from the same phase planes.
+/// its output too, from the same phase planes.
 void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk, const float* b,
                     float* y, int64_t n, const float* r = nullptr,
-                    const GridSecond* second = nullptr, float* y2 = nullptr) {
+                    const GridSecond* second = nullptr) {
   const int64_t Q = (g.Ho * g.Wq + 7) / 8 * 8;
   const int64_t pstride = std::max(Q + g.reach(), g.image() + Grid::kSpill);
   const int64_t cstride = g.phases() * pstride;
   const int64_t K = g.K(), O2 = second ? second->t.O : 0, out = g.Ho * g.Wo;
   const std::vector<int32_t> off = tap_offsets(g, cstride, pstride);
-  const std::vector<int32_t> off2 =
-      second ? second_taps(g, second->s, second->t, cstride, pstride) : off;
+  const std::vector<int32_t> off2 = second ? second_taps(g, second->t, cstride, pstride) : off;
   const int64_t K2 = static_cast<int64_t>(off2.size());
   parallel_for(n, 1, [&](int64_t n0, int64_t n1) {
     Array xp = workspace({g.C * cstride}, Dtype::f32), yq = workspace({(g.O + O2) * Q}, Dtype::f32);
@@ -237,7 +250,7 @@ void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk
       copy_out(g, g.O, yb, Q, b, r ? r + i * g.O * out : nullptr, y + i * g.O * out);
       if (!second) continue;
       forward_grid(xb, off2.data(), K2, second->wpk.data(), O2, yb2, Q);
-      copy_out(g, O2, yb2, Q, nullptr, nullptr, y2 + i * O2 * out);
+      copy_out(g, O2, yb2, Q, nullptr, nullptr, second->y + i * O2 * out);
     }
   });
 }
@@ -399,15 +412,11 @@ void strided_backward_data(const ConvShape& s, const float* gy, const float* w, 
     float *gp = gpad.data<float>(), *op = out.data<float>();
     std::fill(gp, gp + gpad.numel(), 0.0f);  // the copies below overwrite only gy's own cells
     for (int64_t n = n0; n < n1; ++n) {
-      const float* gn = gy + n * s.O * s.Ho * s.Wo;
-      for (int64_t o = 0; o < s.O; ++o)
-        copy_rows(gp + o * plane + pt * Wg + pl, Wg, gn + o * s.Ho * s.Wo, s.Wo, s.Ho, s.Wo);
-      if (second) {
-        const float* gn2 = second->gy + n * O2 * s.Ho * s.Wo;
-        for (int64_t o = 0; o < O2; ++o)
-          copy_rows(gp + (s.O + o) * plane + pt * Wg + pl, Wg, gn2 + o * s.Ho * s.Wo, s.Wo, s.Ho,
+      const int64_t out = s.Ho * s.Wo;  // the second's planes follow gy's
+      copy_planes(gp + pt * Wg + pl, plane, Wg, gy + n * s.O * out, s.O, s.Ho, s.Wo);
+      if (second)
+        copy_planes(gp + s.O * plane + pt * Wg + pl, plane, Wg, second->gy + n * O2 * out, O2, s.Ho,
                     s.Wo);
-      }
       for (const Phase& p : phases) {
         float* grid = op + (p.a * st + p.b) * s.C * Qr;
         if (p.K == 0) {
@@ -432,18 +441,15 @@ bool direct_conv_forward(const ConvShape& s, const float* x, const float* w, con
                          float* y, const SecondConv* second) {
   if (!applies(s, true) || (second && !pairs(s, second->s))) return false;
   const Grid g = make_grid(s.C, s.O, s.H, s.W, s.kh, s.kw, s.ph, s.pw, s.sh);
-  const int64_t K = g.K();
-  const auto wpk = pack_weights(s.O, K, [&](int64_t o, int64_t k) { return w[o * K + k]; });
+  const auto wpk = pack_weights(s.O, g.K(), w);
   if (!second) {
     forward_images(g, x, wpk, b, y, s.N);
     ++runs;
     return true;
   }
   const ConvShape& t = second->s;
-  const int64_t K2 = t.C * t.kh * t.kw;
-  const GridSecond g2{
-      s, t, pack_weights(t.O, K2, [&](int64_t o, int64_t k) { return second->w[o * K2 + k]; })};
-  forward_images(g, x, wpk, b, y, s.N, nullptr, &g2, second->out);
+  const GridSecond g2{t, pack_weights(t.O, t.C * t.kh * t.kw, second->w), second->out};
+  forward_images(g, x, wpk, b, y, s.N, nullptr, &g2);
   runs += 2;
   return true;
 }
@@ -494,7 +500,7 @@ bool direct_conv_backward_weights(const ConvShape& s, const float* x, const floa
   const int64_t cstride = g.phases() * ld;
   const std::vector<int32_t> off = tap_offsets(g, cstride, ld);
   const std::vector<int32_t> off2 =
-      second ? second_taps(g, s, second->s, cstride, ld) : std::vector<int32_t>();
+      second ? second_taps(g, second->s, cstride, ld) : std::vector<int32_t>();
   const int64_t chunks = std::min<int64_t>(s.N, num_threads());
   const int64_t out = s.Ho * s.Wo;
   Array partial = workspace({chunks, sums}, Dtype::f32);
@@ -514,13 +520,10 @@ bool direct_conv_backward_weights(const ConvShape& s, const float* x, const floa
         const int64_t count = std::min(group, n_end - n0);
         for (int64_t i = 0; i < count; ++i) {
           pad_image(x + (n0 + i) * s.C * s.H * s.W, g, xb + i * S, cstride, ld);
-          const float* gn = gy + (n0 + i) * s.O * out;
-          for (int64_t o = 0; o < s.O; ++o)
-            copy_rows(gb + o * ld + i * S, g.Wq, gn + o * out, s.Wo, s.Ho, s.Wo);
-          if (!second) continue;
-          const float* gn2 = second->gy + (n0 + i) * O2 * out;
-          for (int64_t o = 0; o < O2; ++o)
-            copy_rows(gb + (s.O + o) * ld + i * S, g.Wq, gn2 + o * out, s.Wo, s.Ho, s.Wo);
+          copy_planes(gb + i * S, ld, g.Wq, gy + (n0 + i) * s.O * out, s.O, s.Ho, s.Wo);
+          if (second)
+            copy_planes(gb + s.O * ld + i * S, ld, g.Wq, second->gy + (n0 + i) * O2 * out, O2, s.Ho,
+                        s.Wo);
         }
         const int64_t Q = count * S;
         for_row_blocks(s.O, [&]<int R>(int64_t o0) {
