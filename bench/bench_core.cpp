@@ -63,12 +63,12 @@ double wall_s() {
 
 // The kernel is the library's (insight::fma_kernel), so bench and `hetrain bench` agree.
 using insight::fma_kernel;
-using insight::FmaKernel;
+using insight::PeakKernel;
 
 void BM_FmaPeak(benchmark::State& state) {
   const int threads = state.range(0) == 0 ? static_cast<int>(std::thread::hardware_concurrency())
                                           : static_cast<int>(state.range(0));
-  const FmaKernel k = fma_kernel();
+  const PeakKernel k = fma_kernel();
   const int64_t iters = 20'000'000;
   std::vector<float> sink(static_cast<size_t>(threads));
   std::vector<double> cpu(static_cast<size_t>(threads), 0.0);

@@ -57,6 +57,11 @@ int cmd_bench(const Args& args) {
   std::printf("f32 GEMM reaches %.0f%% of the FMA peak per CPU second (%.0f%% per wall second)\n",
               100.0 * prof.gemm_f32_cpu_gflops / prof.fma_peak_gflops,
               100.0 * prof.gemm_f32_tflops * 1e3 / prof.fma_peak_gflops);
+  if (const double c = prof.gemm_ceiling_gflops(Dtype::bf16); c > 0)
+    std::printf("bf16 GEMM reaches %.0f%% of the %s peak per wall second (%s)\n",
+                100.0 * prof.gemm_bf16_tflops * 1e3 / c,
+                c == prof.fma_peak_gflops ? prof.isa.c_str() : prof.bf16_isa.c_str(),
+                prof.gemm_bf16_impl.empty() ? "converted to f32" : prof.gemm_bf16_impl.c_str());
   const auto j = prof.to_json();
   if (store) {
     insight::write_json_atomic(cache, j);

@@ -1,6 +1,5 @@
 #include "hetrain/insight/device_profile.h"
 
-#include <immintrin.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,55 +45,17 @@ double best_time(int reps, F&& fn) {
   return best;
 }
 
-// ---- FMA peak: kChains independent accumulators (> FMA latency x ports = 4 x 2), no memory;
-// rated per thread CPU second.
-constexpr int kChains = 12;
-
-__attribute__((target("avx2,fma"))) float fma_loop_avx2(int64_t iters) {
-  __m256 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c) * 1e-3f);
-  const __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], m, a);
-  }
-  __m256 s = acc[0];
-  for (int c = 1; c < kChains; ++c) s = _mm256_add_ps(s, acc[c]);
-  float out[8];
-  _mm256_storeu_ps(out, s);
-  return out[0];
-}
-
-// Baseline x86-64: SSE multiply + add (two flops, two instructions).
-float fma_loop_sse(int64_t iters) {
-  __m128 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm_set1_ps(static_cast<float>(c) * 1e-3f);
-  const __m128 m = _mm_set1_ps(0.999999f), a = _mm_set1_ps(1e-7f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm_add_ps(_mm_mul_ps(acc[c], m), a);
-  }
-  __m128 s = acc[0];
-  for (int c = 1; c < kChains; ++c) s = _mm_add_ps(s, acc[c]);
-  return _mm_cvtss_f32(s);
-}
-
 }  // namespace
-
-FmaKernel fma_kernel() {
-  const CpuFeatures& f = cpu_features();
-  if (f.avx2 && f.fma) return {fma_loop_avx2, kChains * 8 * 2.0, "avx2+fma"};
-  return {fma_loop_sse, kChains * 4 * 2.0, "sse"};
-}
 
 namespace {
 
-void measure_fma(DeviceProfile& p, bool quick) {
-  const FmaKernel k = fma_kernel();
+/// The summed per-thread rate (GFLOP/s) of k on p.threads threads, best of a few runs.
+double measure_peak(DeviceProfile& p, const PeakKernel& k, bool quick) {
   float (*fn)(int64_t) = k.fn;
   const double flops_per_iter = k.flops_per_iter;
-  p.isa = k.isa;
-  const int64_t iters = quick ? 5'000'000 : 20'000'000;
+  // A fixed amount of work, more for the bf16 units, which are several times faster.
+  const double flops = (quick ? 2e9 : 8e9) * (k.bf16 ? 8 : 1);
+  const int64_t iters = std::max<int64_t>(1000, static_cast<int64_t>(flops / flops_per_iter));
   const int threads = p.threads;
   // Rate per CPU second of each thread, summed: a ceiling of the hardware that other
   // processes sharing the cores cannot lower (they can only lower the wall-clock rate).
@@ -117,11 +78,21 @@ void measure_fma(DeviceProfile& p, bool quick) {
   }
   volatile float keep = sink[0];
   (void)keep;
-  p.fma_peak_gflops = best_rate * 1e-9;
-  const double t = best_wall;
-  p.rows.push_back(
-      {std::string("fma peak (") + p.isa + ", " + std::to_string(threads) + " threads)",
-       p.fma_peak_gflops, "GFLOP/s", t, "register-only loop, per thread CPU second"});
+  p.rows.push_back({std::string(k.bf16 ? "bf16 peak (" : "fma peak (") + k.isa + ", " +
+                        std::to_string(threads) + " threads)",
+                    best_rate * 1e-9, "GFLOP/s", best_wall,
+                    "register-only loop, per thread CPU second"});
+  return best_rate * 1e-9;
+}
+
+void measure_peaks(DeviceProfile& p, bool quick) {
+  const PeakKernel f32 = fma_kernel();
+  p.isa = f32.isa;
+  p.fma_peak_gflops = measure_peak(p, f32, quick);
+  if (const auto bf16 = bf16_kernel()) {
+    p.bf16_isa = bf16->isa;
+    p.bf16_peak_gflops = measure_peak(p, *bf16, quick);
+  }
 }
 
 // How hetrain::matmul runs a dtype on this CPU (src/backends/cpu/matmul.cpp).
@@ -131,7 +102,7 @@ std::string gemm_path(Dtype dt) {
                                 : std::string("oneDNN sgemm");
   if (dt == Dtype::f32) return sgemm;
   if (dt == Dtype::bf16 && cpu::bf16_gemm_path() == cpu::Bf16GemmPath::onednn)
-    return "oneDNN bf16 matmul";
+    return "oneDNN bf16 matmul, " + cpu::bf16_gemm_impl_name(1024, 1024, 1024);
   return std::string(dtype_name(dt)) + " -> f32, " + sgemm;
 }
 
@@ -473,6 +444,9 @@ json DeviceProfile::to_json() const {
           {"mem_bytes", mem_bytes},
           {"price_usd_per_hour", 0},
           {"fma_peak_tflops", fma_peak_gflops * 1e-3},
+          {"bf16_peak_tflops", bf16_peak_gflops * 1e-3},
+          {"bf16_isa", bf16_isa},
+          {"gemm_bf16_impl", gemm_bf16_impl},
           {"isa", isa},
           {"threads", threads},
           {"cpu_model", cpu_model},
@@ -480,6 +454,16 @@ json DeviceProfile::to_json() const {
           {"llc_bytes", llc_bytes},
           {"measurements", detail},
           {"source", "hetrain bench"}};
+}
+
+double DeviceProfile::gemm_ceiling_gflops(Dtype dt) const {
+  if (dt != Dtype::bf16 || gemm_bf16_impl.empty()) return fma_peak_gflops;
+  // oneDNN names the ISA after the colon: "brg:avx512_core_amx_bf16", "jit:avx512_core_bf16";
+  // plain "avx512_core" converts bf16 to f32 inside and runs on the FMA units.
+  const std::string isa = gemm_bf16_impl.substr(gemm_bf16_impl.find(':') + 1);
+  if (isa.find("amx") != std::string::npos) return bf16_isa == "amx-bf16" ? bf16_peak_gflops : 0;
+  if (isa.find("bf16") != std::string::npos) return bf16_peak_gflops;
+  return fma_peak_gflops;
 }
 
 DeviceProfile measure_device(const BenchOptions& opts) {
@@ -493,7 +477,9 @@ DeviceProfile measure_device(const BenchOptions& opts) {
   p.date = today_utc();
   p.mem_bytes =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  measure_fma(p, opts.quick);
+  measure_peaks(p, opts.quick);
+  if (cpu::bf16_gemm_path() == cpu::Bf16GemmPath::onednn)
+    p.gemm_bf16_impl = cpu::bf16_gemm_impl_name(1024, 1024, 1024);
   const std::vector<int64_t> sizes =
       opts.quick ? std::vector<int64_t>{1024} : std::vector<int64_t>{1024, 2048};
   const int reps = opts.quick ? 2 : 3;
@@ -545,6 +531,9 @@ DeviceProfile DeviceProfile::from_json(const json& j) {
   p.gemm_bf16_tflops = j["gemm_tflops"].value("bf16", 0.0);
   p.gemm_f16_tflops = j["gemm_tflops"].value("f16", 0.0);
   p.fma_peak_gflops = positive(j, "fma_peak_tflops") * 1e3;
+  p.bf16_peak_gflops = j.value("bf16_peak_tflops", 0.0) * 1e3;
+  p.bf16_isa = j.value("bf16_isa", std::string());
+  p.gemm_bf16_impl = j.value("gemm_bf16_impl", std::string());
   p.mem_bw_gbs = positive(j, "mem_bw_gbs");
   p.mem_bytes = positive(j, "mem_bytes");
   p.mem_bw_cpu_gbs = j.value("mem_bw_cpu_gbs", 0.0);

@@ -24,10 +24,23 @@ TEST(DeviceProfile, QuickMeasurementIsPlausibleAndPlannerReadsIt) {
   EXPECT_GT(p.mem_bw_gbs, 0.5);
   EXPECT_LT(p.mem_bw_gbs, 5000.0);
   EXPECT_GT(p.mem_bytes, 1e8);
-  // A GEMM cannot beat the register-only FMA loop (10% slack for timing noise on a shared
-  // machine); bf16/f16 are storage types computed in f32 here, so the same bound holds.
+  // A GEMM cannot beat the register-only loop of the unit it ran on (10% slack for timing
+  // noise on a shared machine): the f32 FMA peak at the widest vector width, and for bf16 the
+  // bf16 unit's peak where oneDNN ran bf16 code on it (AMX, AVX512-BF16), else the FMA peak.
+  EXPECT_EQ(p.isa, fma_kernel().isa);
+  EXPECT_EQ(p.gemm_ceiling_gflops(Dtype::f32), p.fma_peak_gflops);
   EXPECT_LE(p.gemm_f32_tflops * 1e3, p.fma_peak_gflops * 1.1);
-  EXPECT_LE(p.gemm_bf16_tflops * 1e3, p.fma_peak_gflops * 1.1);
+  EXPECT_LE(p.gemm_f16_tflops * 1e3, p.fma_peak_gflops * 1.1);
+  if (bf16_kernel()) {
+    EXPECT_EQ(p.bf16_isa, bf16_kernel()->isa);
+    EXPECT_GT(p.bf16_peak_gflops, 0.0);
+  }
+  const double bf16_ceiling = p.gemm_ceiling_gflops(Dtype::bf16);
+  if (bf16_ceiling > 0)
+    EXPECT_LE(p.gemm_bf16_tflops * 1e3, bf16_ceiling * 1.1) << p.gemm_bf16_impl;
+  else
+    ADD_FAILURE() << "no ceiling for bf16 GEMMs run by " << p.gemm_bf16_impl << " (bf16 unit "
+                  << p.bf16_isa << ")";
   EXPECT_FALSE(p.rows.empty());
   // The engine's own kernels: every rate positive and under the FMA ceiling (the attention
   // rate counts the masked half of a causal product as done, so it gets twice the ceiling).
@@ -73,6 +86,56 @@ TEST(DeviceProfile, QuickMeasurementIsPlausibleAndPlannerReadsIt) {
   ASSERT_EQ(h.layer_curve.size(), 1u);
   EXPECT_NEAR(h.layer_curve[0].second, p.layer_f32_curve[0].second, 1e-9);
   std::filesystem::remove_all(dir);
+}
+
+// Each peak loop does the work it is rated for: its result after n iterations is the closed
+// form, and the widest unit the CPU reports is the one measured.
+TEST(DeviceProfile, PeakLoopsComputeTheirClosedFormOnEveryUnitPresent) {
+  const CpuFeatures& f = cpu_features();
+  const std::vector<PeakKernel> ks = peak_kernels();
+  ASSERT_FALSE(ks.empty());
+  EXPECT_STREQ(fma_kernel().isa, f.avx512f ? "avx512f" : f.avx2 && f.fma ? "avx2+fma" : "sse");
+  EXPECT_EQ(bf16_kernel().has_value(), f.avx512bf16 || (f.amx_tile && f.amx_bf16));
+  for (const PeakKernel& k : ks) {
+    for (int64_t iters : {int64_t{1}, int64_t{1000}}) {
+      const double want = k.result(iters), got = k.fn(iters);
+      EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << k.isa << " after " << iters;
+    }
+  }
+  // Flops per iteration: 12 chains of one vector each (f32 FMA: 2 flops a lane).
+  for (const PeakKernel& k : ks) {
+    const std::string isa = k.isa;
+    const double want = isa == "avx512f"       ? 12 * 16 * 2
+                        : isa == "avx2+fma"    ? 12 * 8 * 2
+                        : isa == "sse"         ? 12 * 4 * 2
+                        : isa == "avx512-bf16" ? 12 * 16 * 2 * 2
+                                               : 4 * 16 * 16 * 32 * 2;  // amx-bf16: 4 tiles
+    EXPECT_EQ(k.flops_per_iter, want) << isa;
+  }
+}
+
+TEST(DeviceProfile, Bf16CeilingFollowsTheImplementationThatRan) {
+  DeviceProfile p;
+  p.fma_peak_gflops = 100;
+  p.bf16_peak_gflops = 800;
+  p.bf16_isa = "amx-bf16";
+  EXPECT_EQ(p.gemm_ceiling_gflops(Dtype::bf16), 100);  // converted to f32
+  p.gemm_bf16_impl = "brg:avx512_core_amx_bf16";
+  EXPECT_EQ(p.gemm_ceiling_gflops(Dtype::bf16), 800);
+  p.gemm_bf16_impl = "jit_bf16:avx512_core";  // bf16 emulated on the FMA units
+  EXPECT_EQ(p.gemm_ceiling_gflops(Dtype::bf16), 100);
+  p.gemm_bf16_impl = "brg:avx512_core_bf16";
+  EXPECT_EQ(p.gemm_ceiling_gflops(Dtype::bf16), 800);
+  EXPECT_EQ(p.gemm_ceiling_gflops(Dtype::f32), 100);
+  p.bf16_isa = "avx512-bf16";
+  p.gemm_bf16_impl = "brg:avx512_core_amx_bf16";  // AMX ran but its loop was not measured
+  EXPECT_EQ(p.gemm_ceiling_gflops(Dtype::bf16), 0);
+  // The profile keeps all three through its JSON form.
+  p.gemm_f32_tflops = 0.05, p.mem_bw_gbs = 10, p.mem_bytes = 1e9;
+  const DeviceProfile q = DeviceProfile::from_json(p.to_json());
+  EXPECT_EQ(q.bf16_peak_gflops, 800);
+  EXPECT_EQ(q.bf16_isa, "avx512-bf16");
+  EXPECT_EQ(q.gemm_bf16_impl, "brg:avx512_core_amx_bf16");
 }
 
 TEST(DeviceProfile, UnwritablePathIsAnErrorAndLeavesNothing) {

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "hetrain/base/dtype.h"
 #include "hetrain/planning/catalog.h"
 
 namespace hetrain::insight {
@@ -34,6 +36,12 @@ struct DeviceProfile {
   int threads = 1;
   double llc_bytes = 0;        // last-level cache the triad buffers were sized against
   double fma_peak_gflops = 0;  // all threads, register-only FMA loop, per CPU second
+  // The bf16 unit's peak on the same basis (0 where the CPU has none) and its loop's ISA.
+  double bf16_peak_gflops = 0;
+  std::string bf16_isa;
+  // The oneDNN implementation bf16 GEMMs ran with ("brg:avx512_core_amx_bf16", ...), or ""
+  // where they were converted to f32.
+  std::string gemm_bf16_impl;
   double gemm_f32_tflops = 0, gemm_bf16_tflops = 0, gemm_f16_tflops = 0;  // best size
   double mem_bw_gbs = 0;  // triad, 2 reads + 1 write counted, per wall-clock second
   // The same triad per CPU second of this process times its threads: the bandwidth were the
@@ -65,20 +73,35 @@ struct DeviceProfile {
   /// move the ridge: compute (the FMA peak) and memory (the triad), and the ridge point in
   /// FLOP/byte where they meet.
   double peak_gflops() const { return fma_peak_gflops; }
+  /// The compute ceiling of the path a GEMM of `dt` ran on here: the bf16 unit's peak where
+  /// bf16 GEMMs ran on it (gemm_bf16_impl names AMX or AVX512-BF16 code), else the f32 FMA
+  /// peak. 0 when that unit's peak was not measured (oneDNN on AMX while the AMX loop could
+  /// not run).
+  double gemm_ceiling_gflops(Dtype dt) const;
   double roof_bw_gbs() const { return mem_bw_cpu_gbs > 0 ? mem_bw_cpu_gbs : mem_bw_gbs; }
   double ridge_flop_per_byte() const {
     return roof_bw_gbs() > 0 ? fma_peak_gflops / roof_bw_gbs() : 0;
   }
 };
 
-/// The register-only FMA loop this CPU runs fastest (AVX2+FMA when present, else SSE
-/// multiply+add): fn(iters) does iters * flops_per_iter flops and returns a value to sink.
-struct FmaKernel {
+/// A register-only loop that runs one compute unit at its peak: fn(iters) does
+/// iters * flops_per_iter flops and returns a value to sink, equal to result(iters) up to f32
+/// rounding (tests check that the loop did its work).
+struct PeakKernel {
   float (*fn)(int64_t iters);
   double flops_per_iter;
-  const char* isa;
+  const char* isa;  // "avx512f", "avx2+fma", "sse", "amx-bf16", "avx512-bf16"
+  bool bf16;        // bf16 products accumulated in f32, else f32 FMA
+  double (*result)(int64_t iters);
 };
-FmaKernel fma_kernel();
+/// Every such loop this CPU can run: the f32 ones widest first, then the bf16 ones, fastest
+/// unit first (AMX tiles where the CPU has them and Linux grants the tile state, AVX512-BF16
+/// dot products).
+std::vector<PeakKernel> peak_kernels();
+/// The widest f32 FMA loop (AVX-512, else AVX2+FMA, else SSE multiply+add).
+PeakKernel fma_kernel();
+/// The fastest bf16 loop, or nullopt on CPUs without bf16 instructions.
+std::optional<PeakKernel> bf16_kernel();
 
 /// Runs the measurements on the process-wide thread pool (all its threads).
 DeviceProfile measure_device(const BenchOptions& opts = {});
