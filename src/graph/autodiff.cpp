@@ -37,37 +37,8 @@ std::vector<std::shared_ptr<Node>> topo_order(const std::vector<Tensor>& roots) 
   return order;
 }
 
-/// acc + g. Where g is a gradient the vjp has just built (not one of the cotangents it was
-/// given, which other slots may hold too), of f32 or f64, by a primitive that can add an input
-/// as it writes its output, the sum is that primitive's one pass over the tensor instead of an
-/// add after it: a ResNet block input's gradient, one convolution's plus the other branch's.
-/// Both give the same bits (one addition of the same two values). Where acc is such a fresh
-/// gradient too and g's primitive can compute it alongside (with_second, either way round), the
-/// sum is one node that computes both: a downsampling block's shortcut and 3x3 convolution.
-Tensor accumulate(const Tensor& acc, const Tensor& g, const std::vector<Tensor>& given = {}) {
-  if (!acc.defined()) return g;
-  const bool exact = g.dtype() == Dtype::f32 || g.dtype() == Dtype::f64;
-  auto fresh = [&](const Tensor& t) {
-    const Node* n = t.node();
-    return n->rebuildable() &&
-           std::none_of(given.begin(), given.end(), [n](const Tensor& c) { return c.node() == n; });
-  };
-  if (!exact || acc.dtype() != g.dtype() || acc.shape() != g.shape() || !fresh(g))
-    return add(acc, g);
-  if (fresh(acc))
-    for (const auto& [a, b] : {std::pair{g, acc}, std::pair{acc, g}})
-      if (std::shared_ptr<Primitive> p = a.node()->prim->with_second(*b.node()->prim)) {
-        std::vector<Tensor> in = a.node()->inputs;
-        in.insert(in.end(), b.node()->inputs.begin(), b.node()->inputs.end());
-        return make_node1(std::move(p), std::move(in));
-      }
-  if (std::shared_ptr<Primitive> p = g.node()->prim->with_addend()) {
-    std::vector<Tensor> in = g.node()->inputs;
-    in.push_back(acc);
-    return make_node1(std::move(p), std::move(in));
-  }
-  return add(acc, g);
-}
+/// acc + g, or g where nothing was accumulated yet.
+Tensor accumulate(const Tensor& acc, const Tensor& g) { return acc.defined() ? add(acc, g) : g; }
 
 /// Reverse-mode sweep. relevant(n) says whether cotangents should flow into node n. Returns
 /// the cotangent of every output slot reached.
@@ -121,7 +92,7 @@ std::unordered_map<Node*, std::vector<Tensor>> backprop(
       auto& slots = cot[in.node()];
       slots.resize(in.node()->outs.size());
       Tensor g = grads[j].dtype() == in.dtype() ? grads[j] : cast(grads[j], in.dtype());
-      slots[in.index()] = accumulate(slots[in.index()], g, cts);
+      slots[in.index()] = accumulate(slots[in.index()], g);
     }
   }
   return cot;

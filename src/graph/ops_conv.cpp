@@ -180,27 +180,6 @@ std::string Conv2dBackwardInput::attrs() const {
          (addend_ ? " addend" : "") + (mask_ ? " relu-mask" : "");
 }
 
-std::shared_ptr<Primitive> Conv2dBackwardInput::with_addend() const {
-  // An addend joins the sum, which a mask must follow: not after one.
-  if (addend_ || mask_) return nullptr;
-  return std::make_shared<Conv2dBackwardInput>(win_, in_hw_, true, second_);
-}
-
-std::shared_ptr<Primitive> Conv2dBackwardInput::with_relu_mask() const {
-  if (mask_) return nullptr;
-  return std::make_shared<Conv2dBackwardInput>(win_, in_hw_, addend_, second_, true);
-}
-
-std::shared_ptr<Primitive> Conv2dBackwardInput::with_second(const Primitive& other) const {
-  const auto* o = dynamic_cast<const Conv2dBackwardInput*>(&other);
-  // Other's addend, if it has one, stays the last input: the sum's addend.
-  if (!o || addend_ || second_ || mask_ || o->second_ || o->mask_ || o->in_hw_ != in_hw_)
-    return nullptr;
-  // Only where one kernel computes both.
-  if (!one_pass_pair(win_, o->win_, in_hw_)) return nullptr;
-  return std::make_shared<Conv2dBackwardInput>(win_, in_hw_, o->addend_, o->win_);
-}
-
 Cost Conv2dBackwardInput::cost(const std::vector<TensorMeta>& in,
                                const std::vector<TensorMeta>& out) const {
   Cost c = Primitive::cost(in, out);

@@ -31,19 +31,8 @@ std::vector<Tensor> BatchNorm2d::vjp(const std::vector<Tensor>& x, const std::ve
                                      const std::vector<int>& argnums) const {
   Tensor gy = g[0].defined() ? g[0] : zeros_like(y[0]);
   // With a residual the relu's mask is not a function of x alone: it comes from y, and the
-  // masked gradient is also the residual's. Where gy is a gradient just built by a primitive that
-  // can mask its own output (the next block's input gradient), that node does it as it writes.
-  if (residual_ && relu_) {
-    const Node* n = gy.node();
-    std::shared_ptr<Primitive> p = n->rebuildable() ? n->prim->with_relu_mask() : nullptr;
-    if (p) {
-      std::vector<Tensor> in = n->inputs;
-      in.push_back(y[0]);
-      gy = make_node1(std::move(p), std::move(in));
-    } else {
-      gy = relu_grad(y[0], gy);
-    }
-  }
+  // masked gradient is also the residual's.
+  if (residual_ && relu_) gy = relu_grad(y[0], gy);
   auto grads = make_node(std::make_shared<BatchNorm2dBackward>(eps_, relu_ && !residual_),
                          {x[0], y[1], y[2], gy, x[1], x[2]});  // dx, dweight, dbias
   std::vector<Tensor> r;

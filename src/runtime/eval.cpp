@@ -15,6 +15,7 @@
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/primitive.h"
+#include "hetrain/runtime/fusion.h"
 #include "hetrain/runtime/perf_model.h"
 #include "hetrain/runtime/scheduler.h"
 #include "runtime/internal.h"
@@ -598,6 +599,7 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
     }
   }
   if (order.empty()) return;
+  if (runtime::fusion_enabled()) runtime::fuse_nodes(order);
   ++g_evals;
   g_nodes_run += static_cast<int64_t>(order.size());
   // Keep the targets' nodes alive; intermediates live as long as their consumers do.

@@ -424,7 +424,7 @@ TEST_F(Cuda, Conv2dForwardAndBothGradients) {
 }
 
 TEST_F(Cuda, Conv2dInputGradientWithTheOtherBranch) {
-  // x feeds a convolution and x * r2: autodiff sums the two gradients in the convolution's
+  // x feeds a convolution and x * r2: the fusion pass sums the two gradients in the convolution's
   // input-gradient node (its addend form, f32/f64), which the CUDA kernel adds after col2im.
   for (Dtype dt : {Dtype::f32, Dtype::f64}) {
     for (const ConvCase& c : kConvCases) {
@@ -444,8 +444,8 @@ TEST_F(Cuda, Conv2dInputGradientWithTheOtherBranch) {
 
 TEST_F(Cuda, Conv2dShortcutAndSiblingInputGradientsInOneNode) {
   // x feeds a 3x3 and a 1x1 stride-2 convolution (a ResNet downsampling block) and x * r3:
-  // autodiff sums the three gradients in one input-gradient node (with_second, then the
-  // addend); the CUDA kernel adds the second convolution's gradient and the addend after its own.
+  // the fusion pass sums the three gradients in one input-gradient node (the second window,
+  // then the addend); the CUDA kernel adds the second convolution's gradient and the addend after its own.
   for (Dtype dt : {Dtype::f32, Dtype::f64}) {
     Tensor x = input({3, 8, 14, 13}, dt, 64), w1 = input({12, 8, 3, 3}, dt, 65);
     Tensor w2 = input({12, 8, 1, 1}, dt, 66);
@@ -462,9 +462,9 @@ TEST_F(Cuda, Conv2dShortcutAndSiblingInputGradientsInOneNode) {
 }
 
 TEST_F(Cuda, Conv2dPairAndReluMaskedInputGradient) {
-  // conv2d_pair (one node forward, one for both weight gradients, the with_second input
-  // gradient) after a residual block's relu(bn(z) + r), whose gradient is that input gradient
-  // with the relu's mask (with_relu_mask): the CUDA kernels run the pair one convolution after
+  // conv2d_pair (one node forward, one for both weight gradients, the paired input gradient)
+  // after a residual block's relu(bn(z) + r), whose gradient is that input gradient with the
+  // relu's mask: the CUDA kernels run the pair one convolution after
   // the other and mask after.
   for (Dtype dt : {Dtype::f32, Dtype::f64}) {
     Tensor z = input({3, 8, 14, 13}, dt, 70), r = input({3, 8, 14, 13}, dt, 71);

@@ -16,6 +16,7 @@
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/graph/primitive.h"
+#include "hetrain/runtime/fusion.h"
 #include "testing.h"
 
 using namespace hetrain;
@@ -149,7 +150,7 @@ TEST(ConvDnnl, UnevenChunksForAnyThreadCount) {
 }
 
 TEST(ConvDnnl, InputGradientTakesTheOtherBranchAsItWrites) {
-  // x feeds a convolution and a second branch (x * r2): autodiff sums the two gradients in the
+  // x feeds a convolution and a second branch (x * r2): the fusion pass sums the two gradients in the
   // convolution's input-gradient pass (its addend form), with the same bits as convT + r2 by a
   // separate add, on every path and in f64; the summed tensor is that pass's output.
   struct Path {
@@ -171,6 +172,7 @@ TEST(ConvDnnl, InputGradientTakesTheOtherBranchAsItWrites) {
         Tensor x = seq(c.x, 1, dt), w = seq(c.w, 2, dt);
         Tensor r1 = seq(conv2d(x, w, {}, c.s, c.p).shape(), 4, dt), r2 = seq(c.x, 5, dt);
         Tensor both = grad({sum(conv2d(x, w, {}, c.s, c.p) * r1) + sum(x * r2)}, {x})[0];
+        runtime::fuse({both});
         Tensor conv_only = grad({sum(conv2d(x, w, {}, c.s, c.p) * r1)}, {x})[0];
         Tensor separate = add(r2, conv_only);
         ASSERT_NE(both.node()->prim, nullptr) << what;
@@ -187,7 +189,7 @@ TEST(ConvDnnl, InputGradientTakesTheOtherBranchAsItWrites) {
 
 TEST(ConvDnnl, ShortcutAndSiblingInputGradientsInOnePass) {
   // x feeds a 3x3 stride-2 convolution and a 1x1 stride-2 one (a ResNet downsampling block) and
-  // a third branch: autodiff sums the two input gradients in one node (with_second), with the
+  // a third branch: the fusion pass sums the two input gradients in one node, with the
   // third as its addend. Against the three gradients taken one by one in f64 and added, on the
   // direct kernel (which takes both in one pass), on the fallbacks (the 7-wide case, and every
   // path turned off in turn) and in f64.
@@ -220,6 +222,7 @@ TEST(ConvDnnl, ShortcutAndSiblingInputGradientsInOnePass) {
         const std::string at =
             what + " " + std::string(dtype_name(dt)) + " paths off " + std::to_string(off);
         std::vector<Tensor> g = grads(dt, true);
+        runtime::fuse({g[0]});
         const Node* n = g[0].node();
         ASSERT_NE(n->prim, nullptr) << at;
         EXPECT_STREQ(n->prim->name(), "conv2d_backward_input") << at;
@@ -241,7 +244,7 @@ TEST(ConvDnnl, ShortcutAndSiblingInputGradientsInOnePass) {
 }
 
 TEST(ConvDnnl, SummedInputGradientsDifferentiateLikeEachAlone) {
-  // The with_second node's own vjp (second derivatives): d/dw1 and d/dw2 of sum(dx * q), dx the
+  // The paired input-gradient node's own vjp (second derivatives): d/dw1 and d/dw2 of sum(dx * q), dx the
   // summed input gradient, against the same through each convolution's input gradient alone.
   const Dtype dt = Dtype::f64;
   Tensor x = seq({2, 8, 16, 13}, 1, dt), w1 = seq({6, 8, 3, 3}, 2, dt);
@@ -250,6 +253,7 @@ TEST(ConvDnnl, SummedInputGradientsDifferentiateLikeEachAlone) {
   auto y2 = [&] { return conv2d(x, w2, {}, {2, 2}, {0, 0}); };
   Tensor r1 = seq(y1().shape(), 4, dt), r2 = seq(y2().shape(), 5, dt), q = seq(x.shape(), 6, dt);
   Tensor dx = grad({sum(y1() * r1) + sum(y2() * r2)}, {x})[0];
+  runtime::fuse({dx});
   ASSERT_NE(dx.node()->prim->attrs().find(" + "), std::string::npos);
   std::vector<Tensor> got = grad({sum(dx * q)}, {w1, w2, r1, r2});
   Tensor dx1 = grad({sum(y1() * r1)}, {x})[0], dx2 = grad({sum(y2() * r2)}, {x})[0];
@@ -263,7 +267,7 @@ TEST(ConvDnnl, SummedInputGradientsDifferentiateLikeEachAlone) {
 TEST(ConvDnnl, PairedConvolutionsInOnePass) {
   // conv2d_pair: a 3x3 stride-2 convolution and a 1x1 stride-2 one of the same x (a ResNet
   // downsampling block) as one node, whose weight gradients are one node too and whose input
-  // gradient is the with_second node. The stride-2 direct kernels split x once for both: at 13
+  // gradient is the paired input-gradient node. The stride-2 direct kernels split x once for both: at 13
   // wide, the forward and the weight gradients; at 7 wide, the forward only (the gradients fall
   // back to one convolution after the other). Outputs and gradients against each convolution
   // alone in f64, on the fused kernels, with the direct kernels off, with oneDNN off too, and in
@@ -292,6 +296,7 @@ TEST(ConvDnnl, PairedConvolutionsInOnePass) {
       };
       std::vector<Tensor> g = value_and_grad(loss, {x, w1, w2}).second;
       if (paired) {
+        runtime::fuse({g[0]});
         EXPECT_EQ(y1.node(), y2.node()) << at;
         EXPECT_STREQ(y1.node()->prim->name(), "conv2d") << at;
         EXPECT_NE(y1.node()->prim->attrs().find(" + kernel=(1, 1)"), std::string::npos) << at;
@@ -394,7 +399,7 @@ TEST(ConvDnnl, PairedConvolutionsOtherwiseTwoNodes) {
 TEST(ConvDnnl, ReluMaskedInputGradientInOnePass) {
   // A residual block's output relu(bn(z) + r) feeding the next block's paired convolutions: the
   // gradient through that relu is the pairs' input gradient masked where the output is not > 0,
-  // which the stride-2 direct kernel writes in its one pass (with_relu_mask) and the other
+  // which the stride-2 direct kernel writes in its one pass (the fusion pass's mask rule) and the other
   // paths mask after. Against the unmasked input gradient masked here, in f64, for the fused
   // kernel, the fallback (7 wide: oneDNN and a masking pass; direct off) and f64.
   struct Block {
@@ -436,6 +441,7 @@ TEST(ConvDnnl, ReluMaskedInputGradientInOnePass) {
         zl.requires_grad_(true);
         rl.requires_grad_(true);
         Tensor dr = grad({loss({zl, rl})}, {rl})[0];
+        runtime::fuse({dr});
         const Node* n = dr.node();
         ASSERT_NE(n->prim, nullptr) << at;
         EXPECT_STREQ(n->prim->name(), "conv2d_backward_input") << at;
@@ -461,20 +467,30 @@ TEST(ConvDnnl, ReluMaskedInputGradientDifferentiatesLikeTheMaskAfter) {
   Tensor w2 = seq({6, 8, 1, 1}, 3, dt), q = seq(m.shape(), 6, dt);
   auto [p1, p2] = conv2d_pair(m, w1, {2, 2}, {1, 1}, w2, {2, 2}, {0, 0});
   Tensor r1 = seq(p1.shape(), 4, dt), r2 = seq(p2.shape(), 5, dt);
-  Tensor dx = grad({sum(p1 * r1) + sum(p2 * r2)}, {m})[0];
-  const Node* n = dx.node();
-  std::shared_ptr<Primitive> masked = n->prim->with_relu_mask();
-  ASSERT_NE(masked, nullptr);
-  EXPECT_EQ(masked->with_relu_mask(), nullptr);
-  EXPECT_EQ(masked->with_addend(), nullptr);  // an addend would join after the mask
-  std::vector<Tensor> in = n->inputs;
-  in.push_back(m);
-  Tensor got_dx = make_node1(masked, in);
-  Tensor want_dx = relu_grad(m, dx);
-  expect_close(got_dx.to_vector<double>(), want_dx.to_vector<double>(), 1e-12, 1e-12, "dx");
+  auto dx = [&] { return grad({sum(p1 * r1) + sum(p2 * r2)}, {m})[0]; };
+  Tensor got_dx = relu_grad(m, dx());
+  runtime::fuse({got_dx});
+  ASSERT_STREQ(got_dx.node()->prim->name(), "conv2d_backward_input");
+  EXPECT_NE(got_dx.node()->prim->attrs().find("relu-mask"), std::string::npos)
+      << got_dx.node()->prim->attrs();
+  // The masked node takes neither a second mask nor an addend (which would join after it).
+  Tensor twice = relu_grad(q, relu_grad(m, dx()));
+  runtime::fuse({twice});
+  EXPECT_STREQ(twice.node()->prim->name(), "relu_backward");
+  Tensor plus = relu_grad(m, dx()) + q;
+  runtime::fuse({plus});
+  EXPECT_STREQ(plus.node()->prim->name(), "add");
+  EXPECT_NE(plus.node()->inputs[0].node()->prim->attrs().find("relu-mask"), std::string::npos);
+  // The reference: the mask as a separate node, and its derivatives, all run unfused.
+  runtime::set_fusion_enabled(false);
+  Tensor want_dx = relu_grad(m, dx());
+  std::vector<std::vector<double>> want = {want_dx.to_vector<double>()};
+  for (const Tensor& t : grad({sum(want_dx * q)}, {w1, w2, r1, r2}))
+    want.push_back(t.to_vector<double>());
+  runtime::set_fusion_enabled(true);
+  expect_close(got_dx.to_vector<double>(), want[0], 1e-12, 1e-12, "dx");
   std::vector<Tensor> got = grad({sum(got_dx * q)}, {w1, w2, r1, r2});
-  std::vector<Tensor> want = grad({sum(want_dx * q)}, {w1, w2, r1, r2});
   const char* names[] = {"dw1", "dw2", "dr1", "dr2"};
-  for (size_t i = 0; i < want.size(); ++i)
-    expect_close(got[i].to_vector<double>(), want[i].to_vector<double>(), 1e-9, 1e-9, names[i]);
+  for (size_t i = 0; i < got.size(); ++i)
+    expect_close(got[i].to_vector<double>(), want[i + 1], 1e-9, 1e-9, names[i]);
 }

@@ -54,22 +54,6 @@ class Primitive {
   virtual bool is_view() const { return false; }
   /// Attributes for display, e.g. "axes=(0, 1)".
   virtual std::string attrs() const { return ""; }
-  /// The same primitive taking one more input, of its single output's shape and dtype, that it
-  /// adds to that output as it writes it (bit for bit what a separate add would give); null
-  /// where it has no such form. Autodiff uses it to sum a fresh gradient with another.
-  virtual std::shared_ptr<Primitive> with_addend() const { return nullptr; }
-  /// The same primitive also computing `other`'s output and returning the sum of the two, its
-  /// inputs followed by other's; null where the pair has no such form. Autodiff uses it to sum
-  /// two gradients that a kernel computes better together (a ResNet shortcut's input gradient
-  /// with its 3x3 sibling's).
-  virtual std::shared_ptr<Primitive> with_second(const Primitive& /*other*/) const {
-    return nullptr;
-  }
-  /// The same primitive taking one more input m, of its single output's shape and dtype, and
-  /// writing zero where m is not > 0 (bit for bit relu_grad(m, output)); null where it has no
-  /// such form. Autodiff uses it for a fresh gradient through a relu whose mask comes from the
-  /// relu's output (a ResNet block's last relu, after the residual add).
-  virtual std::shared_ptr<Primitive> with_relu_mask() const { return nullptr; }
 };
 
 }  // namespace hetrain

@@ -104,9 +104,6 @@ struct Node {
   uint64_t mark = 0;                // traversal scratch
   std::vector<Replica> replicas;    // copies of outputs on other memory nodes (runtime)
   bool evaluated() const { return !outs.empty() && outs[0].has_data(); }
-  /// Not yet run, one output, a primitive: autodiff may build another form of its primitive
-  /// (with_addend, with_second, with_relu_mask) over its inputs in its place.
-  bool rebuildable() const { return prim && outs.size() == 1 && !evaluated(); }
 };
 
 /// Pins the nodes built on this thread inside the scope to a device: the scheduler runs them

@@ -55,13 +55,14 @@ class Conv2d final : public Primitive {
 /// dx (N, C, H, W) from g (N, O, Ho, Wo) and w (O, C, kh, kw): the transposed convolution
 /// (GEMM into columns, then col2im). With `addend`, a third input r of dx's shape and dtype is
 /// added as dx is written: a ResNet block input's gradient, this convolution's plus the other
-/// branch's, without a separate add over the tensor (with_addend; f32 and f64). With a second
-/// window (with_second), two more inputs g2 and w2 of a second convolution of the same input
-/// come before the addend, and dx is the sum of both input gradients: a ResNet downsampling
-/// block's 1x1 shortcut and 3x3 convolution, which the stride-2 direct kernel computes in one
-/// pass (the shortcut's taps join the 3x3's phase planes). With a relu mask (with_relu_mask), a
-/// last input m of dx's shape: dx is zero where m is not > 0, written so by the stride-2 direct
-/// kernel (a downsampling block's input is the previous block's relu output).
+/// branch's, without a separate add over the tensor (f32 and f64). With a second window, two
+/// more inputs g2 and w2 of a second convolution of the same input come before the addend, and
+/// dx is the sum of both input gradients: a ResNet downsampling block's 1x1 shortcut and 3x3
+/// convolution, which the stride-2 direct kernel computes in one pass (the shortcut's taps join
+/// the 3x3's phase planes). With a relu mask, a last input m of dx's shape: dx is zero where m
+/// is not > 0, written so by the stride-2 direct kernel (a downsampling block's input is the
+/// previous block's relu output). The fusion pass (runtime/fusion.h) builds these forms from
+/// the adds and relu gradients that autodiff writes.
 class Conv2dBackwardInput final : public Primitive {
  public:
   Conv2dBackwardInput(Window2d win, std::array<int64_t, 2> in_hw, bool addend = false,
@@ -81,15 +82,17 @@ class Conv2dBackwardInput final : public Primitive {
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override;
-  std::shared_ptr<Primitive> with_addend() const override;
-  std::shared_ptr<Primitive> with_second(const Primitive& other) const override;
-  std::shared_ptr<Primitive> with_relu_mask() const override;
+  const Window2d& window() const { return win_; }
+  std::array<int64_t, 2> in_hw() const { return in_hw_; }
+  bool addend() const { return addend_; }
+  const std::optional<Window2d>& second() const { return second_; }
+  bool relu_mask() const { return mask_; }
 
  private:
   Window2d win_;
   std::array<int64_t, 2> in_hw_;
   bool addend_;
-  /// With a second convolution (with_second): inputs g, w, g2, w2 [, addend], and dx is the sum
+  /// With a second convolution: inputs g, w, g2, w2 [, addend], and dx is the sum
   /// of both convolutions' input gradients.
   std::optional<Window2d> second_;
   bool mask_;  // a last input m: dx = relu_grad(m, dx)

@@ -1,0 +1,40 @@
+// Fusion: a rewrite pass over the nodes an eval() is about to run. Each rule of a table matches
+// a node and the producers it alone consumes, and rewrites that node in place into a fused
+// primitive that computes the same value in fewer passes (a convolution's input gradient that
+// adds a second convolution's, adds an addend or applies a relu mask as it writes). The absorbed
+// producers are dropped from the run. Primitives carry no fusion hooks: a rule builds the fused
+// primitive itself and checks there that it applies; the fused primitive's vjp is that of the
+// composition it replaces.
+//
+//   runtime::set_fusion_enabled(false);  // or HETRAIN_FUSION=0: run every node as built
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "hetrain/graph/tensor.h"
+
+namespace hetrain::runtime {
+
+/// Whether eval() runs the pass (default on; HETRAIN_FUSION=0 in the environment turns it off).
+bool fusion_enabled();
+/// Overrides the environment for this process (A/B comparisons, tests).
+void set_fusion_enabled(bool on);
+
+/// One rule: apply(n, absorbed) rewrites node n when it matches, appending the producers it
+/// absorbed (which nothing else references) to `absorbed`, and says whether it did.
+struct FusionRule {
+  const char* name;
+  bool (*apply)(Node& n, std::vector<std::shared_ptr<Node>>& absorbed);
+};
+/// The rules, in the order the pass tries them on each node.
+const std::vector<FusionRule>& fusion_rules();
+
+/// Runs the rules over `order` (unevaluated nodes, inputs before consumers) and removes the
+/// absorbed nodes from it; returns the number of nodes rewritten.
+int fuse_nodes(std::vector<Node*>& order);
+/// The same pass over the unevaluated graph that `targets` depend on, without running it: what
+/// eval() would run, for inspection and tests. Returns the number of nodes rewritten.
+int fuse(const std::vector<Tensor>& targets);
+
+}  // namespace hetrain::runtime

@@ -1,0 +1,169 @@
+#include "hetrain/runtime/fusion.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <tuple>
+#include <unordered_set>
+
+#include "graph/prims/conv.h"
+#include "graph/prims/elementwise.h"
+#include "hetrain/graph/primitive.h"
+
+namespace hetrain::runtime {
+
+namespace {
+
+std::atomic<int> g_fusion{-1};  // -1: not yet read from the environment
+
+/// t's producer when it is an unevaluated convolution input gradient that only this reference
+/// holds: absorbing it into the consumer changes nothing that anyone else can see.
+const Conv2dBackwardInput* sole_input_gradient(const Tensor& t) {
+  const Node* p = t.node();
+  if (!p || !p->prim || p->evaluated() || p->outs.size() != 1 || t.node_ptr().use_count() != 1)
+    return nullptr;
+  return dynamic_cast<const Conv2dBackwardInput*>(p->prim.get());
+}
+
+template <class P>
+bool is(const Node& n) {
+  return n.prim && dynamic_cast<const P*>(n.prim.get()) != nullptr;
+}
+
+/// Rewrites n into prim over `inputs`, recording the producers of `gone` as absorbed.
+void rewrite(Node& n, std::shared_ptr<Primitive> prim, std::vector<Tensor> inputs,
+             std::initializer_list<const Tensor*> gone,
+             std::vector<std::shared_ptr<Node>>& absorbed) {
+  for (const Tensor* t : gone) absorbed.push_back(t->node_ptr());
+  n.prim = std::move(prim);
+  n.inputs = std::move(inputs);
+}
+
+std::vector<Tensor> concat(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  std::vector<Tensor> r = a;
+  r.insert(r.end(), b.begin(), b.end());
+  return r;
+}
+
+// The sum of two input gradients of convolutions of the same input, in one pass where one
+// kernel computes both (one_pass_pair: a ResNet downsampling block's 3x3 and 1x1 shortcut):
+// a's inputs, then b's (b's addend, if any, stays the last input).
+std::shared_ptr<Primitive> paired(const Conv2dBackwardInput& a, const Conv2dBackwardInput& b) {
+  if (a.addend() || a.second() || a.relu_mask() || b.second() || b.relu_mask() ||
+      a.in_hw() != b.in_hw() || !one_pass_pair(a.window(), b.window(), a.in_hw()))
+    return nullptr;
+  return std::make_shared<Conv2dBackwardInput>(a.window(), a.in_hw(), b.addend(), b.window());
+}
+
+// add(a, b) of convolution input gradients (f32, f64: the addend form's kernels are exact
+// there): both in one node (paired), else one of them adding the other as it writes. The
+// newer gradient (b, as autodiff builds acc + g) is tried first. Same bits: one addition of the
+// same two values either way.
+bool fuse_input_gradient_sum(Node& n, std::vector<std::shared_ptr<Node>>& absorbed) {
+  if (!is<Binary<AddOp>>(n)) return false;
+  const Tensor &a = n.inputs[0], &b = n.inputs[1];
+  if (a.dtype() != Dtype::f32 && a.dtype() != Dtype::f64) return false;
+  const Conv2dBackwardInput *pa = sole_input_gradient(a), *pb = sole_input_gradient(b);
+  if (pa && pb) {
+    if (auto p = paired(*pb, *pa)) {
+      rewrite(n, p, concat(b.node()->inputs, a.node()->inputs), {&a, &b}, absorbed);
+      return true;
+    }
+    if (auto p = paired(*pa, *pb)) {
+      rewrite(n, p, concat(a.node()->inputs, b.node()->inputs), {&a, &b}, absorbed);
+      return true;
+    }
+  }
+  // An addend joins the sum, which a mask must follow: not after one.
+  for (auto [g, other, pg] : {std::tuple{&b, &a, pb}, std::tuple{&a, &b, pa}}) {
+    if (!pg || pg->addend() || pg->relu_mask()) continue;
+    auto p = std::make_shared<Conv2dBackwardInput>(pg->window(), pg->in_hw(), true, pg->second());
+    std::vector<Tensor> in = g->node()->inputs;
+    in.push_back(*other);
+    rewrite(n, p, std::move(in), {g}, absorbed);
+    return true;
+  }
+  return false;
+}
+
+// relu_backward(m, g) of a convolution input gradient g: the gradient kernel zeroes dx where m
+// is not > 0 as it writes (a ResNet block's output relu, whose mask is the block output).
+bool fuse_input_gradient_relu_mask(Node& n, std::vector<std::shared_ptr<Node>>& absorbed) {
+  if (!is<Binary<ReluGradOp>>(n)) return false;
+  const Tensor &m = n.inputs[0], &g = n.inputs[1];
+  const Conv2dBackwardInput* pg = sole_input_gradient(g);
+  if (!pg || pg->relu_mask()) return false;
+  auto p = std::make_shared<Conv2dBackwardInput>(pg->window(), pg->in_hw(), pg->addend(),
+                                                 pg->second(), true);
+  std::vector<Tensor> in = g.node()->inputs;
+  in.push_back(m);
+  rewrite(n, p, std::move(in), {&g}, absorbed);
+  return true;
+}
+
+}  // namespace
+
+bool fusion_enabled() {
+  int v = g_fusion.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("HETRAIN_FUSION");
+    v = env && std::strcmp(env, "0") == 0 ? 0 : 1;
+    g_fusion.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void set_fusion_enabled(bool on) { g_fusion.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+const std::vector<FusionRule>& fusion_rules() {
+  static const std::vector<FusionRule> rules = {
+      {"conv input gradient sum", fuse_input_gradient_sum},
+      {"conv input gradient relu mask", fuse_input_gradient_relu_mask},
+  };
+  return rules;
+}
+
+int fuse_nodes(std::vector<Node*>& order) {
+  std::vector<std::shared_ptr<Node>> absorbed;
+  int rewritten = 0;
+  // Inputs come first, so a node's producers have had their rules before it has its own.
+  for (Node* n : order)
+    for (const FusionRule& r : fusion_rules())
+      if (r.apply(*n, absorbed)) {
+        ++rewritten;
+        break;
+      }
+  if (absorbed.empty()) return rewritten;
+  std::unordered_set<const Node*> gone;
+  for (const auto& p : absorbed) gone.insert(p.get());
+  order.erase(std::remove_if(order.begin(), order.end(),
+                             [&](const Node* n) { return gone.count(n) != 0; }),
+              order.end());
+  return rewritten;
+}
+
+int fuse(const std::vector<Tensor>& targets) {
+  // Post-order over the unevaluated nodes, as eval() builds it.
+  std::vector<Node*> order;
+  std::unordered_set<const Node*> seen;
+  std::vector<std::pair<Node*, size_t>> stack;
+  for (const Tensor& t : targets) {
+    Node* root = t.node();
+    if (!root || root->evaluated() || !seen.insert(root).second) continue;
+    stack.emplace_back(root, 0);
+    while (!stack.empty()) {
+      auto& [cur, i] = stack.back();
+      if (i < cur->inputs.size()) {
+        Node* in = cur->inputs[i++].node();
+        if (in->prim && !in->evaluated() && seen.insert(in).second) stack.emplace_back(in, 0);
+      } else {
+        order.push_back(cur);
+        stack.pop_back();
+      }
+    }
+  }
+  return fuse_nodes(order);
+}
+
+}  // namespace hetrain::runtime
