@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "hetrain/base/error.h"
 #include "hetrain/planning/calibration.h"
+#include "hetrain/planning/explain.h"
 #include "hetrain/planning/report.h"
 
 namespace hetrain::cli {
@@ -126,7 +127,13 @@ void print_plan(const Job& job, const Plan& p, const Hardware& hw) {
   if (m.host_per_device > 0) row("host memory for offload", m.host_per_device);
   std::cout << "  -> " << (p.fits ? "fits" : "DOES NOT FIT: " + p.fit_reason) << "\n\n";
   std::cout << "time per step\n";
-  trow("compute (fwd + bwd + recompute)", t.compute);
+  if (job.achieved_tflops) {
+    trow("step at --achieved-tflops " + sig(*job.achieved_tflops), t.step);
+    std::cout << "    (end to end, as published figures count it: FLOPs incl. recompute / wall "
+                 "time;\n     communication, bubble and optimizer are inside; --kernel-tflops "
+                 "adds them)\n";
+  }
+  if (!job.achieved_tflops) trow("compute (fwd + bwd + recompute)", t.compute);
   if (t.recompute > 0) trow("  of which recompute", t.recompute);
   if (t.tp_comm > 0) trow("tensor-parallel communication", t.tp_comm);
   if (t.pp_comm > 0) trow("pipeline sends", t.pp_comm);
@@ -135,10 +142,12 @@ void print_plan(const Job& job, const Plan& p, const Hardware& hw) {
     trow("data-parallel/ZeRO comm (total)", t.dp_comm);
     trow("  exposed after overlap", t.dp_exposed);
   }
-  trow(p.strategy.offload == Offload::none ? "optimizer step" : "optimizer step (CPU)",
-       t.optimizer);
-  if (t.offload > 0) trow("offload transfers (exposed)", t.offload);
-  trow("step", t.step);
+  if (!job.achieved_tflops) {
+    trow(p.strategy.offload == Offload::none ? "optimizer step" : "optimizer step (CPU)",
+         t.optimizer);
+    if (t.offload > 0) trow("offload transfers (exposed)", t.offload);
+    trow("step", t.step);
+  }
   std::cout << "\nthroughput: " << sig(p.tokens_per_s)
             << (model.is_transformer() ? " tokens/s" : " images/s") << ", "
             << sig(p.achieved_tflops_per_gpu) << " TFLOP/s per device (recompute included; "
@@ -161,8 +170,12 @@ void print_plan_line(const Plan& p) {
             << pad(fixed(100 * p.mfu, 1) + "%", 7) << p.strategy.describe() << "\n";
 }
 
-void print_calibration(const CalibrationReport& rep, const std::string& path) {
+void print_calibration(const CalibrationReport& rep, const std::string& path, bool calibrate) {
   std::cout << "measured runs (" << path << "): predicted vs measured step time\n";
+  if (calibrate)
+    for (const auto& k : rep.skipped)
+      std::cout << "  skipped " << pad(k.label.empty() ? k.hardware : k.label, 40) << k.reason
+                << "\n";
   for (const auto& c : rep.runs) {
     std::cout << "  " << pad(c.run.label.empty() ? c.run.job.model.name : c.run.label, 40)
               << pad(c.run.hardware, 12) << "measured " << sig(c.run.step_time_s)
@@ -179,6 +192,34 @@ void print_calibration(const CalibrationReport& rep, const std::string& path) {
     std::cout << "; after calibration (leave-one-out) " << fixed(100 * *rep.mean_abs_loo_error, 1)
               << "%";
   std::cout << "\n\n";
+}
+
+// --explain for one plan: the terms of its step time, largest first, and how the time moves
+// with the next-smaller and next-larger device count.
+void print_explain(const Job& job, const Catalog& cat, const Hardware& hw, const Plan& plan) {
+  (void)cat;
+  PlanExplanation ex = explain_plan(job, hw, plan);
+  std::cout << "\nwhere the step time goes (" << sig(plan.time.step) << " s):\n";
+  for (const auto& t : ex.terms)
+    std::cout << "  " << pad(t.name, 52) << pad(sig(t.seconds) + " s", 12)
+              << fixed(100 * t.seconds / plan.time.step, 1) << "%\n";
+  auto neighbour = [&](const char* which, const std::optional<Plan>& q) {
+    if (!q) {
+      std::cout << "  " << which << ": none (" << (ex.note.empty() ? "no valid count" : ex.note)
+                << ")\n";
+      return;
+    }
+    std::cout << "  " << which << ": " << q->gpus << " devices";
+    if (q->strategy.describe() != plan.strategy.describe())
+      std::cout << " (" << strategy_changes(plan.strategy, q->strategy) << " to fit)";
+    std::cout << ": step " << sig(q->time.step) << " s, " << sig(q->train_days) << " days ("
+              << fixed(q->train_days / plan.train_days, 2) << "x), " << sig(q->gpu_hours)
+              << " device-hours (" << fixed(q->gpu_hours / plan.gpu_hours, 2) << "x)\n";
+  };
+  std::cout << "\nwith fewer or more devices (" << plan.gpus << " now: " << sig(plan.train_days)
+            << " days, " << sig(plan.gpu_hours) << " device-hours):\n";
+  neighbour("next smaller", ex.smaller);
+  neighbour("next larger", ex.larger);
 }
 
 int64_t positive_int(const ArgParser& p, const std::string& flag) {
@@ -227,7 +268,12 @@ int cmd_plan(const Args& args) {
       .option("recompute", "MODE", "none|selective|full")
       .option("precision", "P", "bf16|fp16|fp32", "bf16")
       .flag("no-sequence-parallel", "do not shard activations along the sequence under tp")
-      .option("achieved-tflops", "X", "compute rate per device instead of the efficiency model")
+      .option("achieved-tflops", "X",
+              "end-to-end TFLOP/s per device as papers publish it (FLOPs incl. recompute / "
+              "wall time):\nthe step is FLOPs / (devices x X), nothing added")
+      .option("kernel-tflops", "X",
+              "compute rate per device instead of the efficiency model; communication, "
+              "bubble and\noptimizer are added")
       .option("price", "USD", "price per device-hour instead of the catalog's")
       .option("budget", "USD", "search: maximum cost")
       .option("deadline", "DAYS", "search: maximum training days")
@@ -333,7 +379,15 @@ int cmd_plan(const Args& args) {
   }
   if (p.given("achieved-tflops")) {
     job.achieved_tflops = p.get_double("achieved-tflops");
-    if (*job.achieved_tflops <= 0) fail("[plan] --achieved-tflops must be positive");
+    if (!(*job.achieved_tflops > 0) || !std::isfinite(*job.achieved_tflops))
+      fail("[plan] --achieved-tflops must be a positive number");
+  }
+  if (p.given("kernel-tflops")) {
+    if (p.given("achieved-tflops"))
+      fail("[plan] give --achieved-tflops (end to end) or --kernel-tflops (compute only), not both");
+    job.kernel_tflops = p.get_double("kernel-tflops");
+    if (!(*job.kernel_tflops > 0) || !std::isfinite(*job.kernel_tflops))
+      fail("[plan] --kernel-tflops must be a positive number");
   }
   if (p.given("price")) job.price_per_hour = parse_count(p.get("price"), "--price");
 
@@ -344,11 +398,17 @@ int cmd_plan(const Args& args) {
       p.given("measured") || (!measured.empty() && std::filesystem::exists(measured));
   if (have_measured) {
     CalibrationReport rep = compare_measured(load_measured_runs(measured), cat);
+    // Runs on hardware the catalog lacks (`local` before `hetrain bench`) are reported only
+    // when they are needed: for --calibrate, or when nothing else could be compared.
+    const bool calibrate = p.get_flag("calibrate");
+    if (calibrate && rep.runs.empty())
+      fail("[plan] --calibrate: no measured run in '", measured, "' can be compared: ",
+           rep.skipped.empty() ? std::string("the file has no runs") : rep.skipped[0].reason);
     if (json_out)
       out["calibration"] = to_json(rep);
-    else
-      print_calibration(rep, measured);
-    if (p.get_flag("calibrate")) {
+    else if (!rep.runs.empty())
+      print_calibration(rep, measured, calibrate);
+    if (calibrate) {
       cat = calibrated(cat, rep);
       if (!json_out)
         for (const auto& [id, scale] : rep.step_scale) {
@@ -370,7 +430,13 @@ int cmd_plan(const Args& args) {
   std::vector<std::string> hw_ids =
       p.given("hardware") ? split(p.get("hardware")) : std::vector<std::string>{};
   for (const auto& id : hw_ids) cat.get(id);  // unknown ids fail here, listing the known ones
-  bool fixed_plan = hw_ids.size() == 1 && p.given("gpus") && !p.get_flag("search");
+  // A fixed plan needs every strategy dimension; the ones not given are searched (with the
+  // hardware and device count, when given, held fixed).
+  bool strategy_given = true;
+  for (const char* f : {"tp", "pp", "zero", "offload", "recompute", "micro-batch"})
+    strategy_given = strategy_given && p.given(f);
+  bool fixed_plan =
+      hw_ids.size() == 1 && p.given("gpus") && strategy_given && !p.get_flag("search");
   Strategy s;
   if (p.given("tp")) s.tp = static_cast<int>(positive_int(p, "tp"));
   if (p.given("pp")) s.pp = static_cast<int>(positive_int(p, "pp"));
@@ -389,13 +455,29 @@ int cmd_plan(const Args& args) {
     const Hardware& hw = cat.get(hw_ids[0]);
     int gpus = static_cast<int>(positive_int(p, "gpus"));
     Plan plan = evaluate(job, hw, gpus, s);
+    std::optional<Plan> nearest;
+    if (!plan.fits) nearest = nearest_fitting(job, hw, gpus, plan.strategy);
     if (json_out) {
       nlohmann::json j = to_json(plan);
+      if (!plan.fits) j["nearest_fitting"] = nearest ? to_json(*nearest) : nlohmann::json();
       for (auto it = out.begin(); it != out.end(); ++it) j[it.key()] = it.value();
       std::cout << j.dump(2) << "\n";
-    } else {
-      print_plan(job, plan, hw);
+      return 0;
     }
+    if (!plan.fits) {
+      std::cout << "DOES NOT FIT: " << plan.strategy.describe() << " on " << gpus << " x "
+                << hw.id << " " << plan.fit_reason << "\n";
+      if (nearest)
+        std::cout << "nearest plan that fits: " << nearest->strategy.describe() << " ("
+                  << strategy_changes(plan.strategy, nearest->strategy) << "): "
+                  << sig(nearest->train_days) << " days, "
+                  << fixed(nearest->memory.total / 1e9, 1) << " GB per device\n\n";
+      else
+        std::cout << "no strategy fits on " << gpus << " x " << hw.id
+                  << "; more devices are needed (leave --gpus open to search)\n\n";
+    }
+    print_plan(job, plan, hw);
+    if (p.get_flag("explain")) print_explain(job, cat, hw, plan);
     return 0;
   }
 
@@ -448,7 +530,9 @@ int cmd_plan(const Args& args) {
   }
   if (!r.plans.empty()) {
     std::cout << "\n";
-    print_plan(job, r.plans.front(), cat.get(r.plans.front().hardware));
+    const Hardware& hw = cat.get(r.plans.front().hardware);
+    print_plan(job, r.plans.front(), hw);
+    if (p.get_flag("explain")) print_explain(job, cat, hw, r.plans.front());
   }
   return 0;
 }

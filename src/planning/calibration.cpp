@@ -189,6 +189,14 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& path) {
     if (!e.contains("hardware") || !e["hardware"].is_string())
       fail("[plan] ", where, ": 'hardware' must be a catalog id string");
     r.hardware = e["hardware"].get<std::string>();
+    // Hetrain's own runs (`local`) keep the attention scores for backward, as its engine does;
+    // elsewhere a fused kernel is the default, as in `hetrain plan`.
+    r.job.fused_attention = r.hardware != "local";
+    if (e.contains("fused_attention")) {
+      if (!e["fused_attention"].is_boolean())
+        fail("[plan] ", where, ": 'fused_attention' must be true or false");
+      r.job.fused_attention = e["fused_attention"].get<bool>();
+    }
     r.gpus = static_cast<int>(num(e, "gpus", where));
     r.job.global_batch = static_cast<int64_t>(num(e, "global_batch", where));
     r.job.tokens = static_cast<double>(r.job.global_batch * r.job.model.tokens_per_sample());
@@ -210,10 +218,21 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& path) {
   return runs;
 }
 
+std::string missing_hardware_reason(const std::string& hardware) {
+  if (hardware == "local")
+    return "no device profile for this machine (" + Catalog::device_profile_path() +
+           "); run 'hetrain bench' to measure it";
+  return "hardware '" + hardware + "' is not in the catalog";
+}
+
 CalibrationReport compare_measured(const std::vector<MeasuredRun>& runs, const Catalog& cat) {
   CalibrationReport rep;
   std::map<std::string, std::vector<size_t>> by_hw;
   for (const auto& r : runs) {
+    if (!cat.contains(r.hardware)) {
+      rep.skipped.push_back({r.label, r.hardware, missing_hardware_reason(r.hardware)});
+      continue;
+    }
     RunComparison c;
     c.run = r;
     c.predicted = predict(r, cat, 1.0);

@@ -45,16 +45,14 @@ double Hardware::peak_tflops(Precision p) const {
   return 0;
 }
 
-// Collective bandwidth reaches about 80% of a link's one-direction peak (NCCL bus bandwidth
-// on NVLink/InfiniBand); an assumption stated in docs/PLANNING.md.
-constexpr double kLinkEfficiency = 0.8;
-
-double Hardware::intra_bw() const { return link_gbs / 2 * 1e9 * kLinkEfficiency; }
-double Hardware::inter_bw() const { return network_gbs * 1e9 * kLinkEfficiency; }
+// Collective bandwidth reaches a fraction of a link's one-direction peak (NCCL bus bandwidth
+// on NVLink/InfiniBand): efficiency.link_efficiency, 0.8 unless the catalog's fit says else.
+double Hardware::intra_bw() const { return link_gbs / 2 * 1e9 * efficiency.link_efficiency; }
+double Hardware::inter_bw() const { return network_gbs * 1e9 * efficiency.link_efficiency; }
 double Hardware::pcie_bw() const {
   // x16, one direction: Gen3 15.75, Gen4 31.5, Gen5 63 GB/s.
   double gbs = pcie_gen >= 5 ? 63 : pcie_gen == 4 ? 31.5 : pcie_gen == 3 ? 15.75 : 0;
-  return gbs * 1e9 * kLinkEfficiency;
+  return gbs * 1e9 * efficiency.link_efficiency;
 }
 
 namespace {
@@ -147,6 +145,25 @@ Hardware parse_entry(const json& e, const std::string& file, size_t index) {
 
 }  // namespace
 
+static EfficiencyModel parse_efficiency(const json& e, const std::string& file) {
+  const std::string where = file + ": efficiency_model";
+  if (!e.is_object()) fail("[plan] ", where, ": expected an object");
+  EfficiencyModel m;
+  auto field = [&](const char* key, double& v, double lo, double hi) {
+    if (!e.contains(key)) return;
+    v = number(e, key, where);
+    if (!(v >= lo && v <= hi))
+      fail("[plan] ", where, ": '", key, "' must be in [", lo, ", ", hi, "], got ", v);
+  };
+  field("gemm_half_size", m.gemm_half_size, 0, 1e5);
+  field("elementwise_fraction", m.elementwise_fraction, 0, 10);
+  field("fused_attention", m.fused_attention, 0.01, 1);
+  field("kernel_overhead_us", m.kernel_overhead_us, 0, 1e5);
+  field("link_efficiency", m.link_efficiency, 0.05, 1);
+  field("step_overhead", m.step_overhead, 0, 10);
+  return m;
+}
+
 Catalog Catalog::load(const std::string& path) {
   json j;
   try {
@@ -158,8 +175,13 @@ Catalog Catalog::load(const std::string& path) {
     fail("[plan] hardware catalog '", path, "': expected a 'hardware' array");
   Catalog c;
   c.path = path;
+  if (j.contains("efficiency_model")) c.efficiency = parse_efficiency(j["efficiency_model"], path);
   size_t i = 0;
-  for (const auto& e : j["hardware"]) c.add(parse_entry(e, path, i++));
+  for (const auto& e : j["hardware"]) {
+    Hardware h = parse_entry(e, path, i++);
+    h.efficiency = c.efficiency;
+    c.add(std::move(h));
+  }
   return c;
 }
 
@@ -365,6 +387,10 @@ const Hardware& Catalog::get(const std::string& id) const {
     if (h.id == id) return h;
   std::string all;
   for (const auto& h : items_) all += (all.empty() ? "" : ", ") + h.id;
+  if (id == "local")
+    fail("[plan] unknown hardware 'local': this machine joins the catalog once 'hetrain bench' "
+         "has written its device profile (",
+         device_profile_path(), "); known: ", all);
   fail("[plan] unknown hardware '", id, "'; known: ", all, " (see 'hetrain plan --list-hardware')");
 }
 

@@ -142,7 +142,11 @@ struct Rates {
     return scale(part) * gemm_unscaled(m, n, k, part);
   }
   double gemm_unscaled(double m, double n, double k, TimePart part = TimePart::gemm) const {
-    if (hw.gemm_curve.empty()) return gemm_time(m, n, k, peak, eff, bw, elem);
+    if (hw.gemm_curve.empty()) {
+      // Small sides reach less of the peak (the efficiency model's half size).
+      const double side = std::min({m, n, k}), half = hw.efficiency.gemm_half_size;
+      return gemm_time(m, n, k, peak, eff * side / (side + half), bw, elem);
+    }
     if (m <= 0 || n <= 0 || k <= 0) return 0;
     // The attention core at the rate the engine's own attention kernel reached at that size.
     const double tflops = part == TimePart::attention && !hw.attention_curve.empty()
@@ -236,7 +240,9 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
                    s.zero <= 3 && s.micro_batch >= 1 && !(s.pp > 1 && s.zero >= 2) &&
                    (s.offload == Offload::none || (s.zero >= 1 && hw.pcie_gen > 0)) &&
                    (s.offload != Offload::optimizer_params || s.zero == 3) &&
-                   (hw.peak_tflops(job.precision) > 0 || job.achieved_tflops) && dp0 > 0 &&
+                   (hw.peak_tflops(job.precision) > 0 || job.achieved_tflops ||
+                    job.kernel_tflops) &&
+                   dp0 > 0 &&
                    job.global_batch % (static_cast<int64_t>(dp0) * s.micro_batch) == 0 &&
                    (m.is_transformer()
                         ? m.tf.heads % s.tp == 0 && m.tf.kv_heads % s.tp == 0 && s.pp <= m.tf.layers
@@ -278,7 +284,7 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
     os << "--offload needs a host link; catalog entry '" << hw.id << "' has none (pcie_gen 0)";
     return os.str();
   }
-  if (hw.peak_tflops(job.precision) <= 0 && !job.achieved_tflops) {
+  if (hw.peak_tflops(job.precision) <= 0 && !job.achieved_tflops && !job.kernel_tflops) {
     os << "'" << hw.id << "' has no " << to_string(job.precision) << " matmul rate in the catalog";
     return os.str();
   }
@@ -353,8 +359,15 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
     mm += g.fwd, mm_b += g.bwd();
   // Attention core: per head, scores (s x s, k = d) and scores @ V (s x d, k = s).
   double heads = b * tf.heads / t;
+  // A fused kernel on catalog hardware: the core's FLOPs at the fused rate, its backward
+  // recomputing the scores (2.5 x forward, as FlashAttention-2 counts it).
+  const bool fused = job.fused_attention && hw.gemm_curve.empty();
   double core =
-      heads * (r.gemm(sq, sq, d, TimePart::attention) + r.gemm(sq, d, sq, TimePart::attention));
+      fused ? r.scale(TimePart::attention) * heads * 4 * sq * sq * d /
+                  (r.peak * r.eff * hw.efficiency.fused_attention)
+            : heads * (r.gemm(sq, sq, d, TimePart::attention) +
+                       r.gemm(sq, d, sq, TimePart::attention));
+  const double core_bwd = (fused ? 2.5 : 2) * core;
   // Elementwise work, memory bound: the passes transformer_elementwise_passes counts, at the
   // rate the engine's own layer reached where the device profile measured it, else at the
   // stream rate. (Before this count the model charged twice the bytes a layer keeps for
@@ -363,9 +376,11 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
   const ElementwisePasses passes = transformer_elementwise_passes(tf, s.tp, s.sequence_parallel);
   const double ew_bytes_f = elem * tok * passes.forward, ew_bytes_b = elem * tok * passes.backward;
   const double ew_layer = ew_bytes_f + ew_bytes_b, ew_operands = 3 * elem * tok * h / t;
-  double ew_f = r.layer_elementwise(ew_bytes_f, ew_layer, ew_operands);
-  double ew_b = r.layer_elementwise(ew_bytes_b, ew_layer, ew_operands);
-  if (hw.attention_curve.empty()) {
+  // Tuned code fuses most of these passes: the efficiency model keeps a fraction of them.
+  const double ew_keep = hw.efficiency.elementwise_fraction;
+  double ew_f = ew_keep * r.layer_elementwise(ew_bytes_f, ew_layer, ew_operands);
+  double ew_b = ew_keep * r.layer_elementwise(ew_bytes_b, ew_layer, ew_operands);
+  if (hw.attention_curve.empty() && !fused) {
     // No measured attention kernel: an unfused one, as Megatron-LM ran it, whose mask, softmax
     // and dropout pass over the (s x s) scores: about twice the 5 bytes per score it keeps
     // (Korthikanti et al. 2022) forward, twice that backward. A measured curve (hetrain bench)
@@ -374,7 +389,9 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
     ew_f += r.stream(2 * 5 * scores, 5 * scores);
     ew_b += r.stream(4 * 5 * scores, 5 * scores);
   }
-  double layer_fwd = mm + core + ew_f;
+  // Fixed costs per layer and micro-batch (kernel launches, gaps): a third forward.
+  const double fixed = hw.efficiency.kernel_overhead_us * 1e-6;
+  double layer_fwd = mm + core + ew_f + fixed / 3;
   double lps = std::ceil(static_cast<double>(tf.layers) / s.pp);
   // The logits and the loss: softmax over f32 logits, read and written forward and backward.
   double logits = 0, logits_b = 0, loss = 0;
@@ -384,9 +401,10 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
     loss = r.stream(4 * tok * static_cast<double>(tf.vocab) / t * 2, 4 * tok * tf.vocab / t);
   }
   c.fwd = lps * layer_fwd + logits + loss;
-  c.bwd = lps * (mm_b + 2 * core + ew_b) + logits_b + loss;
+  c.bwd = lps * (mm_b + core_bwd + ew_b + 2 * fixed / 3) + logits_b + loss;
   if (s.recompute == Recompute::full) c.recompute = lps * layer_fwd;
-  if (s.recompute == Recompute::selective) c.recompute = lps * core;
+  // A fused kernel recomputes its scores in its own backward already.
+  if (s.recompute == Recompute::selective && !fused) c.recompute = lps * core;
   c.fwd *= hw.compute_scale, c.bwd *= hw.compute_scale, c.recompute *= hw.compute_scale;
   return c;
 }
@@ -459,8 +477,12 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
   if (m.is_transformer()) {
     const auto& tf = m.tf;
     double lps = std::ceil(static_cast<double>(tf.layers) / st.pp);
+    // A fused attention kernel keeps no s x s scores: the memory of selective recompute.
+    const Recompute kept = job.fused_attention && st.recompute == Recompute::none
+                               ? Recompute::selective
+                               : st.recompute;
     double layer = act_scale * transformer_layer_activation_bytes(
-                                   tf, st.micro_batch, st.tp, st.sequence_parallel, st.recompute);
+                                   tf, st.micro_batch, st.tp, st.sequence_parallel, kept);
     double sbh = static_cast<double>(tf.seq) * st.micro_batch * tf.hidden;
     double sp_div = st.sequence_parallel ? st.tp : 1;
     // Embedding output dropout mask (first stage); fp32 logits for the loss (last stage).
@@ -497,8 +519,10 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
   // ---- time ----
   TimeBreakdown& T = p.time;
   StageCompute c;
-  if (job.achieved_tflops) {
-    double rate = *job.achieved_tflops * 1e12;
+  if (job.kernel_tflops || job.achieved_tflops) {
+    // Both start from the given rate as the compute rate; the end-to-end figure then
+    // replaces the whole step below.
+    double rate = (job.kernel_tflops ? *job.kernel_tflops : *job.achieved_tflops) * 1e12;
     double per_dev = static_cast<double>(st.micro_batch) / (st.tp * st.pp);
     c.fwd = per_dev * fwd / rate;
     c.bwd = 2 * c.fwd;
@@ -598,6 +622,16 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
     }
   }
   T.step = pipeline + T.dp_exposed + T.optimizer + T.offload;
+  T.overhead = hw.efficiency.step_overhead * T.step;
+  T.step += T.overhead;
+  if (job.achieved_tflops) {
+    // The published end-to-end figure: FLOPs of the step (recompute included) over wall
+    // time, everything inside it (T = 8TP/(nX) in Narayanan et al. 2021, section 5.1).
+    const double compute_share = T.compute > 0 ? T.recompute / T.compute : 0;
+    T = TimeBreakdown{};
+    T.step = T.compute = p.flops_per_step / (gpus * *job.achieved_tflops * 1e12);
+    T.recompute = compute_share * T.compute;
+  }
 
   // ---- rates, duration, cost ----
   double tokens_per_step = B * m.tokens_per_sample();

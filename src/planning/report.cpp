@@ -81,6 +81,11 @@ json to_json(const CalibrationReport& r) {
     if (c.loo_step_error) x["leave_one_out_step_error"] = *c.loo_step_error;
     j["runs"].push_back(x);
   }
+  if (!r.skipped.empty()) {
+    j["skipped"] = json::array();
+    for (const auto& k : r.skipped)
+      j["skipped"].push_back({{"label", k.label}, {"hardware", k.hardware}, {"reason", k.reason}});
+  }
   j["mean_abs_step_error"] = r.mean_abs_step_error;
   j["max_abs_step_error"] = r.max_abs_step_error;
   if (r.mean_abs_loo_error) j["mean_abs_leave_one_out_error"] = *r.mean_abs_loo_error;

@@ -120,7 +120,8 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
     HardwareOutcome o;
     detail::StageComputeCache cache;
     for (int n : counts) {
-      if (n > hw->gpus_per_node && n % hw->gpus_per_node != 0) continue;  // whole nodes
+      // Whole nodes, unless the count was given.
+      if (opt.gpus.empty() && n > hw->gpus_per_node && n % hw->gpus_per_node != 0) continue;
       for (int tp : tps) {
         if (!opt.tp && (tp > hw->gpus_per_node || tp > n)) continue;
         for (int pp : pps) {
@@ -274,6 +275,63 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
     ex.push_back("choice: none; no hardware meets every constraint");
   }
   return r;
+}
+
+namespace {
+
+int changed_dimensions(const Strategy& a, const Strategy& b) {
+  return (a.tp != b.tp) + (a.pp != b.pp) + (a.zero != b.zero) + (a.offload != b.offload) +
+         (a.recompute != b.recompute) + (a.micro_batch != b.micro_batch);
+}
+
+template <class T>
+void add_unique(std::vector<T>& v, T x) {
+  if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
+}
+
+}  // namespace
+
+std::string strategy_changes(const Strategy& from, const Strategy& to) {
+  std::ostringstream os;
+  auto item = [&](const char* name, const std::string& a, const std::string& b) {
+    if (a == b) return;
+    os << (os.tellp() > 0 ? ", " : "") << name << " " << a << " -> " << b;
+  };
+  item("tp", std::to_string(from.tp), std::to_string(to.tp));
+  item("pp", std::to_string(from.pp), std::to_string(to.pp));
+  item("zero", std::to_string(from.zero), std::to_string(to.zero));
+  item("offload", to_string(from.offload), to_string(to.offload));
+  item("recompute", to_string(from.recompute), to_string(to.recompute));
+  item("micro-batch", std::to_string(from.micro_batch), std::to_string(to.micro_batch));
+  return os.str();
+}
+
+std::optional<Plan> nearest_fitting(const Job& job, const Hardware& hw, int gpus,
+                                    const Strategy& s) {
+  std::vector<int> tps{s.tp}, pps{s.pp};
+  for (int t = 1; t <= std::min(gpus, std::max(hw.gpus_per_node, s.tp)); t *= 2) add_unique(tps, t);
+  for (int q = 1; q <= std::min(gpus, 128); q *= 2) add_unique(pps, q);
+  std::vector<int64_t> mbs{s.micro_batch};
+  for (int64_t b = 1; b <= 32; b *= 2) add_unique(mbs, b);
+  std::optional<Plan> best;
+  int best_d = 1 << 30;
+  detail::StageComputeCache cache;
+  for (int tp : tps)
+    for (int pp : pps)
+      for (int z = 0; z <= 3; ++z)
+        for (Offload off : {Offload::none, Offload::optimizer, Offload::optimizer_params})
+          for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
+            for (int64_t mb : mbs) {
+              Strategy c = s;
+              c.tp = tp, c.pp = pp, c.zero = z, c.offload = off, c.recompute = rc;
+              c.micro_batch = mb;
+              const int d = changed_dimensions(s, c);
+              if (d > best_d || !detail::strategy_problem(job, hw, gpus, c).empty()) continue;
+              Plan p = detail::evaluate_unchecked(job, hw, gpus, c, &cache);
+              if (!p.fits) continue;
+              if (d < best_d || p.train_days < best->train_days) best = std::move(p), best_d = d;
+            }
+  return best;
 }
 
 }  // namespace hetrain::planning

@@ -48,8 +48,15 @@ struct RunComparison {
   std::optional<double> loo_step_error;  // calibrated on the other runs of that hardware
 };
 
+/// A measured run that could not be compared: its hardware is not in the catalog (runs on
+/// `local` before `hetrain bench` has written this machine's device profile).
+struct SkippedRun {
+  std::string label, hardware, reason;
+};
+
 struct CalibrationReport {
   std::vector<RunComparison> runs;
+  std::vector<SkippedRun> skipped;
   double mean_abs_step_error = 0, max_abs_step_error = 0;
   std::optional<double> mean_abs_loo_error;  // leave-one-out, when a hardware has >= 2 runs
   /// Per hardware: median of measured/predicted step time. Planning with --calibrate
@@ -62,7 +69,11 @@ struct CalibrationReport {
   std::map<std::string, std::array<double, 4>> part_scale;
 };
 
+/// Runs whose hardware the catalog lacks are listed in `skipped`, not an error: a measured
+/// run on `local` must not stop planning for other hardware.
 CalibrationReport compare_measured(const std::vector<MeasuredRun>& runs, const Catalog& catalog);
+/// Why runs on `hardware` cannot be compared (the missing device profile for `local`).
+std::string missing_hardware_reason(const std::string& hardware);
 /// A copy of the catalog with each calibrated hardware's compute time corrected.
 Catalog calibrated(const Catalog& catalog, const CalibrationReport& report);
 

@@ -48,6 +48,28 @@ struct GemmGrid {
   double at(double m, double n, double k) const;
 };
 
+/// How far catalog hardware (no measured curves) falls short of its peaks in training:
+/// fitted on the train part of the published runs (data/published_runs.json, `hetrain plan
+/// --validate`) and kept in the catalog's "efficiency_model". The defaults are the plain
+/// roofline (what a device profile's measured rates already contain).
+struct EfficiencyModel {
+  /// A GEMM runs at gemm_efficiency x s / (s + gemm_half_size), s its smallest side: small
+  /// hidden sizes and tensor-parallel slices reach less of the peak.
+  double gemm_half_size = 0;
+  /// Share of an unfused layer's elementwise passes that tuned code still makes (fusion).
+  double elementwise_fraction = 1;
+  /// A fused attention kernel's rate relative to a large GEMM's (FlashAttention style).
+  double fused_attention = 1;
+  /// Fixed cost per transformer layer per micro-batch, forward and backward (kernel
+  /// launches and gaps): why small micro-batches lose throughput.
+  double kernel_overhead_us = 0;
+  /// Fraction of a link's one-direction peak that collectives reach.
+  double link_efficiency = 0.8;
+  /// End-to-end loss on top of the modelled step (data loading, synchronisation, logging),
+  /// as a fraction of the step.
+  double step_overhead = 0;
+};
+
 struct Hardware {
   std::string id, name, vendor;
   // Dense peak rates in TFLOP/s; 0 where the device has no such path.
@@ -68,6 +90,7 @@ struct Hardware {
   double alpha_intra_us = 5, alpha_inter_us = 15;
   double reserved_gb = 1.0;    // runtime context and allocator slack per device
   double compute_scale = 1.0;  // calibration: measured/predicted compute time
+  EfficiencyModel efficiency;  // catalog entries: the catalog's fitted model
   /// Calibration per part of the time model (indexed by TimePart): measured/modelled.
   std::array<double, 4> part_scale{1, 1, 1, 1};
   // Measured devices only (the `local` profile): GEMM rate against GEMM size, as
@@ -120,6 +143,7 @@ class Catalog {
   const std::vector<Hardware>& all() const { return items_; }
   void add(Hardware h);
   std::string path;  // file it came from
+  EfficiencyModel efficiency;  // the catalog's "efficiency_model", given to every entry
 
  private:
   std::vector<Hardware> items_;

@@ -34,8 +34,19 @@ struct Job {
   double tokens = 0;         // training tokens (samples x tokens per sample)
   int64_t global_batch = 0;  // samples per optimizer step
   Precision precision = Precision::bf16;
-  std::optional<double> achieved_tflops;  // replaces the compute-rate model
+  /// End-to-end rate per device as papers publish it (Megatron-LM, BLOOM, OPT): hardware
+  /// FLOPs of a step, recompute included, over wall time. The step is flops / (devices x
+  /// rate); communication, bubble and optimizer are inside the figure, not added.
+  std::optional<double> achieved_tflops;
+  /// Kernel rate per device: replaces the compute model only; communication, the pipeline
+  /// bubble and the optimizer step come on top.
+  std::optional<double> kernel_tflops;
   std::optional<double> price_per_hour;   // replaces the catalog price
+  /// A fused attention kernel (FlashAttention, cuDNN, xformers): the s x s scores are neither
+  /// stored for backward nor passed over by mask/softmax/dropout, and the core runs at the
+  /// efficiency model's fused rate (its backward recomputes the scores: 2.5 x forward).
+  /// false: Megatron-LM 2021's unfused core (Korthikanti et al.'s 5as^2b bytes per layer).
+  bool fused_attention = true;
 };
 
 /// Bytes per device. `total` includes everything below.
@@ -57,6 +68,7 @@ struct TimeBreakdown {
   double bubble = 0;      // pipeline fill and drain
   double optimizer = 0;   // optimizer step (on the GPU, or on the CPU when offloaded)
   double offload = 0;     // exposed host<->device transfers
+  double overhead = 0;    // end-to-end loss of the efficiency model (step_overhead), in step
   double step = 0;
 };
 
@@ -132,6 +144,14 @@ struct SearchResult {
 };
 
 SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions& opt);
+
+/// The plan that fits on `gpus` x `hw` nearest to strategy `s`: fewest strategy dimensions
+/// changed (tp, pp, ZeRO stage, offload, recompute, micro-batch), then the shortest training
+/// time. Empty when nothing fits on that many devices.
+std::optional<Plan> nearest_fitting(const Job& job, const Hardware& hw, int gpus,
+                                    const Strategy& s);
+/// "zero 0 -> 1, recompute none -> selective": what `to` changes in `from`.
+std::string strategy_changes(const Strategy& from, const Strategy& to);
 
 /// Parses counts such as "300e9", "7B", "1.4T", "124M", "8k"; `what` names the flag.
 double parse_count(const std::string& text, const std::string& what);
