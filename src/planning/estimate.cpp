@@ -437,7 +437,8 @@ void describe_fit(Plan& p) {
   if (p.fits) return;
   const auto& mem = p.memory;
   std::ostringstream os;
-  os.precision(3);
+  os.setf(std::ios::fixed);
+  os.precision(1);
   if (mem.total > mem.capacity)
     os << "needs " << mem.total / 1e9 << " GB per device, has " << mem.capacity / 1e9 << " GB";
   else

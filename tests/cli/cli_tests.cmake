@@ -76,3 +76,17 @@ hetrain_cli_test(cli.perfmodel_help "usage: hetrain perfmodel show.clear" ${HT} 
 set_tests_properties(cli.simulate_json cli.simulate_explain PROPERTIES ENVIRONMENT "${HT_SIM_ENV}")
 add_test(NAME cli.perfmodel_corrupt
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/perfmodel_corrupt.sh ${HT})
+# Planner after the quickstart (issue 27): a measured run without a device profile.
+add_test(NAME cli.plan_after_train
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/plan_after_train.sh ${HT})
+set_tests_properties(cli.plan_after_train PROPERTIES TIMEOUT 300)
+hetrain_cli_test(cli.plan_open_strategy_searched
+                 "^search: llama-65b.*a100-80gb-sxm  2048 .*plan: llama-65b on 2048 x a100-80gb-sxm"
+                 ${HT} plan --preset llama-65b --hardware a100-80gb-sxm --gpus 2048 --tokens 1.4T)
+hetrain_cli_test(cli.plan_fixed_not_fitting_names_nearest
+                 "^DOES NOT FIT: tp=1 pp=1 zero=0 offload=none recompute=none micro-batch=1 on 2048 x a100-80gb-sxm needs [0-9.]+ GB per device, has 80 GB\nnearest plan that fits: "
+                 ${HT} plan --preset llama-65b --hardware a100-80gb-sxm --gpus 2048 --tp 1 --pp 1
+                 --zero 0 --offload none --recompute none --micro-batch 1 --tokens 1.4T
+                 --global-batch 2048)
+set_tests_properties(cli.plan_open_strategy_searched cli.plan_fixed_not_fitting_names_nearest
+                     PROPERTIES ENVIRONMENT "XDG_CACHE_HOME=${CMAKE_CURRENT_BINARY_DIR}/plan_cache")
