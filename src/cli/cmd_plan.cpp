@@ -9,10 +9,12 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/plan_validate.h"
 #include "hetrain/base/error.h"
 #include "hetrain/planning/calibration.h"
 #include "hetrain/planning/explain.h"
 #include "hetrain/planning/report.h"
+#include "hetrain/planning/validate.h"
 
 namespace hetrain::cli {
 
@@ -286,6 +288,10 @@ int cmd_plan(const Args& args) {
               "measured runs to report the planner's error against (default: "
               "$XDG_CACHE_HOME/hetrain/measured_runs.json if present)")
       .flag("calibrate", "correct each hardware's compute rate from the measured runs")
+      .flag("validate",
+            "predict the published training runs (--runs) and print the error, then refit\n"
+            "the efficiency model on their train split")
+      .option("runs", "FILE", "published runs for --validate (default: data/published_runs.json)")
       .flag("list-hardware", "print the hardware catalog")
       .flag("list-presets", "print the model presets")
       .flag("json", "machine-readable output")
@@ -320,6 +326,10 @@ int cmd_plan(const Args& args) {
       print_hardware(cat);
     return 0;
   }
+  if (p.get_flag("validate"))
+    return plan_validate(cat, p.given("runs") ? p.get("runs") : default_published_runs_path(),
+                         json_out);
+  if (p.given("runs")) fail("[plan] --runs goes with --validate");
   if (p.get_flag("list-presets")) {
     nlohmann::json a = nlohmann::json::array();
     for (const auto& id : preset_ids()) {

@@ -1,0 +1,172 @@
+// Issue 27: published runs and the efficiency model's fit, --explain, the nearest fitting plan,
+// and measured runs on hardware the catalog lacks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "hetrain/base/error.h"
+#include "hetrain/planning/calibration.h"
+#include "hetrain/planning/explain.h"
+#include "hetrain/planning/validate.h"
+
+using namespace hetrain;
+using namespace hetrain::planning;
+namespace fs = std::filesystem;
+
+namespace {
+Catalog catalog() { return Catalog::load(std::string(HETRAIN_SOURCE_DIR) + "/data/hardware.json"); }
+}  // namespace
+
+TEST(PlanValidate, PublishedRunsTableCoversScalesAndHardware) {
+  const auto runs = load_published_runs(default_published_runs_path());
+  ASSERT_GE(runs.size(), 15u);
+  double lo = 1e30, hi = 0;
+  std::set<std::string> hardware, splits;
+  for (const auto& r : runs) {
+    const double n = static_cast<double>(r.job.model.params());
+    lo = std::min(lo, n), hi = std::max(hi, n);
+    hardware.insert(r.hardware);
+    splits.insert(r.split);
+    EXPECT_FALSE(r.source.empty()) << r.id;
+    EXPECT_GT(r.reported, 0) << r.id;
+  }
+  EXPECT_LT(lo, 200e6);
+  EXPECT_GT(hi, 900e9);
+  EXPECT_TRUE(hardware.count("a100-80gb-sxm") && hardware.count("h100-sxm"));
+  EXPECT_EQ(splits.size(), 2u);
+  // The model shapes are the published ones: Megatron-LM's 1T model and GPT-2 small.
+  auto by_id = [&](const std::string& id) {
+    auto it = std::find_if(runs.begin(), runs.end(), [&](const auto& r) { return r.id == id; });
+    EXPECT_NE(it, runs.end()) << id;
+    return *it;
+  };
+  EXPECT_NEAR(by_id("megatron-gpt-1008b").job.model.params() / 1e9, 1008, 10);
+  EXPECT_EQ(by_id("llama-65b").job.model.params(), 65'285'660'672);  // as the llama-65b preset
+  EXPECT_EQ(by_id("megatron-gpt-1.7b").split, "train");
+  EXPECT_EQ(by_id("llama-65b").split, "held-out");
+}
+
+TEST(PlanValidate, CatalogEfficiencyModelIsTheFitOnTheTrainRuns) {
+  // The shipped figures come from the fit on the train split (rounded to 4 digits), not from
+  // tuning on the held-out runs.
+  const Catalog cat = catalog();
+  const EfficiencyModel fit = fit_efficiency(load_published_runs(default_published_runs_path()), cat);
+  const EfficiencyModel& m = cat.efficiency;
+  auto near = [](double a, double b) { return std::abs(a - b) <= 1e-3 * std::abs(b) + 1e-6; };
+  EXPECT_TRUE(near(m.gemm_half_size, fit.gemm_half_size)) << fit.gemm_half_size;
+  EXPECT_TRUE(near(m.elementwise_fraction, fit.elementwise_fraction)) << fit.elementwise_fraction;
+  EXPECT_TRUE(near(m.fused_attention, fit.fused_attention)) << fit.fused_attention;
+  EXPECT_TRUE(near(m.kernel_overhead_us, fit.kernel_overhead_us)) << fit.kernel_overhead_us;
+  EXPECT_TRUE(near(m.link_efficiency, fit.link_efficiency)) << fit.link_efficiency;
+  EXPECT_TRUE(near(m.step_overhead, fit.step_overhead)) << fit.step_overhead;
+}
+
+TEST(PlanValidate, ErrorsOnTimePerSplit) {
+  const Catalog cat = catalog();
+  const auto runs = load_published_runs(default_published_runs_path());
+  const ValidationReport rep = validate(runs, cat, cat.efficiency);
+  ASSERT_EQ(rep.runs.size(), runs.size());
+  size_t held = 0;
+  for (const auto& p : rep.runs) {
+    held += !p.run->train();
+    // The error is on time: a rate reported higher than predicted means the run was faster.
+    if (p.run->metric == ReportedMetric::achieved_tflops_per_gpu) {
+      EXPECT_NEAR(p.error, p.run->reported / p.plan.achieved_tflops_per_gpu - 1, 1e-12);
+    }
+    if (p.run->metric == ReportedMetric::train_days) {
+      EXPECT_NEAR(p.error, p.plan.train_days / p.run->reported - 1, 1e-12);
+    }
+    EXPECT_TRUE(p.plan.fits) << p.run->id;
+  }
+  EXPECT_EQ(rep.held_out.count, held);
+  // The issue's target on the median (docs/PLANNING.md lists every run and the worst).
+  EXPECT_LE(rep.held_out.median_abs_error, 0.10);
+  EXPECT_LE(rep.held_out.median_abs_error, rep.held_out.max_abs_error);
+}
+
+TEST(PlanValidate, BadFileNamesRunAndField) {
+  const fs::path p = fs::temp_directory_path() / "hetrain_bad_runs.json";
+  std::ofstream(p) << R"({"version": 1, "runs": [{"id": "x", "split": "train", "source": "s",
+    "model": {"family": "gpt", "layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 100},
+    "hardware": "a100-80gb-sxm", "gpus": 8, "global_batch": 8, "attention": "fused",
+    "reported": {"metric": "speed", "value": 1}}]})";
+  try {
+    load_published_runs(p.string());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run 'x': reported.metric must be"), std::string::npos)
+        << e.what();
+  }
+  fs::remove(p);
+}
+
+TEST(PlanExplain, TermsAddUpToTheStepAndNeighboursMove) {
+  const Catalog cat = catalog();
+  Job j;
+  j.model = preset("gpt3-175b");
+  j.tokens = 300e9;
+  j.global_batch = 1536;
+  Strategy s;
+  s.tp = 8, s.pp = 16, s.recompute = Recompute::full;
+  const Hardware& hw = cat.get("a100-80gb-sxm");
+  const Plan p = evaluate(j, hw, 1024, s);
+  const PlanExplanation ex = explain_plan(j, hw, p);
+  double sum = 0;
+  for (size_t i = 0; i < ex.terms.size(); ++i) {
+    sum += ex.terms[i].seconds;
+    if (i) {
+      EXPECT_GE(ex.terms[i - 1].seconds, ex.terms[i].seconds);
+    }
+  }
+  EXPECT_NEAR(sum, p.time.step, 1e-9 * p.time.step);
+  EXPECT_EQ(ex.terms.front().name, "compute: weight GEMMs and logits");
+  bool bubble = false;
+  for (const auto& t : ex.terms) bubble |= t.name == "pipeline bubble";
+  EXPECT_TRUE(bubble);
+  ASSERT_TRUE(ex.smaller && ex.larger);
+  EXPECT_LT(ex.smaller->gpus, 1024);
+  EXPECT_GT(ex.larger->gpus, 1024);
+  EXPECT_EQ(ex.smaller->gpus % 128, 0);  // whole tp x pp groups that divide the batch
+  EXPECT_GT(ex.smaller->train_days, p.train_days);
+  EXPECT_LT(ex.larger->train_days, p.train_days);
+}
+
+TEST(PlanSearch, NearestFittingPlanChangesFewestDimensions) {
+  // LLaMA-65B on 2048 A100s with everything at the defaults needs about 1.1 TB per device.
+  const Catalog cat = catalog();
+  Job j;
+  j.model = preset("llama-65b");
+  j.tokens = 1.4e12;
+  j.global_batch = 2048;
+  Strategy s;
+  const Hardware& hw = cat.get("a100-80gb-sxm");
+  const Plan p = evaluate(j, hw, 2048, s);
+  ASSERT_FALSE(p.fits);
+  auto n = nearest_fitting(j, hw, 2048, s);
+  ASSERT_TRUE(n.has_value());
+  EXPECT_TRUE(n->fits);
+  EXPECT_LE(n->memory.total, n->memory.capacity);
+  // One dimension changed (ZeRO-3 shards the 16 bytes a parameter over 2048 ranks).
+  EXPECT_EQ(strategy_changes(s, n->strategy), "zero 0 -> 3");
+}
+
+TEST(PlanCalibration, RunsOnHardwareTheCatalogLacksAreSkipped) {
+  // `hetrain train` records runs on `local`; without a device profile `local` is not in the
+  // catalog, which must not stop the comparison (nor planning).
+  const fs::path p = fs::temp_directory_path() / "hetrain_local_runs.json";
+  std::ofstream(p) << R"({"version": 1, "runs": [{"label": "mine", "model": {"layers": 1,
+    "hidden": 32, "heads": 2, "seq": 16, "vocab": 256}, "hardware": "local", "gpus": 1,
+    "global_batch": 4, "micro_batch": 4, "step_time_s": 0.01}]})";
+  const Catalog cat = catalog();
+  ASSERT_FALSE(cat.contains("local"));
+  CalibrationReport rep = compare_measured(load_measured_runs(p.string()), cat);
+  fs::remove(p);
+  EXPECT_TRUE(rep.runs.empty());
+  ASSERT_EQ(rep.skipped.size(), 1u);
+  EXPECT_EQ(rep.skipped[0].label, "mine");
+  EXPECT_NE(rep.skipped[0].reason.find("hetrain bench"), std::string::npos);
+}
