@@ -203,6 +203,7 @@ void print_explain(const Job& job, const Catalog& cat, const Hardware& hw, const
   PlanExplanation ex = explain_plan(job, hw, plan);
   std::cout << "\nwhere the step time goes (" << sig(plan.time.step) << " s):\n";
   for (const auto& t : ex.terms)
+    if (t.seconds >= 5e-4 * plan.time.step)  // terms under 0.05% are left out
     std::cout << "  " << pad(t.name, 52) << pad(sig(t.seconds) + " s", 12)
               << fixed(100 * t.seconds / plan.time.step, 1) << "%\n";
   auto neighbour = [&](const char* which, const std::optional<Plan>& q) {

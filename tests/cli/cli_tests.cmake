@@ -84,7 +84,7 @@ hetrain_cli_test(cli.plan_open_strategy_searched
                  "^search: llama-65b.*a100-80gb-sxm  2048 .*plan: llama-65b on 2048 x a100-80gb-sxm"
                  ${HT} plan --preset llama-65b --hardware a100-80gb-sxm --gpus 2048 --tokens 1.4T)
 hetrain_cli_test(cli.plan_fixed_not_fitting_names_nearest
-                 "^DOES NOT FIT: tp=1 pp=1 zero=0 offload=none recompute=none micro-batch=1 on 2048 x a100-80gb-sxm needs [0-9.]+ GB per device, has 80 GB\nnearest plan that fits: "
+                 "^DOES NOT FIT: tp=1 pp=1 zero=0 offload=none recompute=none micro-batch=1 on 2048 x a100-80gb-sxm needs [0-9.]+ GB per device, has 80.0 GB\nnearest plan that fits: "
                  ${HT} plan --preset llama-65b --hardware a100-80gb-sxm --gpus 2048 --tp 1 --pp 1
                  --zero 0 --offload none --recompute none --micro-batch 1 --tokens 1.4T
                  --global-batch 2048)
