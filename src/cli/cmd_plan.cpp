@@ -261,7 +261,7 @@ int cmd_plan(const Args& args) {
           "tokens", "T",
           "training tokens (images for a conv net), e.g. 300e9, 1.4T (default: 20 per parameter)")
       .option("global-batch", "B", "samples per optimizer step (default: ~1M tokens; 1024 images)")
-      .option("micro-batch", "b", "samples per device per micro-step (fixed plan default: 1)")
+      .option("micro-batch", "b", "samples per device per micro-step (searched when not given)")
       .option("hardware", "ID[,ID..]", "catalog id(s); see --list-hardware")
       .option("gpus", "N", "device count")
       .option("tp", "t", "tensor-parallel size")
@@ -270,6 +270,9 @@ int cmd_plan(const Args& args) {
       .option("offload", "MODE", "none|optimizer|optimizer+params")
       .option("recompute", "MODE", "none|selective|full")
       .option("precision", "P", "bf16|fp16|fp32", "bf16")
+      .option("attention", "KIND",
+              "fused (FlashAttention-style: no s x s scores kept) or unfused (Megatron-LM 2021)",
+              "fused")
       .flag("no-sequence-parallel", "do not shard activations along the sequence under tp")
       .option("achieved-tflops", "X",
               "end-to-end TFLOP/s per device as papers publish it (FLOPs incl. recompute / "
@@ -282,7 +285,7 @@ int cmd_plan(const Args& args) {
       .option("deadline", "DAYS", "search: maximum training days")
       .option("max-gpus", "N", "search: largest device count", "4096")
       .option("top", "N", "search: plans to list", "10")
-      .flag("search", "search strategies even when --hardware and --gpus are both given")
+      .flag("search", "search even when hardware, count and every strategy dimension are given")
       .flag("explain", "print the decision path of a search")
       .option("catalog", "FILE", "hardware catalog (default: data/hardware.json)")
       .option("measured", "FILE",
@@ -301,6 +304,8 @@ int cmd_plan(const Args& args) {
           "  hetrain plan --list-hardware\n"
           "  hetrain plan --preset llama-7b --hardware a100-80gb-sxm --gpus 64 --zero 3 "
           "--micro-batch 2 --tokens 1T\n"
+          "      (tp, pp, offload, recompute not given: searched on those 64 devices)\n"
+          "  hetrain plan --validate   # the planner against published training runs\n"
           "  hetrain plan --preset gpt3-175b --tokens 300B --budget 5e6 --deadline 60 --explain\n"
           "  hetrain plan --model gpt --layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab "
           "50257 --json\n"
@@ -378,6 +383,9 @@ int cmd_plan(const Args& args) {
   }
   job.model.check();
   job.precision = precision_from_string(p.get("precision"));
+  if (p.get("attention") != "fused" && p.get("attention") != "unfused")
+    fail("[plan] --attention expects fused or unfused, got '", p.get("attention"), "'");
+  job.fused_attention = p.get("attention") == "fused";
   job.tokens = p.given("tokens") ? parse_count(p.get("tokens"), "--tokens")
                                  : 20.0 * static_cast<double>(job.model.params());
   if (p.given("global-batch")) {
@@ -441,6 +449,9 @@ int cmd_plan(const Args& args) {
   std::vector<std::string> hw_ids =
       p.given("hardware") ? split(p.get("hardware")) : std::vector<std::string>{};
   for (const auto& id : hw_ids) cat.get(id);  // unknown ids fail here, listing the known ones
+  // Hetrain's own engine (`local`) keeps its attention scores: unfused unless told otherwise.
+  if (!p.given("attention") && hw_ids == std::vector<std::string>{"local"})
+    job.fused_attention = false;
   // A fixed plan needs every strategy dimension; the ones not given are searched (with the
   // hardware and device count, when given, held fixed).
   bool strategy_given = true;
