@@ -276,24 +276,26 @@ int cmd_plan(const Args& args) {
       .flag("no-sequence-parallel", "do not shard activations along the sequence under tp")
       .option("achieved-tflops", "X",
               "end-to-end TFLOP/s per device as papers publish it (FLOPs incl. recompute / "
-              "wall time):\nthe step is FLOPs / (devices x X), nothing added")
+              "wall time): the step is FLOPs / (devices x X), nothing added")
       .option("kernel-tflops", "X",
               "compute rate per device instead of the efficiency model; communication, "
-              "bubble and\noptimizer are added")
+              "bubble and optimizer are added")
       .option("price", "USD", "price per device-hour instead of the catalog's")
       .option("budget", "USD", "search: maximum cost")
       .option("deadline", "DAYS", "search: maximum training days")
       .option("max-gpus", "N", "search: largest device count", "4096")
       .option("top", "N", "search: plans to list", "10")
       .flag("search", "search even when hardware, count and every strategy dimension are given")
-      .flag("explain", "print the decision path of a search")
+      .flag("explain",
+            "the terms of the plan's step time and the neighbouring device counts; for a "
+            "search also its decision path")
       .option("catalog", "FILE", "hardware catalog (default: data/hardware.json)")
       .option("measured", "FILE",
               "measured runs to report the planner's error against (default: "
               "$XDG_CACHE_HOME/hetrain/measured_runs.json if present)")
       .flag("calibrate", "correct each hardware's compute rate from the measured runs")
       .flag("validate",
-            "predict the published training runs (--runs) and print the error, then refit\n"
+            "predict the published training runs (--runs) and print the error, then refit "
             "the efficiency model on their train split")
       .option("runs", "FILE", "published runs for --validate (default: data/published_runs.json)")
       .flag("list-hardware", "print the hardware catalog")
