@@ -23,6 +23,7 @@
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_dnnl.h"
 #include "backends/cpu/conv_winograd.h"
+#include "hetrain/runtime/fusion.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
@@ -169,8 +170,8 @@ void BM_ConvAB(benchmark::State& st) {
 }
 
 /// A downsampling block's 3x3 stride-2 convolution (case range(0): 2 or 5) and its 1x1 shortcut
-/// (the case two after it), forward (range(1) 0) or both weight gradients (2): as two conv2d nodes
-/// (a) and as one conv2d_pair (b), interleaved.
+/// (the case two after it), forward (range(1) 0) or both weight gradients (2): with the fusion
+/// pass off (a: two nodes) and on (b: one node), interleaved.
 void BM_ConvPair(benchmark::State& st) {
   const ConvCase &c = kConvs[st.range(0)], &s = kConvs[st.range(0) + 2];
   Generator gen(1);
@@ -182,13 +183,13 @@ void BM_ConvPair(benchmark::State& st) {
   eval({x, w, w2, gy, gy2});
   auto run = [&](bool pair) {
     return [&, pair] {
-      auto [y, y2] = pair ? conv2d_pair(x, w, {c.s, c.s}, {c.p, c.p}, w2, {s.s, s.s}, {s.p, s.p})
-                          : std::pair{conv2d(x, w, {}, {c.s, c.s}, {c.p, c.p}),
-                                      conv2d(x, w2, {}, {s.s, s.s}, {s.p, s.p})};
+      runtime::set_fusion_enabled(pair);
+      Tensor y = conv2d(x, w, {}, {c.s, c.s}, {c.p, c.p}), y2 = conv2d(x, w2, {}, {s.s, s.s}, {s.p, s.p});
       if (st.range(1) == 0)
         eval({y, y2});
       else
         eval(grad({y, y2}, {w, w2}, {gy, gy2}));
+      runtime::set_fusion_enabled(true);
     };
   };
   interleaved(st, run(false), run(true));

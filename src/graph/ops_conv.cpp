@@ -297,19 +297,6 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, std::vector<
   return conv_node(cast(x, dt), cast(w, dt), bias.defined() ? cast(bias, dt) : Tensor(), win);
 }
 
-std::pair<Tensor, Tensor> conv2d_pair(const Tensor& x, const Tensor& w, std::vector<int64_t> stride,
-                                      std::vector<int64_t> padding, const Tensor& w2,
-                                      std::vector<int64_t> stride2, std::vector<int64_t> padding2) {
-  const auto [win, dt] = conv_args(x, w, {}, stride, padding);
-  const auto [win2, dt2] = conv_args(x, w2, {}, stride2, padding2);
-  if (dt != dt2 || !one_pass_pair(win, win2, {x.size(2), x.size(3)}))
-    return {conv_node(cast(x, dt), cast(w, dt), {}, win),
-            conv_node(cast(x, dt2), cast(w2, dt2), {}, win2)};
-  std::vector<Tensor> y =
-      make_node(std::make_shared<Conv2d>(win, win2), {cast(x, dt), cast(w, dt), cast(w2, dt)});
-  return {y[0], y[1]};
-}
-
 // ---- pooling --------------------------------------------------------------------------------
 
 namespace {

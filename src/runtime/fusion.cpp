@@ -9,6 +9,7 @@
 
 #include "graph/prims/conv.h"
 #include "graph/prims/elementwise.h"
+#include "graph/prims/views.h"
 #include "hetrain/graph/primitive.h"
 
 namespace hetrain::runtime {
@@ -33,9 +34,8 @@ bool is(const Node& n) {
 
 /// Rewrites n into prim over `inputs`, recording the producers of `gone` as absorbed.
 void rewrite(Node& n, std::shared_ptr<Primitive> prim, std::vector<Tensor> inputs,
-             std::initializer_list<const Tensor*> gone,
-             std::vector<std::shared_ptr<Node>>& absorbed) {
-  for (const Tensor* t : gone) absorbed.push_back(t->node_ptr());
+             std::initializer_list<const Tensor*> gone, FusionContext& ctx) {
+  for (const Tensor* t : gone) ctx.absorbed.push_back(t->node_ptr());
   n.prim = std::move(prim);
   n.inputs = std::move(inputs);
 }
@@ -60,18 +60,18 @@ std::shared_ptr<Primitive> paired(const Conv2dBackwardInput& a, const Conv2dBack
 // there): both in one node (paired), else one of them adding the other as it writes. The
 // newer gradient (b, as autodiff builds acc + g) is tried first. Same bits: one addition of the
 // same two values either way.
-bool fuse_input_gradient_sum(Node& n, std::vector<std::shared_ptr<Node>>& absorbed) {
+bool fuse_input_gradient_sum(Node& n, FusionContext& ctx) {
   if (!is<Binary<AddOp>>(n)) return false;
   const Tensor &a = n.inputs[0], &b = n.inputs[1];
   if (a.dtype() != Dtype::f32 && a.dtype() != Dtype::f64) return false;
   const Conv2dBackwardInput *pa = sole_input_gradient(a), *pb = sole_input_gradient(b);
   if (pa && pb) {
     if (auto p = paired(*pb, *pa)) {
-      rewrite(n, p, concat(b.node()->inputs, a.node()->inputs), {&a, &b}, absorbed);
+      rewrite(n, p, concat(b.node()->inputs, a.node()->inputs), {&a, &b}, ctx);
       return true;
     }
     if (auto p = paired(*pa, *pb)) {
-      rewrite(n, p, concat(a.node()->inputs, b.node()->inputs), {&a, &b}, absorbed);
+      rewrite(n, p, concat(a.node()->inputs, b.node()->inputs), {&a, &b}, ctx);
       return true;
     }
   }
@@ -81,7 +81,7 @@ bool fuse_input_gradient_sum(Node& n, std::vector<std::shared_ptr<Node>>& absorb
     auto p = std::make_shared<Conv2dBackwardInput>(pg->window(), pg->in_hw(), true, pg->second());
     std::vector<Tensor> in = g->node()->inputs;
     in.push_back(*other);
-    rewrite(n, p, std::move(in), {g}, absorbed);
+    rewrite(n, p, std::move(in), {g}, ctx);
     return true;
   }
   return false;
@@ -89,7 +89,7 @@ bool fuse_input_gradient_sum(Node& n, std::vector<std::shared_ptr<Node>>& absorb
 
 // relu_backward(m, g) of a convolution input gradient g: the gradient kernel zeroes dx where m
 // is not > 0 as it writes (a ResNet block's output relu, whose mask is the block output).
-bool fuse_input_gradient_relu_mask(Node& n, std::vector<std::shared_ptr<Node>>& absorbed) {
+bool fuse_input_gradient_relu_mask(Node& n, FusionContext& ctx) {
   if (!is<Binary<ReluGradOp>>(n)) return false;
   const Tensor &m = n.inputs[0], &g = n.inputs[1];
   const Conv2dBackwardInput* pg = sole_input_gradient(g);
@@ -98,8 +98,63 @@ bool fuse_input_gradient_relu_mask(Node& n, std::vector<std::shared_ptr<Node>>& 
                                                  pg->second(), true);
   std::vector<Tensor> in = g.node()->inputs;
   in.push_back(m);
-  rewrite(n, p, std::move(in), {&g}, absorbed);
+  rewrite(n, p, std::move(in), {&g}, ctx);
   return true;
+}
+
+/// Whether t's value depends on node `on` (through unevaluated nodes).
+bool depends_on(const Tensor& t, const Node* on) {
+  std::vector<const Node*> stack = {t.node()};
+  std::unordered_set<const Node*> seen;
+  while (!stack.empty()) {
+    const Node* cur = stack.back();
+    stack.pop_back();
+    if (cur == on) return true;
+    if (!cur->prim || cur->evaluated() || !seen.insert(cur).second) continue;
+    for (const Tensor& in : cur->inputs) stack.push_back(in.node());
+  }
+  return false;
+}
+
+// Two convolutions of the same input x whose windows one kernel takes in one pass
+// (one_pass_pair: a ResNet downsampling block's 3x3 and 1x1 shortcut), or their two weight
+// gradients (inputs x and each output gradient). The node with the outer window becomes the
+// pair, with the sibling's inputs after its own and the sibling's output as its second; the
+// sibling becomes a view of that output, so whoever holds it sees the same value.
+template <class P>
+bool pair_with_sibling(Node& n, FusionContext& ctx) {
+  const auto* pn = dynamic_cast<const P*>(n.prim.get());
+  if (!pn || pn->second() || n.inputs.size() != 2 || n.evaluated()) return false;
+  const Tensor& x = n.inputs[0];
+  std::vector<Node*>& seen = ctx.by_first_input[{x.node(), x.index()}];
+  for (Node* s : seen) {
+    const auto* ps = s->prim ? dynamic_cast<const P*>(s->prim.get()) : nullptr;
+    if (!ps || ps->second() || s->inputs.size() != 2 || s->evaluated() ||
+        s->outs[0].dtype != n.outs[0].dtype)
+      continue;
+    const std::array<int64_t, 2> hw{x.shape()[2], x.shape()[3]};
+    Node *outer = nullptr, *inner = nullptr;
+    if (one_pass_pair(pn->window(), ps->window(), hw))
+      outer = &n, inner = s;
+    else if (one_pass_pair(ps->window(), pn->window(), hw))
+      outer = s, inner = &n;
+    else
+      continue;
+    // The pair takes the sibling's second input: not where that depends on the pair itself.
+    if (depends_on(inner->inputs[1], outer)) continue;
+    const auto& po = *static_cast<const P*>(outer->prim.get());
+    const auto& pi = *static_cast<const P*>(inner->prim.get());
+    outer->prim = std::make_shared<P>(po.window(), pi.window());
+    outer->inputs.push_back(inner->inputs[1]);
+    outer->outs.push_back(inner->outs[0]);
+    outer->requires_grad = outer->requires_grad || inner->requires_grad;
+    inner->prim = std::make_shared<Reshape>(inner->outs[0].shape);
+    inner->inputs = {Tensor(outer->shared_from_this(), 1)};
+    ctx.inputs_added = true;
+    return true;
+  }
+  seen.push_back(&n);
+  return false;
 }
 
 }  // namespace
@@ -120,26 +175,57 @@ const std::vector<FusionRule>& fusion_rules() {
   static const std::vector<FusionRule> rules = {
       {"conv input gradient sum", fuse_input_gradient_sum},
       {"conv input gradient relu mask", fuse_input_gradient_relu_mask},
+      {"conv pair", pair_with_sibling<Conv2d>},
+      {"conv weight gradient pair", pair_with_sibling<Conv2dBackwardWeight>},
   };
   return rules;
 }
 
+namespace {
+
+/// order again with every node after its inputs, keeping the given sequence otherwise.
+void sort_inputs_first(std::vector<Node*>& order) {
+  std::unordered_set<const Node*> pending(order.begin(), order.end());
+  std::vector<Node*> sorted;
+  sorted.reserve(order.size());
+  std::vector<std::pair<Node*, size_t>> stack;
+  for (Node* root : order) {
+    if (!pending.erase(root)) continue;
+    stack.emplace_back(root, 0);
+    while (!stack.empty()) {
+      auto& [cur, i] = stack.back();
+      if (i < cur->inputs.size()) {
+        Node* in = cur->inputs[i++].node();
+        if (pending.erase(in)) stack.emplace_back(in, 0);
+      } else {
+        sorted.push_back(cur);
+        stack.pop_back();
+      }
+    }
+  }
+  order = std::move(sorted);
+}
+
+}  // namespace
+
 int fuse_nodes(std::vector<Node*>& order) {
-  std::vector<std::shared_ptr<Node>> absorbed;
+  FusionContext ctx;
   int rewritten = 0;
   // Inputs come first, so a node's producers have had their rules before it has its own.
   for (Node* n : order)
     for (const FusionRule& r : fusion_rules())
-      if (r.apply(*n, absorbed)) {
+      if (r.apply(*n, ctx)) {
         ++rewritten;
         break;
       }
-  if (absorbed.empty()) return rewritten;
-  std::unordered_set<const Node*> gone;
-  for (const auto& p : absorbed) gone.insert(p.get());
-  order.erase(std::remove_if(order.begin(), order.end(),
-                             [&](const Node* n) { return gone.count(n) != 0; }),
-              order.end());
+  if (!ctx.absorbed.empty()) {
+    std::unordered_set<const Node*> gone;
+    for (const auto& p : ctx.absorbed) gone.insert(p.get());
+    order.erase(std::remove_if(order.begin(), order.end(),
+                               [&](const Node* n) { return gone.count(n) != 0; }),
+                order.end());
+  }
+  if (ctx.inputs_added) sort_inputs_first(order);
   return rewritten;
 }
 

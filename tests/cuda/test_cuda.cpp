@@ -462,17 +462,17 @@ TEST_F(Cuda, Conv2dShortcutAndSiblingInputGradientsInOneNode) {
 }
 
 TEST_F(Cuda, Conv2dPairAndReluMaskedInputGradient) {
-  // conv2d_pair (one node forward, one for both weight gradients, the paired input gradient)
-  // after a residual block's relu(bn(z) + r), whose gradient is that input gradient with the
-  // relu's mask: the CUDA kernels run the pair one convolution after
-  // the other and mask after.
+  // A 3x3 and a 1x1 stride-2 convolution of a residual block's relu(bn(z) + r), which the
+  // fusion pass makes one node forward, one for both weight gradients and the paired input
+  // gradient with the relu's mask: the CUDA kernels run the pair one convolution after the
+  // other and mask after.
   for (Dtype dt : {Dtype::f32, Dtype::f64}) {
     Tensor z = input({3, 8, 14, 13}, dt, 70), r = input({3, 8, 14, 13}, dt, 71);
     Tensor gamma = input({8}, dt, 72), beta = input({8}, dt, 73);
     Tensor w1 = input({12, 8, 3, 3}, dt, 74), w2 = input({12, 8, 1, 1}, dt, 75);
     auto pair = [&] {
       Tensor h = batch_norm2d(z, gamma, beta, 1e-5, true, r)[0];
-      return conv2d_pair(h, w1, {2, 2}, {1, 1}, w2, {2, 2}, {0, 0});
+      return std::pair{conv2d(h, w1, {}, {2, 2}, {1, 1}), conv2d(h, w2, {}, {2, 2}, {0, 0})};
     };
     Tensor r1 = input(pair().first.shape(), dt, 76), r2 = input(pair().second.shape(), dt, 77);
     compare(
@@ -483,7 +483,7 @@ TEST_F(Cuda, Conv2dPairAndReluMaskedInputGradient) {
           out.push_back(q);
           return out;
         },
-        kLongSums, std::string("conv2d_pair after a relu ") + std::string(dtype_name(dt)));
+        kLongSums, std::string("paired convolutions after a relu ") + std::string(dtype_name(dt)));
   }
 }
 

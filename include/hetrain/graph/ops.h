@@ -171,13 +171,6 @@ Tensor gather(const Tensor& x, int64_t axis, const Tensor& index);
 /// x (N, C, H, W), w (O, C/groups... groups=1), bias (O) optional.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias = {},
               std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0});
-/// {conv2d(x, w, {}, stride, padding), conv2d(x, w2, {}, stride2, padding2)}: two convolutions
-/// of one input without bias, as one node (and one node for each gradient) where a kernel
-/// computes both in one pass over x: a ResNet downsampling block's 3x3 and 1x1 shortcut (stride
-/// 2, the same output size, w2's window inside w's). Two plain conv2d nodes otherwise.
-std::pair<Tensor, Tensor> conv2d_pair(const Tensor& x, const Tensor& w, std::vector<int64_t> stride,
-                                      std::vector<int64_t> padding, const Tensor& w2,
-                                      std::vector<int64_t> stride2, std::vector<int64_t> padding2);
 Tensor max_pool2d(const Tensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},
                   std::vector<int64_t> padding = {0, 0});
 Tensor avg_pool2d(const Tensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},

@@ -92,7 +92,7 @@ struct Replica {
 /// A graph node: one primitive applied to inputs, with one or more outputs. A leaf has no
 /// primitive. After evaluation a node that no gradient needs drops its primitive and
 /// inputs ("detached"), which frees intermediate buffers at their last use.
-struct Node {
+struct Node : std::enable_shared_from_this<Node> {
   std::shared_ptr<Primitive> prim;
   std::vector<Tensor> inputs;
   std::vector<Array> outs;

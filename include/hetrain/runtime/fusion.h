@@ -1,14 +1,17 @@
 // Fusion: a rewrite pass over the nodes an eval() is about to run. Each rule of a table matches
-// a node and the producers it alone consumes, and rewrites that node in place into a fused
-// primitive that computes the same value in fewer passes (a convolution's input gradient that
-// adds a second convolution's, adds an addend or applies a relu mask as it writes). The absorbed
-// producers are dropped from the run. Primitives carry no fusion hooks: a rule builds the fused
+// a node and the producers it alone consumes (or a sibling node of the same input), and rewrites
+// it in place into a fused primitive that computes the same values in fewer passes: a
+// convolution's input gradient that adds a second convolution's, adds an addend or applies a
+// relu mask as it writes; two convolutions of one input, or their two weight gradients, in one
+// node whose second output the sibling then views. The absorbed producers are dropped from the
+// run. Primitives carry no fusion hooks: a rule builds the fused
 // primitive itself and checks there that it applies; the fused primitive's vjp is that of the
 // composition it replaces.
 //
 //   runtime::set_fusion_enabled(false);  // or HETRAIN_FUSION=0: run every node as built
 #pragma once
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -21,11 +24,23 @@ bool fusion_enabled();
 /// Overrides the environment for this process (A/B comparisons, tests).
 void set_fusion_enabled(bool on);
 
-/// One rule: apply(n, absorbed) rewrites node n when it matches, appending the producers it
-/// absorbed (which nothing else references) to `absorbed`, and says whether it did.
+/// What the rules share during one pass.
+struct FusionContext {
+  /// Producers a rule folded into their consumer: dropped from the run.
+  std::vector<std::shared_ptr<Node>> absorbed;
+  /// The nodes seen so far, by the tensor they take as their first input: a sibling rule pairs
+  /// a node with an earlier one of the same input.
+  std::map<std::pair<const Node*, int>, std::vector<Node*>> by_first_input;
+  /// Set when a rule gave a node an input that may come later in the order: the pass sorts it
+  /// again.
+  bool inputs_added = false;
+};
+
+/// One rule: apply(n, ctx) rewrites node n (and what it absorbs or pairs with) when it matches,
+/// and says whether it did.
 struct FusionRule {
   const char* name;
-  bool (*apply)(Node& n, std::vector<std::shared_ptr<Node>>& absorbed);
+  bool (*apply)(Node& n, FusionContext& ctx);
 };
 /// The rules, in the order the pass tries them on each node.
 const std::vector<FusionRule>& fusion_rules();

@@ -75,8 +75,6 @@ class Conv2d : public Module {
   Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride = 1, int64_t padding = 0,
          bool bias = true, Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
-  /// {forward(x), other.forward(x)}, as one conv2d_pair where neither has a bias.
-  std::pair<Tensor, Tensor> forward_pair(const Tensor& x, Conv2d& other);
 
  private:
   Tensor* weight_;

@@ -64,7 +64,7 @@ P* at(const Array& a, int64_t off) {
 }  // namespace
 
 void Conv2d::eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
-  if (second_) {  // conv2d_pair: one convolution after the other
+  if (second_) {  // a pair of convolutions of x: one after the other
     Conv2d(win_).eval_cuda({in[0], in[1]}, {out[0]});
     Conv2d(*second_).eval_cuda({in[0], in[2]}, {out[1]});
     return;
@@ -168,7 +168,7 @@ void Conv2dBackwardInput::backward_input_cuda(const std::vector<const Array*>& i
 
 void Conv2dBackwardWeight::eval_cuda(const std::vector<const Array*>& in,
                                      const std::vector<Array*>& out) const {
-  if (second_) {  // conv2d_pair's weight gradients: one after the other
+  if (second_) {  // a pair's weight gradients: one after the other
     Conv2dBackwardWeight(win_).eval_cuda({in[0], in[1]}, {out[0]});
     Conv2dBackwardWeight(*second_).eval_cuda({in[0], in[2]}, {out[1]});
     return;

@@ -29,7 +29,8 @@ struct Window2d {
 bool one_pass_pair(const Window2d& a, const Window2d& b, std::array<int64_t, 2> in_hw);
 
 /// y (N, O, Ho, Wo) = conv(x (N, C, H, W), w (O, C, kh, kw)) [+ bias (O)]. With a second window
-/// (conv2d_pair): inputs x, w, w2 (no bias), outputs y and y2 = conv(x, w2) with that window.
+/// (the fusion pass's pair of two convolutions of x): inputs x, w, w2 (no bias), outputs y and
+/// y2 = conv(x, w2) with that window.
 class Conv2d final : public Primitive {
  public:
   explicit Conv2d(Window2d win, std::optional<Window2d> second = std::nullopt)
@@ -46,6 +47,8 @@ class Conv2d final : public Primitive {
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override;
+  const Window2d& window() const { return win_; }
+  const std::optional<Window2d>& second() const { return second_; }
 
  private:
   Window2d win_;
@@ -99,7 +102,8 @@ class Conv2dBackwardInput final : public Primitive {
 };
 
 /// dw (O, C, kh, kw) from x (N, C, H, W) and g (N, O, Ho, Wo). With a second window (the
-/// weight gradients of conv2d_pair): inputs x, g, g2, outputs dw and the second's dw2.
+/// weight gradients of a pair of convolutions of x): inputs x, g, g2, outputs dw and the
+/// second's dw2.
 class Conv2dBackwardWeight final : public Primitive {
  public:
   explicit Conv2dBackwardWeight(Window2d win, std::optional<Window2d> second = std::nullopt)
@@ -116,6 +120,8 @@ class Conv2dBackwardWeight final : public Primitive {
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
   std::string attrs() const override;
+  const Window2d& window() const { return win_; }
+  const std::optional<Window2d>& second() const { return second_; }
 
  private:
   Window2d win_;
