@@ -37,8 +37,18 @@ print(json.dumps(final))
 PY
 )
 }
+# The peer: PyTorch 2.x from tools/install_peer.sh (PEER_PYTHON overrides), eager and
+# torch.compile one after the other; the faster is quoted ("mode" says which).
+peer=${PEER_PYTHON:-.venv-peer/bin/python}
+[ -x "$peer" ] || { echo "no peer at $peer: run tools/install_peer.sh first" >&2; exit 1; }
 run_torch() {
-  t=$(/usr/bin/python3 tools/bench_train_torch.py "$preset" --steps "$steps" --threads "$threads")
+  local e c
+  e=$("$peer" tools/bench_train_torch.py "$preset" --steps "$steps" --threads "$threads" --mode eager)
+  c=$("$peer" tools/bench_train_torch.py "$preset" --steps "$steps" --threads "$threads" \
+    --mode compile --warmup 10 2>/dev/null) || c=$e
+  t=$(python3 -c 'import json, sys
+e, c = (json.loads(a) for a in sys.argv[1:])
+print(json.dumps(c if c["samples_per_s"] > e["samples_per_s"] else e))' "$e" "$c")
 }
 # This VM's FMA peak and memory bandwidth drift by tens of percent within minutes, and the ratio
 # with them (Hetrain's step is the more memory-bound): both are printed before and after the
@@ -50,8 +60,8 @@ machine() {
          END {printf "FMA peak %s GFLOP/s, triad %s GB/s", f, t}'
 }
 echo "threads $threads, load average before: $(cut -d' ' -f1-3 /proc/loadavg); $(machine)"
-printf "%-12s %11s %11s %6s %9s %9s %6s %13s %13s %13s %6s\n" preset "hetrain s/s" \
-  "pytorch s/s" ratio "h cpu ms" "pt cpu ms" ratio "hetrain alloc" "hetrain RSS+" "pytorch RSS+" ratio
+printf "%-12s %11s %11s %-7s %6s %9s %9s %6s %13s %13s %13s %6s\n" preset "hetrain s/s" \
+  "pytorch s/s" mode ratio "h cpu ms" "pt cpu ms" ratio "hetrain alloc" "hetrain RSS+" "pytorch RSS+" ratio
 for round in $(seq "$rounds"); do
 for preset in $presets; do
   # Even rounds run PyTorch first: on a VM whose speed drifts, a fixed order would give one
@@ -64,7 +74,7 @@ hs, ts = h["samples_per_s"], t["samples_per_s"]
 mib = lambda b: f"{b / 2**20:.1f} MiB"
 hr, tr = h.get("peak_rss_growth_bytes", -1), t["peak_rss_growth_bytes"]
 hc, tc = 1e3 * h["cpu_s_per_step"], 1e3 * t["cpu_s_per_step"]
-print(f"{p:<12} {hs:11.1f} {ts:11.1f} {hs/ts:6.2f} {hc:9.1f} {tc:9.1f} {tc/hc:6.2f} "
+print(f"{p:<12} {hs:11.1f} {ts:11.1f} {t.get('mode', '-'):<7} {hs/ts:6.2f} {hc:9.1f} {tc:9.1f} {tc/hc:6.2f} "
       f"{mib(h['peak_memory_bytes']['total']):>13} {mib(hr) if hr >= 0 else 'n/a':>13} "
       f"{mib(tr):>13} {hr / tr if hr >= 0 and tr > 0 else 0:6.2f}")
 print(json.dumps({"preset": p, "ratio": hs / ts, "cpu_ratio": tc / hc}),

@@ -7,7 +7,10 @@ count, AdamW) on random batches of the right shape and prints samples/s, CPU sec
 peak RSS growth over the training loop, measured as Hetrain measures its own
 (src/memory/process_memory.cpp): the high-water mark (VmHWM, reset through
 /proc/self/clear_refs before the first step) minus the RSS before the first step.
-Run with Debian's PyTorch: /usr/bin/python3 tools/bench_train_torch.py PRESET
+Run with the peer's PyTorch 2.x (tools/install_peer.sh): .venv-peer/bin/python
+tools/bench_train_torch.py PRESET [--mode eager|compile]. With --mode compile the model runs
+through torch.compile (compiled during the warm-up steps). The timed loop has no hooks: the
+activation bytes autograd saves are counted in one extra step before it, on the eager model.
 With --precision bf16 the forward runs under CPU autocast (bf16), as in docs/PERFORMANCE.md.
 The CNN runs in channels-last memory format by default, PyTorch's faster layout for it on the CPU
 (1.3x over NCHW for fashion-cnn on one thread of the AMD EPYC in docs/PERFORMANCE.md); pass
@@ -64,6 +67,8 @@ def main():
                     default="channels_last", help="layout of the CNN's activations and weights")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="bf16: forward under torch.autocast('cpu', dtype=torch.bfloat16)")
+    ap.add_argument("--mode", choices=["eager", "compile"], default="eager",
+                    help="compile: torch.compile(model), compiled in the warm-up steps")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
@@ -74,33 +79,36 @@ def main():
         xs = lambda: xs_plain().to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     param_ptrs = {p.data_ptr() for p in model.parameters()}
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16")
+
+    def loss_of(m, x, y):
+        with autocast():
+            logits = m(x)
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+
+    # Activation memory, in a step of its own: bytes of the distinct tensors autograd saves for
+    # backward (parameters excluded; autocast's bf16 weight copies count, as in Hetrain).
+    saved = {}
+
+    def pack(t):
+        if t.data_ptr() not in param_ptrs:
+            saved[t.data_ptr()] = max(saved.get(t.data_ptr(), 0), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss_of(model, xs(), ys()).backward()
+    saved_bytes = sum(saved.values())
+    opt.zero_grad(set_to_none=True)
+    run = torch.compile(model) if a.mode == "compile" else model
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the high-water mark to the current RSS
     rss0 = process_memory()[0]
-    t_start, step_s, saved_bytes = None, [], 0
+    t_start, step_s = None, []
     for step in range(a.warmup + a.steps):
         if step == a.warmup:
             t_start, c0 = time.perf_counter(), time.process_time()
         t0 = time.perf_counter()
-        x, y = xs(), ys()
-        # Activation memory: bytes of the distinct tensors autograd saves for backward
-        # (parameters excluded; autocast's bf16 weight copies count, as in Hetrain).
-        saved = {}
-
-        def pack(t):
-            if t.data_ptr() not in param_ptrs:
-                saved[t.data_ptr()] = max(saved.get(t.data_ptr(), 0),
-                                          t.untyped_storage().nbytes()
-                                          if hasattr(t, "untyped_storage")
-                                          else t.storage().nbytes())
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-                logits = model(x)
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                       y.reshape(-1))
-        saved_bytes = sum(saved.values())
+        loss = loss_of(run, xs(), ys())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -110,6 +118,7 @@ def main():
     peak = process_memory()[1]
     step_s.sort()
     print(json.dumps({"preset": a.preset, "framework": f"pytorch {torch.__version__}",
+                      "mode": a.mode,
                       "precision": a.precision, "threads": a.threads,
                       "memory_format": a.memory_format if a.preset == "fashion-cnn" else "-", "steps": a.steps,
                       "samples_per_s": a.steps * batch / dt,
