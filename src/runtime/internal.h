@@ -1,11 +1,20 @@
-// Runtime internals shared by the executor, the device set and the plan cache.
+// Runtime internals shared by its parts: the executor (executor.cpp), the task graph
+// (task_graph.cpp), the plan cache (plan_cache.cpp), replica coherence (replicas.cpp),
+// simulation (simulation.cpp) and the device set (devices.cpp).
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "hetrain/graph/tensor.h"
 #include "hetrain/memory/device.h"
+#include "hetrain/runtime/scheduler.h"
 
 namespace hetrain::runtime {
+
+// ---- the device set (devices.cpp)
 
 /// Index of d in the configured devices, or -1.
 int device_index(Device d);
@@ -13,5 +22,81 @@ int device_index(Device d);
 std::string configured_devices();
 /// Drops cached placements (the device set changed).
 void clear_plan_cache();
+
+// ---- clock and graph marks (executor.cpp)
+
+int64_t now_ns();
+/// A fresh traversal mark.
+uint64_t next_mark();
+/// n consecutive fresh marks; returns the first (node i of an order gets base + i).
+uint64_t reserve_marks(size_t n);
+
+// ---- replicas: copies of outputs on other memory nodes (replicas.cpp)
+
+/// Whether device d holds a valid copy of output idx of p (its own array or a replica).
+bool has_valid_copy(const Node* p, int idx, Device d);
+/// The valid copies of n's inputs on device d, by value (the scheduler made them present).
+std::vector<Array> input_copies(const Node& n, Device d);
+/// Copies output idx of p to device dst (from its primary array) and records the replica.
+void run_copy(Node* p, int idx, Device dst);
+/// Forgets p's replicas: its outputs hold a new value.
+void drop_replicas(Node* p);
+/// Simulation: a content-free copy of output idx of p on d (memory allocated there, no data
+/// moved), recorded as a replica unless d already holds a valid copy.
+Array placeholder_copy(Node* p, int idx, Device d);
+
+// ---- the task graph of one eval (task_graph.cpp)
+
+/// Post-order over the unevaluated nodes the targets need (inputs before their consumers),
+/// marking each with `mark`; sets *any_pinned when a node is pinned to a device.
+void collect_order(const std::vector<Tensor>& targets, uint64_t mark, std::vector<Node*>& order,
+                   std::vector<std::pair<Node*, size_t>>& stack, bool* any_pinned);
+/// Whether p is in the order whose nodes are marked base .. base + n - 1.
+bool in_graph(const Node* p, uint64_t base, size_t n);
+/// Footprint and size (bytes in and out) of a node, for performance models.
+std::pair<uint64_t, double> node_footprint(const Node* n);
+/// What placement works on: per node its cost, footprint, inputs, pin and the devices
+/// without a kernel for it.
+std::vector<TaskNode> task_graph(const std::vector<Node*>& order, uint64_t base,
+                                 const std::vector<DeviceModel>& devs);
+/// Bit d set when configured device d holds a valid copy of output idx of p.
+uint32_t present_mask(const Node* p, int idx, const std::vector<DeviceModel>& devs);
+
+/// A copy of one output to one device, inserted between a producer and its consumers.
+struct CopyTaskExec {
+  Node* producer;
+  int index;
+  int device;  // configured device index
+};
+/// The tasks of one eval, nodes [0, n) of the order then copies, with dependency counts and
+/// consumer lists (CSR: consumers of task i are consumer_list[begin[i], begin[i + 1])).
+struct TaskDeps {
+  std::vector<CopyTaskExec> copies;
+  std::vector<int> pending, consumer_begin, consumer_list;
+  std::vector<int> edges, cursor;  // scratch: (producer, consumer) pairs, fill positions
+  size_t total = 0;
+};
+/// Builds deps for order (marked base + position). With `device` (placed runs: the
+/// configured device index of each node), inputs living elsewhere get one copy task per
+/// (data, destination), which runs as soon as its producer is done.
+void build_tasks(const std::vector<Node*>& order, uint64_t base, const std::vector<int>* device,
+                 TaskDeps& deps);
+
+// ---- the plan cache (plan_cache.cpp)
+
+/// The configured device of each node of order (marked base + position): the plan cached for
+/// this graph structure, or a new placement.
+void plan_devices(const std::vector<Node*>& order, uint64_t base, std::vector<int>& device);
+/// Counts copy tasks for scheduler_stats().
+void count_copy_tasks(int64_t n);
+/// Throws naming the node when it is pinned to a device that is not configured.
+void check_pin(const Node& n);
+
+// ---- simulation (simulation.cpp)
+
+/// Whether a SimulateScope is active on this thread.
+bool simulating();
+/// Simulate mode's eval: the same placement and list scheduler as a real run, no kernels.
+void simulate_eval(const std::vector<Node*>& order, bool release_graph);
 
 }  // namespace hetrain::runtime

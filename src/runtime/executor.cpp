@@ -1,0 +1,460 @@
+// The executor: eval() collects the nodes its targets need, runs the fusion pass, and runs the
+// nodes as tasks, in dependency order, on the thread pool (independent nodes in parallel) and,
+// in placed runs, on the sim and CUDA devices' workers with copies between memory nodes.
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "hetrain/base/error.h"
+#include "hetrain/base/thread_pool.h"
+#include "hetrain/graph/primitive.h"
+#include "hetrain/runtime/eval.h"
+#include "hetrain/runtime/fusion.h"
+#include "hetrain/runtime/perf_model.h"
+#include "hetrain/runtime/scheduler.h"
+#include "runtime/internal.h"
+#if HETRAIN_HAVE_CUDA
+#include "backends/cuda/api.h"
+#endif
+
+namespace hetrain {
+
+namespace runtime {
+namespace {
+std::atomic<uint64_t> g_epoch{0};
+}  // namespace
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+uint64_t next_mark() { return ++g_epoch; }
+uint64_t reserve_marks(size_t n) { return g_epoch.fetch_add(n + 1) + 1; }
+}  // namespace runtime
+
+namespace {
+using runtime::now_ns;
+
+std::atomic<int64_t> g_nodes_run{0};
+std::atomic<int64_t> g_evals{0};
+std::atomic<NodeObserver*> g_observer{nullptr};
+
+// Nesting depth of node runs on this thread: an eval() inside a kernel runs inline.
+thread_local int g_in_node = 0;
+
+/// Runs prim's kernel for device dev: eval_cpu on the CPU and sim devices (a sim device runs
+/// CPU kernels on its own worker and memory node), eval_cuda on a CUDA device (the calling
+/// thread is that device's worker, bound to it).
+void run_kernel(const Primitive& prim, Device dev, const std::vector<const Array*>& in,
+                const std::vector<Array*>& out) {
+  switch (dev.kind) {
+    case DeviceKind::cpu:
+    case DeviceKind::sim:
+      prim.eval_cpu(in, out);
+      return;
+    case DeviceKind::cuda:
+#if HETRAIN_HAVE_CUDA
+      cuda::bind_thread(dev.index);  // cheap when already current
+      prim.eval_cuda(in, out);
+      return;
+#else
+      fail("[", prim.name(), "] is placed on ", dev.str(), " but this build has no CUDA backend");
+#endif
+  }
+}
+
+/// Waits for a CUDA device's queued work (a no-op elsewhere).
+void synchronize_device(Device d) {
+#if HETRAIN_HAVE_CUDA
+  if (d.kind == DeviceKind::cuda) cuda::synchronize(d.index);
+#else
+  (void)d;
+#endif
+}
+
+/// After a node ran: its time to the observer and the performance models.
+void record_node(Node* n, int64_t t0, NodeObserver* obs, const std::string* perf_class) {
+  const int64_t t1 = now_ns();
+  if (obs) obs->on_node(*n, t0, t1);
+  if (perf_class && !n->prim->is_view()) {
+    const auto [fp, size] = runtime::node_footprint(n);
+    runtime::perf_models().record(n->prim->name(), *perf_class, n->outs[0].dtype, fp, size,
+                                  1e-9 * static_cast<double>(t1 - t0));
+  }
+}
+
+/// Runs n's kernel on device dev (the executor already made its inputs present there). With
+/// perf_class set, the kernel's time goes into the performance models under that class.
+void run_node(Node* n, bool release_graph, Device dev = Device::cpu(), double slowdown = 1,
+              bool placed = false, const std::string* perf_class = nullptr) {
+  std::vector<const Array*> in;
+  in.reserve(n->inputs.size());
+  std::vector<Array> held;  // placed: the input copies, by value (replica lists may grow)
+  if (!placed) {
+    for (const auto& t : n->inputs) in.push_back(&t.node()->outs[t.index()]);
+  } else {
+    held = runtime::input_copies(*n, dev);
+    for (const Array& a : held) in.push_back(&a);
+  }
+  std::vector<Array*> out;
+  out.reserve(n->outs.size());
+  for (auto& o : n->outs) out.push_back(&o);
+  NodeObserver* obs = g_observer.load(std::memory_order_relaxed);
+  const bool timed = obs || slowdown > 1 || perf_class;
+  int64_t t0 = timed ? now_ns() : 0;
+  ++g_in_node;
+  try {
+    if (placed) {
+      n->device = dev;
+      AllocationDeviceScope alloc(dev);
+      run_kernel(*n->prim, dev, in, out);
+    } else if (n->device.kind == DeviceKind::cuda) {
+      // A CUDA node outside placement (an eval nested in a kernel) still allocates on its GPU.
+      AllocationDeviceScope alloc(n->device);
+      run_kernel(*n->prim, n->device, in, out);
+    } else {
+      run_kernel(*n->prim, n->device, in, out);
+    }
+    // A CUDA kernel is only queued when eval_cuda returns; a measured time waits for it.
+    if (timed) synchronize_device(n->device);
+  } catch (...) {
+    --g_in_node;
+    throw;
+  }
+  --g_in_node;
+  // A new value: copies of the old one (none for a fresh node) are no longer valid.
+  if (placed) runtime::drop_replicas(n);
+  if (slowdown > 1) {
+    // A sim device's declared speed: the kernel takes slowdown times as long.
+    const int64_t ran = now_ns() - t0;
+    std::this_thread::sleep_for(
+        std::chrono::nanoseconds(static_cast<int64_t>(static_cast<double>(ran) * (slowdown - 1))));
+  }
+  if (obs || perf_class) record_node(n, t0, obs, perf_class);
+  // A node that no gradient will need forgets how it was made, so its inputs can be
+  // freed as soon as their last consumer has run.
+  if (!n->requires_grad || release_graph) {
+    n->prim.reset();
+    n->inputs.clear();
+  }
+}
+
+/// A sim or CUDA device's dedicated worker: one thread, its kernels serial, its allocations
+/// in the device's memory node (a CUDA device's kernels queue on the device's stream). Never
+/// destroyed (tasks may be queued at exit by static tensors).
+class DeviceWorker {
+ public:
+  explicit DeviceWorker(Device d) : device_(d) {
+    std::thread([this] { loop(); }).detach();
+  }
+  void submit(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    SerialScope serial;
+    AllocationDeviceScope alloc(device_);
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [this] { return !queue_.empty(); });
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+  Device device_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+};
+
+/// The worker of a sim or CUDA device.
+DeviceWorker& device_worker(Device d) {
+  static std::mutex mu;
+  static std::array<DeviceWorker*, kMaxSimDevices> sim{};
+  static std::array<DeviceWorker*, kMaxCudaDevices> cuda{};
+  std::lock_guard<std::mutex> lk(mu);
+  HT_ASSERT(d.index >= 0 &&
+            d.index < (d.kind == DeviceKind::sim ? kMaxSimDevices : kMaxCudaDevices));
+  auto& w = (d.kind == DeviceKind::sim ? sim.data() : cuda.data())[d.index];
+  if (!w) w = new DeviceWorker(d);
+  return *w;
+}
+
+/// Per-call working memory of eval(), reused across calls: building it afresh for every
+/// call cost more than running a small node (large vectors freed each call also made glibc
+/// consolidate its free lists). eval() may nest (a kernel evaluating a subgraph), so each
+/// level takes its own scratch from a per-thread free list.
+struct EvalScratch {
+  std::vector<Node*> order;
+  std::vector<std::pair<Node*, size_t>> stack;
+  runtime::TaskDeps deps;
+  std::vector<int> ready;
+};
+
+class ScratchLease {
+ public:
+  ScratchLease() {
+    if (free_list().empty()) {
+      s_ = std::make_unique<EvalScratch>();
+    } else {
+      s_ = std::move(free_list().back());
+      free_list().pop_back();
+    }
+  }
+  ~ScratchLease() {
+    // Keep the capacity of typical graphs, not of an occasional huge one.
+    constexpr size_t kKeep = 1 << 20;
+    if (s_->order.capacity() > kKeep || s_->deps.edges.capacity() > 2 * kKeep) return;
+    s_->order.clear();
+    s_->stack.clear();
+    s_->ready.clear();
+    free_list().push_back(std::move(s_));
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  EvalScratch& operator*() { return *s_; }
+
+ private:
+  static std::vector<std::unique_ptr<EvalScratch>>& free_list() {
+    thread_local std::vector<std::unique_ptr<EvalScratch>> l;
+    return l;
+  }
+  std::unique_ptr<EvalScratch> s_;
+};
+
+/// One eval's tasks run to completion: the calling thread runs ready tasks itself, hands
+/// independent ones to idle pool workers (inter-op parallelism) and, in placed runs, the sim
+/// and CUDA devices' tasks to their workers. The first error is rethrown once nothing is in
+/// flight.
+class TaskRun {
+ public:
+  /// device: the configured device of each node (placed runs), else null.
+  TaskRun(const std::vector<Node*>& order, runtime::TaskDeps& deps, std::vector<int>& ready,
+          const std::vector<int>* device, bool release_graph,
+          const std::vector<std::string>& perf_class)
+      : order_(order),
+        deps_(deps),
+        ready_(ready),
+        device_(device),
+        release_graph_(release_graph),
+        perf_class_(perf_class),
+        devs_(runtime::config().devices),
+        remaining_(deps.total) {
+    for (const auto& m : devs_) slowdown_.push_back(m.slowdown);
+    ready_.clear();
+    for (size_t i = 0; i < deps.total; ++i)
+      if (deps.pending[i] == 0) ready_.push_back(static_cast<int>(i));
+  }
+
+  void run_all();
+
+ private:
+  enum Runner { kMain, kPool, kDeviceWorker };
+
+  bool placed() const { return device_ != nullptr; }
+  size_t nodes() const { return order_.size(); }
+  int device_of(int i) const { return (*device_)[static_cast<size_t>(i)]; }
+  // Whether task i runs on a device worker (a node on a sim or CUDA device); the CPU's
+  // workers run nodes on the CPU and all copies.
+  bool on_device_worker(int i) const {
+    if (!placed() || static_cast<size_t>(i) >= nodes()) return false;
+    return devs_[static_cast<size_t>(device_of(i))].device.kind != DeviceKind::cpu;
+  }
+  // Under the lock: nothing left in flight and nothing more to run.
+  bool all_done() const {
+    return in_flight_ == 0 && on_devices_ == 0 && (error_ || remaining_ == 0);
+  }
+  bool can_go() const { return (!error_ && !ready_.empty()) || all_done(); }
+  void run(int i, Runner who);
+  void finish(int i, Runner who);
+  void wait_for_work();
+
+  const std::vector<Node*>& order_;
+  runtime::TaskDeps& deps_;
+  std::vector<int>& ready_;
+  const std::vector<int>* device_;
+  const bool release_graph_;
+  const std::vector<std::string>& perf_class_;
+  const std::vector<runtime::DeviceModel>& devs_;
+  std::vector<double> slowdown_;  // per configured device
+  std::mutex mu_;
+  std::condition_variable done_cv_;  // placed: a task finished (the main thread may sleep)
+  size_t remaining_;
+  int in_flight_ = 0;   // tasks on pool workers
+  int on_devices_ = 0;  // tasks on sim and CUDA devices' workers
+  std::exception_ptr error_;
+};
+
+// A task run by a pool or device worker counts as in flight until finish() (under the lock)
+// says it is done, so eval() never returns while a task still touches this frame.
+void TaskRun::finish(int i, Runner who) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (who == kPool) --in_flight_;
+  if (who == kDeviceWorker) --on_devices_;
+  const auto& begin = deps_.consumer_begin;
+  for (int k = begin[static_cast<size_t>(i)]; k < begin[static_cast<size_t>(i) + 1]; ++k) {
+    const int c = deps_.consumer_list[static_cast<size_t>(k)];
+    if (--deps_.pending[static_cast<size_t>(c)] == 0) ready_.push_back(c);
+  }
+  --remaining_;
+  if (placed()) done_cv_.notify_one();
+}
+
+void TaskRun::run(int i, Runner who) {
+  try {
+    if (!placed()) {
+      run_node(order_[static_cast<size_t>(i)], release_graph_, Device::cpu(), 1, false,
+               perf_class_.empty() ? nullptr : &perf_class_[0]);
+    } else if (static_cast<size_t>(i) < nodes()) {
+      const size_t d = static_cast<size_t>(device_of(i));
+      run_node(order_[static_cast<size_t>(i)], release_graph_, devs_[d].device, slowdown_[d],
+               true, perf_class_.empty() ? nullptr : &perf_class_[d]);
+    } else {
+      const runtime::CopyTaskExec& c = deps_.copies[static_cast<size_t>(i) - nodes()];
+      runtime::run_copy(c.producer, c.index, devs_[static_cast<size_t>(c.device)].device);
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!error_) error_ = std::current_exception();
+  }
+  finish(i, who);
+}
+
+// Nothing ready for the calling thread: help the pool, or (placed) sleep until a task finishes
+// (the sim devices' workers need the cores more than a spinning main thread does).
+void TaskRun::wait_for_work() {
+  ThreadPool& pool = thread_pool();
+  if (!placed()) {
+    pool.help_until([&] {
+      std::lock_guard<std::mutex> lk(mu_);
+      return can_go();
+    });
+    return;
+  }
+  int spins = 0;
+  bool go = false;
+  pool.help_until([&] {
+    std::lock_guard<std::mutex> lk(mu_);
+    go = can_go();
+    return go || ++spins > 64;
+  });
+  if (!go) {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait_for(lk, std::chrono::microseconds(200), [&] { return can_go(); });
+  }
+}
+
+void TaskRun::run_all() {
+  ThreadPool& pool = thread_pool();
+  const int max_parallel = pool.size() - 1;
+  std::vector<int> extra, to_devices;
+  for (;;) {
+    int mine = -1;
+    extra.clear();
+    to_devices.clear();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (all_done()) break;
+      if (!error_ && placed()) {
+        // Sim and CUDA devices' tasks go to their own workers.
+        size_t keep_n = 0;
+        for (int r : ready_) {
+          if (on_device_worker(r))
+            to_devices.push_back(r);
+          else
+            ready_[keep_n++] = r;
+        }
+        ready_.resize(keep_n);
+        on_devices_ += static_cast<int>(to_devices.size());
+      }
+      if (!error_ && !ready_.empty()) {
+        mine = ready_.back();
+        ready_.pop_back();
+        // Independent ready nodes go to idle workers (inter-op parallelism).
+        while (!ready_.empty() && in_flight_ + static_cast<int>(extra.size()) < max_parallel) {
+          extra.push_back(ready_.back());
+          ready_.pop_back();
+        }
+        in_flight_ += static_cast<int>(extra.size());
+      }
+    }
+    for (int e : to_devices)
+      device_worker(devs_[static_cast<size_t>(device_of(e))].device).submit([this, e] {
+        run(e, kDeviceWorker);
+      });
+    for (int e : extra) pool.submit([this, e] { run(e, kPool); });
+    if (mine >= 0)
+      run(mine, kMain);
+    else if (to_devices.empty())
+      wait_for_work();
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+}  // namespace
+
+void set_node_observer(NodeObserver* obs) { g_observer.store(obs); }
+
+ExecutorStats executor_stats() { return {g_nodes_run.load(), g_evals.load()}; }
+
+void eval(const std::vector<Tensor>& targets, bool release_graph) {
+  ScratchLease lease;
+  EvalScratch& sc = *lease;
+  std::vector<Node*>& order = sc.order;
+  bool any_pinned = false;
+  runtime::collect_order(targets, runtime::next_mark(), order, sc.stack, &any_pinned);
+  if (order.empty()) return;
+  if (runtime::fusion_enabled()) runtime::fuse_nodes(order);
+  ++g_evals;
+  g_nodes_run += static_cast<int64_t>(order.size());
+  // Keep the targets' nodes alive; intermediates live as long as their consumers do.
+  std::vector<std::shared_ptr<Node>> keep;
+  keep.reserve(targets.size());
+  for (const auto& t : targets) keep.push_back(t.node_ptr());
+
+  if (runtime::simulating() && g_in_node == 0) {
+    runtime::simulate_eval(order, release_graph);
+    return;
+  }
+  // Placement and copies when more than the CPU is in play (configured devices, a pin, or
+  // data living in another memory node). An eval() nested in a kernel runs inline.
+  const bool placed =
+      g_in_node == 0 && (runtime::heterogeneous() || any_pinned || device_memory_in_use() > 0);
+  const size_t n = order.size();
+  // Performance-model classes of the configured devices, when recording kernel times.
+  std::vector<std::string> perf_class;
+  if (runtime::perf_recording())
+    for (const auto& m : runtime::config().devices) perf_class.push_back(runtime::device_class(m));
+  if (n == 1 && !placed) {
+    run_node(order[0], release_graph, Device::cpu(), 1, false,
+             perf_class.empty() ? nullptr : &perf_class[0]);
+    return;
+  }
+  // Tasks: nodes [0, n), indexed by a unique mark value, then copy tasks.
+  const uint64_t base = runtime::reserve_marks(n);
+  for (size_t i = 0; i < n; ++i) order[i]->mark = base + i;
+  std::vector<int> device;  // placed: configured device index per node
+  if (placed) runtime::plan_devices(order, base, device);
+  runtime::build_tasks(order, base, placed ? &device : nullptr, sc.deps);
+  TaskRun(order, sc.deps, sc.ready, placed ? &device : nullptr, release_graph, perf_class)
+      .run_all();
+}
+
+}  // namespace hetrain

@@ -1,0 +1,90 @@
+// Replica coherence: the valid copies of an output are its array (on the device that produced
+// it) and the replicas whose source is still that array's buffer. Replicas are added by copy
+// tasks while other tasks read them, hence the lock.
+#include <algorithm>
+#include <mutex>
+
+#include "hetrain/base/error.h"
+#include "runtime/internal.h"
+
+namespace hetrain::runtime {
+
+namespace {
+
+std::mutex g_replica_mu;
+
+bool replica_valid(const Replica& r, const Array& primary) {
+  // An expired source locks to null: a freed buffer never matches, even at a reused address.
+  return r.source.lock() == primary.buffer && r.source_offset == primary.offset;
+}
+
+/// The copy of output idx of p on device d, or nullptr (caller holds g_replica_mu).
+const Array* valid_copy(const Node* p, int idx, Device d) {
+  const Array& a = p->outs[static_cast<size_t>(idx)];
+  if (a.device() == d) return &a;
+  for (const Replica& r : p->replicas)
+    if (r.index == idx && r.array.device() == d && replica_valid(r, a)) return &r.array;
+  return nullptr;
+}
+
+}  // namespace
+
+bool has_valid_copy(const Node* p, int idx, Device d) {
+  std::lock_guard<std::mutex> lk(g_replica_mu);
+  return valid_copy(p, idx, d) != nullptr;
+}
+
+std::vector<Array> input_copies(const Node& n, Device d) {
+  std::vector<Array> held;
+  held.reserve(n.inputs.size());
+  std::lock_guard<std::mutex> lk(g_replica_mu);
+  for (const auto& t : n.inputs) {
+    const Array* a = valid_copy(t.node(), t.index(), d);
+    HT_ASSERT(a != nullptr);  // the scheduler inserted a copy task before this node
+    held.push_back(*a);
+  }
+  return held;
+}
+
+void run_copy(Node* p, int idx, Device dst) {
+  Array src;
+  {
+    std::lock_guard<std::mutex> lk(g_replica_mu);
+    if (valid_copy(p, idx, dst)) return;  // already there (another eval made it)
+    src = p->outs[static_cast<size_t>(idx)];
+  }
+  Replica r;
+  r.index = idx;
+  r.array = copy_to_device(src, dst);
+  r.source = src.buffer;
+  r.source_offset = src.offset;
+  std::lock_guard<std::mutex> lk(g_replica_mu);
+  // Drop stale copies of this output while here.
+  std::erase_if(p->replicas, [&](const Replica& x) {
+    return x.index == idx && !replica_valid(x, p->outs[static_cast<size_t>(idx)]);
+  });
+  p->replicas.push_back(std::move(r));
+}
+
+void drop_replicas(Node* p) {
+  if (p->replicas.empty()) return;
+  std::lock_guard<std::mutex> lk(g_replica_mu);
+  p->replicas.clear();
+}
+
+Array placeholder_copy(Node* p, int idx, Device d) {
+  std::lock_guard<std::mutex> lk(g_replica_mu);
+  if (const Array* a = valid_copy(p, idx, d)) return *a;
+  const Array& src = p->outs[static_cast<size_t>(idx)];
+  Replica r;
+  r.index = idx;
+  r.array = src;
+  r.array.buffer =
+      allocator_for(d).allocate(std::max<size_t>(src.buffer->bytes(), 1), src.buffer->tag());
+  r.source = src.buffer;
+  r.source_offset = src.offset;
+  p->replicas.push_back(std::move(r));
+  return p->replicas.back().array;
+}
+
+}  // namespace hetrain::runtime
