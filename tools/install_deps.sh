@@ -3,6 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config
       libdnnl-dev ocl-icd-opencl-dev libopenblas-dev zlib1g-dev nlohmann-json3-dev libtomlplusplus-dev
+      libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata python3-venv
       libgtest-dev libgmock-dev libbenchmark-dev
       chromium
       dataset-fashion-mnist fortunes)

@@ -7,6 +7,9 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/config_flags.h"
+#include "cli/onnx_cli.h"
+#include "hetrain/interop/onnx.h"
+#include "hetrain/training/nn.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/insight/device_profile.h"
@@ -160,6 +163,10 @@ int cmd_train(const Args& args) {
               "stop with an error when the scale falls below X (gradients non-finite at any "
               "scale)",
               "1")
+      .option("export-onnx", "FILE",
+              "after training, write the model as ONNX (as 'hetrain export'; checked and "
+              "written before the run's result is printed)")
+      .option("export-opset", "N", "opset of --export-onnx, 13..21", "17")
       .flag("no-progress", "no live progress bar, even on a terminal")
       .flag("json", "print the final result as JSON on stdout")
       .flag("no-record",
@@ -180,6 +187,20 @@ int cmd_train(const Args& args) {
     fail("[train] unexpected argument '", p.positional()[0], "'; see 'hetrain train --help'");
 
   training::TrainConfig cfg = config_from_flags(p, kSettingFlags);
+  training::StepHooks hooks;
+  std::string onnx_line;
+  if (p.given("export-onnx")) {
+    interop::OnnxExportOptions opt;
+    opt.opset = static_cast<int>(p.get_int("export-opset"));
+    if (opt.opset < 13 || opt.opset > interop::kOnnxMaxOpset)
+      fail("[train] --export-opset must be between 13 and ", interop::kOnnxMaxOpset, ", got ",
+           opt.opset);
+    const std::string path = p.get("export-onnx");
+    insight::check_writable(path, "--export-onnx file");
+    hooks.finished = [&cfg, &onnx_line, path, opt](nn::Module& model) {
+      onnx_line = export_info_line(interop::export_onnx(cfg, model, path, opt), path);
+    };
+  }
   cfg.progress = !p.get_flag("no-progress");
   std::string record_path;
   if (!p.get_flag("no-record")) {
@@ -204,7 +225,8 @@ int cmd_train(const Args& args) {
   }
 
   const TransferStats moved0 = transfer_stats();
-  training::TrainResult r = training::train(cfg);
+  training::TrainResult r = training::train(cfg, hooks);
+  if (!onnx_line.empty()) std::fprintf(stderr, "%s\n", onnx_line.c_str());
   runtime::set_perf_recording(false);
   if (runtime::heterogeneous()) {
     const runtime::SchedulerStats ss = runtime::scheduler_stats();

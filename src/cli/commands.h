@@ -21,6 +21,8 @@ int cmd_bench(const Args& args);
 int cmd_profile(const Args& args);
 int cmd_simulate(const Args& args);
 int cmd_perfmodel(const Args& args);
+int cmd_export(const Args& args);
+int cmd_run(const Args& args);
 
 /// Every subcommand, in the order `hetrain --help` lists them.
 const std::vector<Command>& commands();

@@ -18,6 +18,7 @@
 
 #include "hetrain/base/error.h"
 #include "hetrain/graph/ops.h"
+#include "interop/file_write.h"
 
 namespace hetrain::safetensors {
 
@@ -28,29 +29,6 @@ using nlohmann::json;
 constexpr uint64_t kMaxHeader = uint64_t{100} << 20;  // the reference implementation's limit
 
 std::string errno_str() { return std::strerror(errno); }
-
-/// Writes all of buf to fd, retrying short writes.
-bool write_all(int fd, const char* buf, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, buf, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    buf += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-/// Row-major bytes of t in host memory (evaluates it; copies when it is a strided view or
-/// lives in a GPU's memory).
-Array contiguous_data(const Tensor& t) {
-  Array a = t.array();
-  if (!a.contiguous() && a.numel() != 0) a = copy(t).array();
-  if (a.device().kind == DeviceKind::cuda) a = copy_to_device(a, Device::cpu());
-  return a;
-}
 
 }  // namespace
 
@@ -84,7 +62,7 @@ void save(const std::string& path, const std::vector<std::pair<std::string, Tens
       fail("[safetensors] ", path, ": invalid tensor name '", name, "'");
     if (header.contains(name)) fail("[safetensors] ", path, ": duplicate tensor name '", name, "'");
     if (!t.defined()) fail("[safetensors] ", path, ": tensor '", name, "' is undefined");
-    data.push_back(contiguous_data(t));
+    data.push_back(interop::contiguous_host(t.array()));
     uint64_t n = data.back().nbytes();
     header[name] = {{"dtype", dtype_to_name(t.dtype())},
                     {"shape", t.shape()},
@@ -96,44 +74,9 @@ void save(const std::string& path, const std::vector<std::pair<std::string, Tens
   char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((uint64_t{h.size()} >> (8 * i)) & 0xff);
 
-  namespace fs = std::filesystem;
-  fs::path target(path);
-  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::string tmpl = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
-  std::vector<char> tmp_name(tmpl.begin(), tmpl.end());
-  tmp_name.push_back('\0');
-  int fd = ::mkstemp(tmp_name.data());
-  if (fd < 0)
-    fail("[safetensors] ", path, ": cannot create a temporary file in ", dir.string(), ": ",
-         errno_str());
-  auto abandon = [&](const std::string& what) {
-    std::string err = errno_str();
-    ::close(fd);
-    ::unlink(tmp_name.data());
-    fail("[safetensors] ", path, ": ", what, ": ", err);
-  };
-  (void)::fchmod(fd, 0644);  // mkstemp makes 0600; a checkpoint is an ordinary file
-  if (!write_all(fd, len, 8) || !write_all(fd, h.data(), h.size())) abandon("write failed");
-  for (const Array& a : data)
-    if (a.nbytes() && !write_all(fd, static_cast<const char*>(a.raw()), a.nbytes()))
-      abandon("write failed");
-  if (::fsync(fd) != 0) abandon("fsync failed");
-  if (::close(fd) != 0) {
-    std::string err = errno_str();
-    ::unlink(tmp_name.data());
-    fail("[safetensors] ", path, ": close failed: ", err);
-  }
-  if (::rename(tmp_name.data(), path.c_str()) != 0) {
-    std::string err = errno_str();
-    ::unlink(tmp_name.data());
-    fail("[safetensors] ", path, ": rename failed: ", err);
-  }
-  // Make the rename itself durable.
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    (void)::fsync(dfd);
-    ::close(dfd);
-  }
+  std::vector<std::string_view> pieces = {std::string_view(len, 8), h};
+  for (const Array& a : data) pieces.emplace_back(static_cast<const char*>(a.raw()), a.nbytes());
+  interop::write_file_atomically(path, pieces, "[safetensors]");
 }
 
 File load(const std::string& path) {

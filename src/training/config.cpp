@@ -164,18 +164,9 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
   else fail("[train] ", origin, ": unknown setting '", key_in, "'");
 }
 
-void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_preset) {
-  toml::table tbl;
-  try {
-    tbl = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    std::ostringstream os;
-    os << e.description() << " at line " << e.source().begin.line << ", column "
-       << e.source().begin.column;
-    fail("[train] config ", path, ": ", os.str());
-  } catch (const std::exception& e) {
-    fail("[train] cannot read config ", path, ": ", e.what());
-  }
+namespace {
+void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::string& path,
+                      bool allow_preset) {
   // The preset goes first so that the file's other keys override it.
   std::vector<std::pair<std::string, std::string>> items;
   std::function<void(const toml::table&)> walk = [&](const toml::table& t) {
@@ -211,6 +202,36 @@ void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_prese
     if (k == "preset" && !allow_preset) continue;
     apply_setting(cfg, k, v, "config " + path);
   }
+}
+}  // namespace
+
+void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_preset) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << e.description() << " at line " << e.source().begin.line << ", column "
+       << e.source().begin.column;
+    fail("[train] config ", path, ": ", os.str());
+  } catch (const std::exception& e) {
+    fail("[train] cannot read config ", path, ": ", e.what());
+  }
+  apply_toml_table(cfg, tbl, path, allow_preset);
+}
+
+void apply_toml_string(TrainConfig& cfg, const std::string& text, const std::string& origin,
+                       bool allow_preset) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << e.description() << " at line " << e.source().begin.line << ", column "
+       << e.source().begin.column;
+    fail("[train] config ", origin, ": ", os.str());
+  }
+  apply_toml_table(cfg, tbl, origin, allow_preset);
 }
 
 void validate(const TrainConfig& c) {

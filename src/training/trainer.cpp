@@ -338,6 +338,37 @@ void check_writable_dir(const std::string& dir, const char* flag) {
 
 }  // namespace
 
+std::shared_ptr<nn::Module> build_model(const TrainConfig& cfg) {
+  Generator init_gen(cfg.seed), dropout_gen(cfg.seed + 1);
+  return build_model(cfg, init_gen, dropout_gen);
+}
+
+std::pair<TrainConfig, std::shared_ptr<nn::Module>> load_trained_model(const std::string& dir) {
+  if (!fs::is_directory(dir))
+    fail("[train] checkpoint directory ", dir, " does not exist (expected the --save directory "
+         "of 'hetrain train', holding ", kModelFile, " and ", kStateFile, ")");
+  const std::string sfile = dir + "/" + kStateFile;
+  safetensors::File state = safetensors::load(sfile);
+  auto fmt = state.metadata.find("format");
+  auto conf = state.metadata.find("config");
+  if (fmt == state.metadata.end() || fmt->second != "hetrain-train-state" ||
+      conf == state.metadata.end())
+    fail("[train] ", sfile, " is not a Hetrain training state (metadata 'format' or 'config' "
+         "missing)");
+  TrainConfig cfg;
+  apply_toml_string(cfg, conf->second, sfile + " metadata 'config'");
+  validate(cfg);
+  std::shared_ptr<nn::Module> model = build_model(cfg);
+  try {
+    model->load_state_dict(safetensors::load(dir + "/" + kModelFile).tensors);
+  } catch (const Error& e) {
+    fail("[train] ", dir, "/", kModelFile, " does not fit the model its ", kStateFile,
+         " describes: ", e.what());
+  }
+  model->eval();
+  return {cfg, model};
+}
+
 TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   validate(cfg);
   // Fail on unwritable outputs before any work.
@@ -502,6 +533,10 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
     save_checkpoint(cfg.save_dir, *model, *opt, cfg,
                     {step, loader.epoch(), loader.position(), default_generator().seed(),
                      default_generator().offset(), scaler_ptr});
+  if (hooks.finished) {
+    model->eval();
+    hooks.finished(*model);
+  }
   if (jlog) {
     nlohmann::json fin = {{"final", true},
                           {"steps", r.steps},

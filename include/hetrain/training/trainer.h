@@ -5,8 +5,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace hetrain::nn {
+class Module;
+}
 
 namespace hetrain::training {
 
@@ -53,6 +58,9 @@ void apply_setting(TrainConfig& cfg, const std::string& key, const std::string& 
 /// Reads a TOML file of settings (top-level keys, or keys inside any table). Its 'preset' key,
 /// applied first, is skipped when allow_preset is false (a --preset flag wins).
 void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_preset = true);
+/// The same for TOML text; errors name `origin` (a checkpoint's metadata, say).
+void apply_toml_string(TrainConfig& cfg, const std::string& text, const std::string& origin,
+                       bool allow_preset = true);
 /// Checks the whole configuration for consistency (positive sizes, known names, ...).
 void validate(const TrainConfig& cfg);
 std::string config_to_toml(const TrainConfig& cfg);
@@ -86,9 +94,18 @@ double steady_step_seconds(const TrainResult& r, size_t skip = 5);
 struct StepHooks {
   std::function<void(int64_t step)> begin;
   std::function<void(int64_t step, double loss)> end;
+  /// Called once after the final evaluation and checkpoint, with the trained model in eval
+  /// mode (`hetrain train --export-onnx`).
+  std::function<void(nn::Module& model)> finished;
 };
 /// Whether cfg trains with a GradScaler (grad-scaler on, or auto with fp16).
 bool uses_grad_scaler(const TrainConfig& cfg);
+
+/// The model train() builds for cfg (mlp, cnn or gpt), initialised from cfg.seed.
+std::shared_ptr<nn::Module> build_model(const TrainConfig& cfg);
+/// The configuration a checkpoint directory was trained with (train_state.safetensors'
+/// metadata) and its weights loaded into the model build_model makes of it.
+std::pair<TrainConfig, std::shared_ptr<nn::Module>> load_trained_model(const std::string& dir);
 
 /// Runs training as configured. Output (progress, log lines) goes to stderr; the JSON log
 /// to cfg.json_log.

@@ -1,0 +1,30 @@
+// Pieces of the ONNX subcommands shared with `hetrain train --export-onnx`.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "hetrain/interop/onnx.h"
+
+namespace hetrain::nn {
+class Module;
+}
+namespace hetrain::training {
+struct TrainConfig;
+}
+
+namespace hetrain::cli {
+
+/// "8,3" -> {8, 3}; the error names the flag.
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& flag);
+/// Writes test_data_set_K/{input_0,output_0}.pb beside model_path: random inputs of batch
+/// batches[K] and the model's outputs for them. Returns the directories.
+std::vector<std::string> write_onnx_test_data(nn::Module& model, const training::TrainConfig& cfg,
+                                              const std::string& model_path,
+                                              const std::vector<int64_t>& batches);
+nlohmann::json export_info_json(const interop::OnnxExportInfo& info, const std::string& path);
+std::string export_info_line(const interop::OnnxExportInfo& info, const std::string& path);
+
+}  // namespace hetrain::cli
