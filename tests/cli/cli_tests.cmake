@@ -90,3 +90,25 @@ hetrain_cli_test(cli.plan_fixed_not_fitting_names_nearest
                  --global-batch 2048)
 set_tests_properties(cli.plan_open_strategy_searched cli.plan_fixed_not_fitting_names_nearest
                      PROPERTIES ENVIRONMENT "XDG_CACHE_HOME=${CMAKE_CURRENT_BINARY_DIR}/plan_cache")
+# ONNX (issue 26): export checked by onnx/onnxruntime from the pinned venv
+# (tools/install_onnx_peer.sh; skipped without it, failed without it under CI), and errors.
+set(HT_PEER bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/onnx_peer.sh ${HT} ${PROJECT_SOURCE_DIR})
+add_test(NAME cli.onnx_peer_mlp COMMAND ${HT_PEER} fashion-mlp image batch,1,28,28
+         --hidden 32 --steps 20 --batch-size 32)
+add_test(NAME cli.onnx_peer_cnn COMMAND ${HT_PEER} fashion-cnn image batch,1,28,28
+         --widths 8,16 --steps 5 --batch-size 16)
+add_test(NAME cli.onnx_peer_gpt COMMAND ${HT_PEER} gpt-mini ids batch,seq
+         --layers 2 --width 32 --heads 2 --context 16 --batch-size 8 --steps 5 --eval-batches 2)
+set_tests_properties(cli.onnx_peer_mlp cli.onnx_peer_cnn cli.onnx_peer_gpt
+                     PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
+hetrain_cli_test(cli.export_missing_checkpoint "checkpoint directory /nonexistent/ck does not exist"
+                 ${HT} export /nonexistent/ck -o /tmp/never.onnx)
+hetrain_cli_test(cli.export_needs_output "-o/--output FILE is required" ${HT} export /tmp)
+hetrain_cli_test(cli.export_bad_test_data "--test-data\\] expects positive integers separated by commas, got '8,x'"
+                 ${HT} export /tmp -o /tmp/never.onnx --test-data 8,x)
+hetrain_cli_test(cli.train_export_bad_opset "--export-opset must be between 13 and 21, got 9"
+                 ${HT} train --steps 1 --export-onnx /tmp/never.onnx --export-opset 9)
+hetrain_cli_test(cli.run_missing_model "cannot open ONNX model /nonexistent/m.onnx"
+                 ${HT} run /nonexistent/m.onnx --inputs /tmp)
+hetrain_cli_test(cli.run_inputs_not_dir "--inputs /nonexistent/in is not a directory"
+                 ${HT} run /nonexistent/m.onnx --inputs /nonexistent/in)
