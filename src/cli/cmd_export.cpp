@@ -91,6 +91,39 @@ std::string export_info_line(const interop::OnnxExportInfo& info, const std::str
   return os.str();
 }
 
+training::ModelFactory onnx_model_factory(training::TrainConfig& cfg, const std::string& path,
+                                          bool data_given) {
+  interop::OnnxModel m = interop::load_onnx(path);
+  if (m.inputs().size() != 1 || m.outputs().empty())
+    fail("[onnx] ", path, ": training takes a model with one input, this one has ", m.inputs().size());
+  const interop::OnnxValueInfo& in = m.inputs()[0];
+  const interop::OnnxValueInfo& out = m.outputs()[0];
+  auto fixed = [](const std::vector<int64_t>& d, size_t i, int64_t v) {
+    return d.size() > i && (d[i] < 0 || d[i] == v);
+  };
+  const bool image = in.dtype == Dtype::f32 && in.dims.size() == 4 && fixed(in.dims, 1, 1) &&
+                     fixed(in.dims, 2, 28) && fixed(in.dims, 3, 28);
+  const bool text = (in.dtype == Dtype::i64 || in.dtype == Dtype::i32) && in.dims.size() == 2;
+  if (!image && !text)
+    fail("[onnx] ", path, ": input '", in.name, "' must be images (N, 1, 28, 28) f32 (Fashion-MNIST) "
+         "or byte ids (N, T) int64 (the text corpus) to train on the built-in datasets");
+  const size_t classes_axis = image ? 1 : 2;
+  if (!out.dims.empty() && (out.dims.size() != classes_axis + 1 ||
+                            !fixed(out.dims, classes_axis, image ? 10 : 256)))
+    fail("[onnx] ", path, ": output '", out.name, "' must be ", image ? "(N, 10)" : "(N, T, 256)",
+         " logits");
+  cfg.model = image ? "mlp" : "gpt";  // the data family (the model itself is the file's)
+  cfg.preset = "onnx:" + fs::path(path).filename().string();
+  if (text && in.dims[1] > 0) cfg.context = in.dims[1];
+  // A symbolic seq: Hetrain's exports record the position table's length.
+  if (auto it = m.metadata().find("hetrain.context"); text && in.dims[1] < 0 && it != m.metadata().end())
+    cfg.context = std::min<int64_t>(cfg.context, std::stoll(it->second));
+  if (!data_given) cfg.data = training::preset_config(image ? "fashion-mlp" : "gpt-mini").data;
+  return [path](const training::TrainConfig&) -> std::shared_ptr<nn::Module> {
+    return std::make_shared<interop::OnnxModule>(interop::load_onnx(path));
+  };
+}
+
 int cmd_export(const Args& raw) {
   Args args = raw;
   for (auto& a : args)

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "cli/args.h"
+#include "cli/onnx_cli.h"
 #include "cli/commands.h"
 #include "cli/config_flags.h"
 #include "hetrain/base/error.h"
@@ -60,6 +61,7 @@ int cmd_profile(const Args& args) {
       .option("report", "FILE",
               "write a self-contained HTML page: roofline, time breakdown, memory timeline by "
               "tag, loss curve and the table (inline SVG, no scripts, no network)")
+      .option("onnx", "FILE", "profile an imported ONNX model's training steps (see 'hetrain train --onnx')")
       .flag("no-progress", "no live progress bar, even on a terminal")
       .epilog(
           "examples:\n"
@@ -95,6 +97,7 @@ int cmd_profile(const Args& args) {
   insight::Profiler prof;
   std::vector<std::pair<int64_t, double>> losses;
   training::StepHooks hooks;
+  if (p.given("onnx")) hooks.make_model = onnx_model_factory(cfg, p.get("onnx"), p.given("data"));
   hooks.begin = [&](int64_t step) {
     if (step < warmup) return;
     if (step == warmup) prof.start();

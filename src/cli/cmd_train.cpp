@@ -163,6 +163,12 @@ int cmd_train(const Args& args) {
               "stop with an error when the scale falls below X (gradients non-finite at any "
               "scale)",
               "1")
+      .option("onnx", "FILE",
+              "fine-tune an imported ONNX model instead of the preset's: images (N, 1, 28, 28) "
+              "-> 10 logits train on Fashion-MNIST, byte ids (N, T) -> 256 logits per position on "
+              "the text corpus; the initializers are the parameters")
+      .option("loss", "NAME", "the training loss (cross-entropy: the only one yet)",
+              "cross-entropy")
       .option("export-onnx", "FILE",
               "after training, write the model as ONNX (as 'hetrain export'; checked and "
               "written before the run's result is printed)")
@@ -188,6 +194,13 @@ int cmd_train(const Args& args) {
 
   training::TrainConfig cfg = config_from_flags(p, kSettingFlags);
   training::StepHooks hooks;
+  if (p.get("loss") != "cross-entropy")
+    fail("[train] --loss must be cross-entropy, got '", p.get("loss"), "'");
+  if (p.given("onnx")) {
+    if (p.given("export-onnx"))
+      fail("[train] --export-onnx writes Hetrain's own models; a model from --onnx is already ONNX");
+    hooks.make_model = onnx_model_factory(cfg, p.get("onnx"), p.given("data"));
+  }
   std::string onnx_line;
   if (p.given("export-onnx")) {
     interop::OnnxExportOptions opt;
@@ -203,7 +216,7 @@ int cmd_train(const Args& args) {
   }
   cfg.progress = !p.get_flag("no-progress");
   std::string record_path;
-  if (!p.get_flag("no-record")) {
+  if (!p.get_flag("no-record") && !p.given("onnx")) {
     record_path = planning::default_measured_runs_path();
     try {
       insight::check_writable(record_path, "measured-runs file");

@@ -7,12 +7,10 @@
 #include <vector>
 
 #include "hetrain/interop/onnx.h"
+#include "hetrain/training/trainer.h"
 
 namespace hetrain::nn {
 class Module;
-}
-namespace hetrain::training {
-struct TrainConfig;
 }
 
 namespace hetrain::cli {
@@ -26,5 +24,12 @@ std::vector<std::string> write_onnx_test_data(nn::Module& model, const training:
                                               const std::vector<int64_t>& batches);
 nlohmann::json export_info_json(const interop::OnnxExportInfo& info, const std::string& path);
 std::string export_info_line(const interop::OnnxExportInfo& info, const std::string& path);
+
+/// Points cfg at an imported model for train/profile/simulate --onnx: an input `(N, 1, 28, 28)`
+/// f32 trains on Fashion-MNIST, `(N, T)` integer ids on the text corpus (context T when fixed);
+/// the outputs must be 10 logits per image or 256 per position. data_given: --data was set (else
+/// the family's default dataset). Returns the factory that builds it as a trainable module.
+training::ModelFactory onnx_model_factory(training::TrainConfig& cfg, const std::string& path,
+                                          bool data_given);
 
 }  // namespace hetrain::cli

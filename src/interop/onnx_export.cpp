@@ -326,6 +326,14 @@ OnnxExportInfo export_onnx(const training::TrainConfig& cfg, nn::Module& model,
   m.set_producer_version(HETRAIN_VERSION);
   m.set_model_version(1);
   m.set_doc_string("Hetrain " + cfg.preset + " (" + cfg.model + "), inference form");
+  auto meta = [&](const std::string& k, const std::string& v) {
+    auto* e = m.add_metadata_props();
+    e->set_key(k);
+    e->set_value(v);
+  };
+  meta("hetrain.preset", cfg.preset);
+  meta("hetrain.model", cfg.model);
+  if (cfg.model == "gpt") meta("hetrain.context", std::to_string(cfg.context));  // seq's bound
   auto* os = m.add_opset_import();
   os->set_domain("");
   os->set_version(opt.opset);

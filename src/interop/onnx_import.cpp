@@ -121,6 +121,7 @@ OnnxModel load_onnx(const std::string& path) {
   model.path_ = path;
   model.ir_version_ = m.ir_version();
   model.opset_ = check_nodes(m, path, graph->versions);
+  for (const auto& kv : m.metadata_props()) model.metadata_[kv.key()] = kv.value();
   const std::string dir = std::filesystem::path(path).parent_path().string();
   std::set<std::string> init_names;
   for (const auto& init : m.graph().initializer()) {
@@ -140,10 +141,23 @@ OnnxModel load_onnx(const std::string& path) {
 }
 
 std::vector<Tensor> OnnxModel::forward(const std::vector<Tensor>& inputs) const {
+  return forward(inputs, {});
+}
+
+std::vector<Tensor> OnnxModel::forward(const std::vector<Tensor>& inputs,
+                                       const std::map<std::string, Tensor>& params) const {
   if (inputs.size() != inputs_.size())
     fail("[onnx] ", path_, ": the model takes ", inputs_.size(), " input(s), got ", inputs.size());
   std::map<std::string, Tensor> env;
   for (const auto& [name, t] : params_) env[name] = t;
+  for (const auto& [name, t] : params) {
+    auto it = env.find(name);
+    if (it == env.end()) fail("[onnx] ", path_, ": no initializer '", name, "' to replace");
+    if (t.shape() != it->second.shape())
+      fail("[onnx] ", path_, ": initializer '", name, "' is ", shape_str(it->second.shape()),
+           ", its replacement ", shape_str(t.shape()));
+    it->second = t;
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     const OnnxValueInfo& v = inputs_[i];
     const Tensor& x = inputs[i];
@@ -191,6 +205,27 @@ std::vector<Tensor> OnnxModel::forward(const std::vector<Tensor>& inputs) const 
     out.push_back(it->second);
   }
   return out;
+}
+
+}  // namespace hetrain::interop
+
+namespace hetrain::interop {
+
+OnnxModule::OnnxModule(OnnxModel model) : model_(std::move(model)) {
+  if (model_.inputs().size() != 1 || model_.outputs().empty())
+    fail("[onnx] ", model_.path(), ": a module needs a model with one input, this one has ",
+         model_.inputs().size());
+  for (auto& [name, t] : model_.parameters()) {
+    if (is_floating(t.dtype())) register_parameter(name, t);
+    else register_buffer(name, t);
+  }
+}
+
+Tensor OnnxModule::forward(const Tensor& x) {
+  std::map<std::string, Tensor> current;
+  for (auto& [name, p] : named_parameters()) current[name] = *p;
+  for (auto& [name, b] : named_buffers()) current[name] = *b;
+  return model_.forward({x}, current)[0];
 }
 
 }  // namespace hetrain::interop

@@ -382,7 +382,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
 
   Data data = load_data(cfg);
   Generator init_gen(cfg.seed), dropout_gen(cfg.seed + 1);
-  std::shared_ptr<nn::Module> model = build_model(cfg, init_gen, dropout_gen);
+  std::shared_ptr<nn::Module> model =
+      hooks.make_model ? hooks.make_model(cfg) : build_model(cfg, init_gen, dropout_gen);
   default_generator().set_state(cfg.seed + 1, 0);  // dropout draws from the default generator
 
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, *model);
@@ -567,11 +568,13 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
 }
 
 void run_synthetic_steps(const TrainConfig& cfg, int64_t steps,
-                         const std::function<void(int64_t)>& after_step) {
+                         const std::function<void(int64_t)>& after_step,
+                         const ModelFactory& make_model) {
   validate(cfg);
   if (steps < 1) fail("[train] synthetic steps must be >= 1, got ", steps);
   Generator init_gen(cfg.seed), dropout_gen(cfg.seed + 1);
-  std::shared_ptr<nn::Module> model = build_model(cfg, init_gen, dropout_gen);
+  std::shared_ptr<nn::Module> model =
+      make_model ? make_model(cfg) : build_model(cfg, init_gen, dropout_gen);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, *model);
   const bool language = cfg.model == "gpt";
   // The shapes a real batch has; the values do not change the work.

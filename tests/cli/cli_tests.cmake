@@ -112,3 +112,6 @@ hetrain_cli_test(cli.run_missing_model "cannot open ONNX model /nonexistent/m.on
                  ${HT} run /nonexistent/m.onnx --inputs /tmp)
 hetrain_cli_test(cli.run_inputs_not_dir "--inputs /nonexistent/in is not a directory"
                  ${HT} run /nonexistent/m.onnx --inputs /nonexistent/in)
+add_test(NAME cli.onnx_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/onnx_train.sh ${HT})
+set_tests_properties(cli.onnx_train PROPERTIES TIMEOUT 600)
+hetrain_cli_test(cli.train_bad_loss "--loss must be cross-entropy, got 'mse'" ${HT} train --loss mse)

@@ -21,10 +21,8 @@
 #include <vector>
 
 #include "hetrain/graph/tensor.h"
+#include "hetrain/training/nn.h"
 
-namespace hetrain::nn {
-class Module;
-}
 namespace hetrain::training {
 struct TrainConfig;
 }
@@ -85,6 +83,8 @@ class OnnxModel {
   int64_t ir_version() const { return ir_version_; }
   int opset() const { return opset_; }
   const std::vector<OnnxValueInfo>& inputs() const { return inputs_; }
+  /// The model's metadata_props (Hetrain's exports: hetrain.preset, hetrain.context, ...).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::vector<OnnxValueInfo>& outputs() const { return outputs_; }
   /// Initializers by name, in file order.
   std::vector<std::pair<std::string, Tensor>>& parameters() { return params_; }
@@ -96,6 +96,9 @@ class OnnxModel {
   /// the outputs in graph-output order. Shape-computing subgraphs (Shape, Range, ...) are
   /// evaluated while building; everything else stays lazy, so grad works through the result.
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs) const;
+  /// The same with some initializers replaced by name (a module's current parameters).
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs,
+                              const std::map<std::string, Tensor>& params) const;
 
  private:
   friend OnnxModel load_onnx(const std::string& path);
@@ -103,8 +106,22 @@ class OnnxModel {
   int64_t ir_version_ = 0;
   int opset_ = 0;
   std::vector<OnnxValueInfo> inputs_, outputs_;
+  std::map<std::string, std::string> metadata_;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::unique_ptr<OnnxGraph> graph_;
+};
+
+/// An imported model as a trainable module: floating initializers are its parameters and the
+/// others its buffers, under their ONNX names (so checkpoints and optimizers see them as any
+/// module's); forward(x) runs the graph on its single input and returns its first output.
+class OnnxModule : public nn::Module {
+ public:
+  explicit OnnxModule(OnnxModel model);
+  Tensor forward(const Tensor& x) override;
+  const OnnxModel& model() const { return model_; }
+
+ private:
+  OnnxModel model_;
 };
 
 /// Reads an ONNX file (external data resolved beside it). Every node whose op type, domain or

@@ -89,6 +89,9 @@ struct TrainResult {
 /// buffer cache, page faults); all steps when there are no more than `skip`.
 double steady_step_seconds(const TrainResult& r, size_t skip = 5);
 
+/// Builds the model a run trains in place of build_model's (train --onnx: an imported graph).
+using ModelFactory = std::function<std::shared_ptr<nn::Module>(const TrainConfig& cfg)>;
+
 /// Called around each optimizer step (the profiler's step marks): begin before the batch is
 /// loaded, end after the step's loss has been read. Either may be empty.
 struct StepHooks {
@@ -97,6 +100,9 @@ struct StepHooks {
   /// Called once after the final evaluation and checkpoint, with the trained model in eval
   /// mode (`hetrain train --export-onnx`).
   std::function<void(nn::Module& model)> finished;
+  /// When set, builds the model instead of build_model (its input and output must be the
+  /// family's: images -> 10 logits, or byte ids -> 256 logits per position).
+  ModelFactory make_model;
 };
 /// Whether cfg trains with a GradScaler (grad-scaler on, or auto with fp16).
 bool uses_grad_scaler(const TrainConfig& cfg);
@@ -115,7 +121,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks = {});
 /// batches of the preset's shapes (no dataset read), calling after_step(i) after each. Under
 /// runtime::SimulateScope no kernel runs: this is how `hetrain simulate` sees a step.
 void run_synthetic_steps(const TrainConfig& cfg, int64_t steps,
-                         const std::function<void(int64_t)>& after_step = {});
+                         const std::function<void(int64_t)>& after_step = {},
+                         const ModelFactory& make_model = {});
 
 /// Formats a loss the way the logs do (9 significant digits).
 std::string format_loss(double v);
