@@ -1,81 +1,76 @@
 #!/usr/bin/env python3
-"""Conversion loss of an exported Fashion-MNIST model: test accuracy on the whole test set
-through onnxruntime (CPU, graph optimizations off) against Hetrain's. Run with the venv of
-tools/install_onnx_peer.sh:
+"""Conversion loss of an exported model: its accuracy and loss through onnxruntime (CPU, graph
+optimizations off) on the evaluation set `hetrain train` used, against Hetrain's own figures
+from that run's `--json` output. Run with the venv of tools/install_onnx_peer.sh:
 
   hetrain train --preset fashion-mlp --save ckpt --json > train.json
-  hetrain export ckpt -o m.onnx
-  .venv-onnx/bin/python tools/onnx_conversion_loss.py m.onnx --hetrain build/hetrain \
-      --train-json train.json
+  hetrain export ckpt -o m.onnx --eval-data evaldata
+  .venv-onnx/bin/python tools/onnx_conversion_loss.py m.onnx evaldata train.json
 
-Hetrain's side is its own test accuracy from `train --json` and, per example, the logits that
-`hetrain run` computes on the same 10,000 images; the script reports both accuracies, the
-number of examples whose predicted class differs and the largest logit difference.
+For classifiers: test accuracy and mean cross-entropy over the 10,000 test images; for the
+GPT: mean cross-entropy per byte over the validation windows (`--eval-batches` of them).
 """
-import argparse
-import gzip
+import glob
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import onnxruntime as ort
 
-MEAN, STD = 0.2860, 0.3530  # src/training/data/idx.cpp, as torchvision's Normalize
 
-
-def read_idx(path):
-    with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
-        data = f.read()
-    ndim = data[3]
-    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+def cross_entropy_sum(logits, targets):
+    """Summed cross-entropy in float64 of logits (..., C) against integer targets (...)."""
+    z = logits.astype(np.float64).reshape(-1, logits.shape[-1])
+    t = targets.reshape(-1)
+    m = z.max(axis=1, keepdims=True)
+    lse = (m[:, 0] + np.log(np.exp(z - m).sum(axis=1)))
+    return float((lse - z[np.arange(len(t)), t]).sum()), len(t)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
-    ap.add_argument("--hetrain", required=True, help="the hetrain binary")
-    ap.add_argument("--train-json", help="the final JSON of 'hetrain train --json'")
-    a = ap.parse_args()
-
-    images = read_idx(os.path.join(a.data, "t10k-images-idx3-ubyte.gz"))
-    labels = read_idx(os.path.join(a.data, "t10k-labels-idx1-ubyte.gz")).astype(np.int64)
-    # The same float32 arithmetic as Hetrain's lookup table: (p / 255 - mean) / std.
-    lut = (np.arange(256, dtype=np.float32) / np.float32(255) - np.float32(MEAN)) / np.float32(STD)
-    x = lut[images].reshape(-1, 1, 28, 28).astype(np.float32)
-
+    if len(sys.argv) != 4:
+        print(__doc__)
+        return 2
+    model, data_dir, train_json = sys.argv[1:]
+    with open(train_json) as f:
+        hetrain = json.load(f)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(a.model, so, providers=["CPUExecutionProvider"])
-    ort_logits = np.concatenate([sess.run(None, {"image": x[i:i + 1000]})[0]
-                                 for i in range(0, len(x), 1000)])
-    ort_acc = float((ort_logits.argmax(1) == labels).mean())
-
-    with tempfile.TemporaryDirectory() as tmp:
-        os.makedirs(os.path.join(tmp, "in"))
-        np.save(os.path.join(tmp, "in", "input_0.npy"), x)
-        subprocess.run([a.hetrain, "run", a.model, "--inputs", os.path.join(tmp, "in"),
-                        "--output-dir", os.path.join(tmp, "out")], check=True,
-                       stdout=subprocess.DEVNULL)
-        ht_logits = np.load(os.path.join(tmp, "out", "output_0.npy"))
-    ht_acc = float((ht_logits.argmax(1) == labels).mean())
-    differ = int((ht_logits.argmax(1) != ort_logits.argmax(1)).sum())
-    result = {
-        "model": a.model,
-        "examples": int(len(labels)),
-        "onnxruntime_accuracy": ort_acc,
-        "hetrain_run_accuracy": ht_acc,
-        "predictions_that_differ": differ,
-        "max_abs_logit_difference": float(np.abs(ht_logits - ort_logits).max()),
-        "onnxruntime_version": ort.__version__,
-    }
-    if a.train_json:
-        with open(a.train_json) as f:
-            result["hetrain_train_test_accuracy"] = json.load(f)["test_accuracy"]
+    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    batches = sorted(glob.glob(os.path.join(data_dir, "batch_*")),
+                     key=lambda p: int(p.rsplit("_", 1)[1]))
+    if not batches:
+        print(f"no batch_K directories in {data_dir}")
+        return 1
+    loss_sum, count, correct = 0.0, 0, 0
+    for d in batches:
+        x = np.load(os.path.join(d, "input_0.npy"))
+        t = np.load(os.path.join(d, "targets_0.npy"))
+        logits = sess.run(None, {name: x})[0]
+        s, n = cross_entropy_sum(logits, t)
+        loss_sum += s
+        count += n
+        if logits.ndim == 2:
+            correct += int((logits.argmax(1) == t).sum())
+    result = {"model": model, "examples": count, "batches": len(batches),
+              "onnxruntime": ort.__version__}
+    loss = loss_sum / count
+    if "test_accuracy" in hetrain:
+        result.update({
+            "onnxruntime_test_accuracy": correct / count,
+            "hetrain_test_accuracy": hetrain["test_accuracy"],
+            "onnxruntime_test_loss": loss,
+            "hetrain_test_loss": hetrain["test_loss"],
+            "relative_loss_difference": abs(loss - hetrain["test_loss"]) / hetrain["test_loss"],
+        })
+    else:
+        result.update({
+            "onnxruntime_val_loss": loss,
+            "hetrain_val_loss": hetrain["val_loss"],
+            "relative_loss_difference": abs(loss - hetrain["val_loss"]) / hetrain["val_loss"],
+        })
     print(json.dumps(result, indent=2))
     return 0
 

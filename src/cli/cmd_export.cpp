@@ -12,6 +12,7 @@
 #include "hetrain/base/error.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/interop/onnx.h"
+#include "hetrain/training/data.h"
 #include "hetrain/training/nn.h"
 #include "hetrain/training/trainer.h"
 
@@ -66,6 +67,32 @@ std::vector<std::string> write_onnx_test_data(nn::Module& model, const training:
     dirs.push_back(dir.string());
   }
   return dirs;
+}
+
+/// The evaluation set as `hetrain train` evaluates it (the test images, or the validation
+/// windows: batch_size per batch, at most eval_batches for text), as DIR/batch_K/input_0.npy
+/// and targets_0.npy, for measuring another runtime's accuracy or loss on the same examples.
+int64_t write_eval_data(const training::TrainConfig& cfg, const std::string& dir) {
+  std::shared_ptr<data::Dataset> ds;
+  int64_t max_batches = 0;
+  if (cfg.model == "gpt") {
+    data::TextCorpus corpus = data::load_text_corpus(cfg.data);
+    ds = data::make_text_dataset(std::move(corpus.val), cfg.context);
+    max_batches = cfg.eval_batches;
+  } else {
+    ds = data::load_fashion_mnist(cfg.data, "test");
+  }
+  int64_t k = 0;
+  for (const data::Batch& b : data::DataLoader::all_batches(*ds, cfg.batch_size)) {
+    if (max_batches > 0 && k >= max_batches) break;
+    const fs::path d = fs::path(dir) / ("batch_" + std::to_string(k++));
+    std::error_code ec;
+    fs::create_directories(d, ec);
+    if (ec) fail("[export] cannot create ", d.string(), ": ", ec.message());
+    interop::write_npy((d / "input_0.npy").string(), b.inputs);
+    interop::write_npy((d / "targets_0.npy").string(), b.targets);
+  }
+  return k;
 }
 
 nlohmann::json export_info_json(const interop::OnnxExportInfo& info, const std::string& path) {
@@ -142,6 +169,10 @@ int cmd_export(const Args& raw) {
       .option("test-data", "B1[,B2...]",
               "also write test_data_set_K/input_0.pb and output_0.pb beside the model: random "
               "inputs of batch BK and Hetrain's outputs for them")
+      .option("eval-data", "DIR",
+              "also write the evaluation set as 'hetrain train' evaluates it (test images or "
+              "validation windows, the run's batch size and --eval-batches) as "
+              "DIR/batch_K/input_0.npy and targets_0.npy (tools/onnx_conversion_loss.py)")
       .flag("json", "print a JSON summary")
       .epilog("example:\n  hetrain train --preset fashion-mlp --steps 100 --save ckpt\n"
               "  hetrain export ckpt -o fashion-mlp.onnx");
@@ -159,13 +190,17 @@ int cmd_export(const Args& raw) {
   interop::OnnxExportInfo info = interop::export_onnx(cfg, *model, out, opt);
   std::vector<std::string> sets;
   if (!batches.empty()) sets = write_onnx_test_data(*model, cfg, out, batches);
+  const int64_t eval_batches = p.given("eval-data") ? write_eval_data(cfg, p.get("eval-data")) : 0;
   if (p.get_flag("json")) {
     nlohmann::json j = export_info_json(info, out);
     j["test_data"] = sets;
+    if (p.given("eval-data")) j["eval_batches"] = eval_batches;
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << export_info_line(info, out) << "\n";
     for (const auto& s : sets) std::cout << "wrote " << s << "\n";
+    if (p.given("eval-data"))
+      std::cout << "wrote " << eval_batches << " evaluation batches to " << p.get("eval-data") << "\n";
   }
   return 0;
 }
