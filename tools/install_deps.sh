@@ -5,6 +5,7 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libdnnl-dev ocl-icd-opencl-dev libopenblas-dev zlib1g-dev nlohmann-json3-dev libtomlplusplus-dev
       libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata python3-venv
       libgtest-dev libgmock-dev libbenchmark-dev
+      openmpi-bin libopenmpi-dev libhwloc-dev
       chromium
       dataset-fashion-mnist fortunes)
 missing=()
