@@ -1,5 +1,7 @@
 #include "hetrain/base/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <exception>
 #include <memory>
@@ -119,10 +121,18 @@ std::unique_ptr<ThreadPool>& pool_slot() {
   static std::unique_ptr<ThreadPool> p;
   return p;
 }
-int default_threads() {
-  unsigned n = std::thread::hardware_concurrency();
+}  // namespace
+
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
 }
+
+namespace {
+int default_threads() { return available_cpus(); }
 }  // namespace
 
 ThreadPool& thread_pool() {

@@ -1,6 +1,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <optional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,7 @@
 #include "hetrain/training/nn.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
+#include "hetrain/distributed/mpi.h"
 #include "hetrain/insight/device_profile.h"
 #include "hetrain/memory/array.h"
 #include "hetrain/planning/calibration.h"
@@ -29,7 +31,8 @@ const char* const kSettingFlags[] = {
     "seed",     "threads", "save",     "save-every", "resume",    "json-log",     "weight-decay",
     "momentum", "clip",    "schedule", "warmup",     "log-every", "eval-batches", "hidden",
     "widths",   "blocks",  "layers",   "heads",      "width",     "context",      "dropout",
-    "precision", "grad-scaler", "loss-scale", "loss-scale-growth-interval", "loss-scale-floor"};
+    "precision", "grad-scaler", "loss-scale", "loss-scale-growth-interval", "loss-scale-floor",
+    "grad-accum", "bucket-mb", "comm-timeout"};
 // clang-format on
 // The run as a record of the planner's measured-runs file (docs/PLANNING.md): the model as
 // the planner describes it (IDX image sets are 28x28 grey images in 10 classes).
@@ -98,6 +101,9 @@ void append_measured_run(const std::string& path, const nlohmann::json& rec) {
   std::fprintf(stderr, "recorded step time %.4f s in %s\n", rec["step_time_s"].get<double>(),
                path.c_str());
 }
+int train_on(const ArgParser& p, const Args& args, training::TrainConfig& cfg,
+             distributed::Communicator& comm, const std::optional<distributed::Fault>& fault,
+             bool leader, training::StepHooks& hooks, const std::string& onnx_line);
 }  // namespace
 
 int cmd_train(const Args& args) {
@@ -121,7 +127,17 @@ int cmd_train(const Args& args) {
       .option("warmup", "N", "linear warm-up steps")
       .option("clip", "X", "clip the global gradient norm to X (0: off)")
       .option("seed", "N", "seed for initialisation, shuffling and dropout")
-      .option("threads", "N", "worker threads (0: every core)")
+      .option("threads", "N", "worker threads (0: every CPU this process may use)")
+      .option("grad-accum", "K",
+              "micro-batches per step (gradients summed in order, one optimizer step; "
+              "--batch-size stays the whole step's batch)",
+              "1")
+      .option("bucket-mb", "X",
+              "under mpirun: MiB of gradients per reduction bucket (the first: 1 MiB)", "25")
+      .option("comm-timeout", "S",
+              "under mpirun: abort the job when a collective takes longer than S seconds, "
+              "naming the step, the collective and the missing ranks (0: no limit)",
+              "600")
       .option("save", "DIR", "write a checkpoint (safetensors weights + training state) to DIR")
       .option("save-every", "N", "also checkpoint every N steps, into DIR/step-N")
       .option("resume", "DIR",
@@ -187,7 +203,9 @@ int cmd_train(const Args& args) {
           "  hetrain train --preset gpt-mini --steps 600 --resume ckpt\n"
           "  hetrain train --preset fashion-cnn --precision bf16\n"
           "  hetrain train --preset gpt-mini --precision fp16 --json-log log.jsonl  "
-          "# loss_scale, skipped_steps");
+          "# loss_scale, skipped_steps\n"
+          "  mpirun -np 2 hetrain train --preset gpt-mini --save ckpt  "
+          "# data parallel: bitwise equal to --grad-accum 2");
   if (!p.parse(args)) return 0;
   if (!p.positional().empty())
     fail("[train] unexpected argument '", p.positional()[0], "'; see 'hetrain train --help'");
@@ -215,8 +233,29 @@ int cmd_train(const Args& args) {
     };
   }
   cfg.progress = !p.get_flag("no-progress");
+  training::validate(cfg);
+  const std::optional<distributed::Fault> fault = distributed::fault_from_env();
+  // Under mpirun: one rank of a data-parallel job; otherwise a world of one.
+  std::unique_ptr<distributed::Communicator> comm =
+      distributed::make_world_communicator({.timeout_s = cfg.comm_timeout});
+  const bool leader = comm->rank() == 0;
+  try {
+    return train_on(p, args, cfg, *comm, fault, leader, hooks, onnx_line);
+  } catch (const Error& e) {
+    if (comm->size() == 1) throw;
+    std::fprintf(stderr, "hetrain train: rank %d: error: %s\n", comm->rank(), e.what());
+    comm->abort_job(1);  // the other ranks must not wait for this one
+    throw;
+  }
+}
+
+namespace {
+int train_on(const ArgParser& p, const Args& args, training::TrainConfig& cfg,
+             distributed::Communicator& comm, const std::optional<distributed::Fault>& fault,
+             bool leader, training::StepHooks& hooks, const std::string& onnx_line) {
   std::string record_path;
-  if (!p.get_flag("no-record") && !p.given("onnx")) {
+  // Only rank 0 records the run and the kernel times (one writer per file).
+  if (!p.get_flag("no-record") && !p.given("onnx") && leader) {
     record_path = planning::default_measured_runs_path();
     try {
       insight::check_writable(record_path, "measured-runs file");
@@ -230,7 +269,8 @@ int cmd_train(const Args& args) {
   set_num_threads(cfg.threads);
   runtime::configure({.devices = runtime::parse_devices(p.get("devices")), .placement = policy});
   // Kernel times of the first steps calibrate the performance models (saved after the run).
-  const std::string perf_path = p.get_flag("no-record") ? "" : runtime::perf_model_path();
+  const std::string perf_path =
+      p.get_flag("no-record") || !leader ? "" : runtime::perf_model_path();
   if (!perf_path.empty()) {
     const std::string warn = runtime::perf_models().load(perf_path);
     if (!warn.empty()) std::fprintf(stderr, "warning: %s\n", warn.c_str());
@@ -238,7 +278,11 @@ int cmd_train(const Args& args) {
   }
 
   const TransferStats moved0 = transfer_stats();
-  training::TrainResult r = training::train(cfg, hooks);
+  if (fault)
+    hooks.begin = [&](int64_t step) { distributed::inject_fault(*fault, comm.rank(), step); };
+  if (!leader) hooks.finished = nullptr;  // rank 0 exports
+  training::TrainResult r = training::train(cfg, hooks, comm);
+  if (!leader) return 0;
   if (!onnx_line.empty()) std::fprintf(stderr, "%s\n", onnx_line.c_str());
   runtime::set_perf_recording(false);
   if (runtime::heterogeneous()) {
@@ -270,7 +314,10 @@ int cmd_train(const Args& args) {
                         {"samples_per_s", r.samples_per_s},
                         {"peak_memory_bytes", r.peak_memory_bytes},
                         {"precision", r.precision},
-                        {"skipped_steps", r.skipped_steps}};
+                        {"skipped_steps", r.skipped_steps},
+                        {"world_size", r.world_size},
+                        {"comm_s", r.comm_s},
+                        {"exposed_comm_s", r.exposed_comm_s}};
     if (r.grad_scaler) j["loss_scale"] = r.loss_scale;
     if (r.test_accuracy >= 0) {
       j["test_accuracy"] = r.test_accuracy;
@@ -296,5 +343,7 @@ int cmd_train(const Args& args) {
   }
   return 0;
 }
+
+}  // namespace
 
 }  // namespace hetrain::cli

@@ -141,6 +141,9 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     if (s < 0) fail("[train] ", origin, ": seed must be >= 0, got ", s);
     c.seed = static_cast<uint64_t>(s);
   } else if (key == "threads") c.threads = static_cast<int>(i());
+  else if (key == "grad-accum") c.grad_accum = i();
+  else if (key == "bucket-mb") c.bucket_mb = d();
+  else if (key == "comm-timeout") c.comm_timeout = d();
   else if (key == "precision") {
     if (v != "fp32" && v != "bf16" && v != "fp16")
       fail("[train] ", origin, ": precision must be fp32, bf16 or fp16, got '", v, "'");
@@ -252,6 +255,14 @@ void validate(const TrainConfig& c) {
   if (c.clip < 0) fail("[train] clip must be >= 0 (0 disables clipping)");
   if (c.dropout < 0 || c.dropout >= 1) fail("[train] dropout must be in [0, 1)");
   if (c.threads < 0) fail("[train] threads must be >= 0 (0 uses every core)");
+  if (c.grad_accum < 1) fail("[train] grad-accum must be >= 1, got ", c.grad_accum);
+  if (c.batch_size % c.grad_accum != 0)
+    fail("[train] batch-size ", c.batch_size, " is not divisible by grad-accum ", c.grad_accum,
+         " (micro-batches must be equal)");
+  if (!(c.bucket_mb > 0) || !std::isfinite(c.bucket_mb))
+    fail("[train] bucket-mb must be a positive number of MiB, got ", c.bucket_mb);
+  if (!(c.comm_timeout >= 0) || !std::isfinite(c.comm_timeout))
+    fail("[train] comm-timeout must be >= 0 seconds (0: no limit), got ", c.comm_timeout);
   if (c.precision != "fp32" && c.precision != "bf16" && c.precision != "fp16")
     fail("[train] precision must be fp32, bf16 or fp16, got '", c.precision, "'");
   if (c.grad_scaler != "auto" && c.grad_scaler != "on" && c.grad_scaler != "off")

@@ -15,10 +15,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "hetrain/base/cpu_time.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
+#include "hetrain/distributed/communicator.h"
+#include "hetrain/distributed/grad_reducer.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/interop/safetensors.h"
 #include "hetrain/memory/allocator.h"
@@ -30,6 +33,7 @@
 #include "hetrain/training/data.h"
 #include "hetrain/training/nn.h"
 #include "hetrain/training/optim.h"
+#include "training/data_parallel.h"
 
 namespace hetrain::training {
 
@@ -135,24 +139,43 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Mod
       optim::SgdOptions{.lr = cfg.lr, .momentum = cfg.momentum, .weight_decay = cfg.weight_decay});
 }
 
-/// One step: forward (under the configured autocast), backward (of the scaled loss with a
-/// grad scaler), running statistics, unscale, clipping, update (skipped and counted by the
-/// scaler when a gradient is inf/NaN), scale update. Returns the loss; `step` names the step
-/// in errors.
-double train_step(nn::Module& model, optim::Optimizer& opt, const data::Batch& batch,
-                  const TrainConfig& cfg, bool language, amp::GradScaler* scaler, int64_t step) {
-  Tensor loss;
-  {
-    // Parameters stay f32; autocast casts them for the primitives its policy lowers.
-    amp::Autocast autocast(amp::precision_from_name(cfg.precision));
-    Tensor logits = model.forward(batch.inputs);
-    loss = loss_of(logits, batch.targets, language);
+struct StepOutcome {
+  double loss = 0;  // the mean over every rank's micro-batches
+  distributed::ReduceTimes times;
+};
+
+/// One step: for each micro-batch forward (under the configured autocast), backward (of the
+/// scaled loss with a grad scaler), running statistics and (with a reducer) accumulation into
+/// the gradient buckets; then the reduction over the ranks, unscale, clipping, update (skipped
+/// and counted by the scaler when a gradient is inf/NaN), scale update. Without a reducer there
+/// is one micro-batch and one rank. `step` names the step in errors.
+StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
+                       const std::vector<data::Batch>& micro, const TrainConfig& cfg,
+                       bool language, amp::GradScaler* scaler, int64_t step,
+                       distributed::GradReducer* reducer, distributed::Communicator& comm) {
+  HT_ASSERT(reducer || (micro.size() == 1 && comm.size() == 1));
+  std::vector<Tensor> losses;
+  for (size_t k = 0; k < micro.size(); ++k) {
+    Tensor loss;
+    {
+      // Parameters stay f32; autocast casts them for the primitives its policy lowers.
+      amp::Autocast autocast(amp::precision_from_name(cfg.precision));
+      Tensor logits = model.forward(micro[k].inputs);
+      loss = loss_of(logits, micro[k].targets, language);
+    }
+    (scaler ? scaler->scale(loss) : loss).backward();
+    std::vector<Tensor> buffers;
+    for (auto& [n, b] : model.named_buffers()) buffers.push_back(*b);
+    eval(buffers);
+    for (auto& [n, b] : model.named_buffers()) *b = b->detach();
+    if (reducer) reducer->accumulate(k == 0);
+    losses.push_back(loss);
   }
-  (scaler ? scaler->scale(loss) : loss).backward();
-  std::vector<Tensor> buffers;
-  for (auto& [n, b] : model.named_buffers()) buffers.push_back(*b);
-  eval(buffers);
-  for (auto& [n, b] : model.named_buffers()) *b = b->detach();
+  StepOutcome out;
+  if (reducer) {
+    comm.set_context({step, "gradient reduction"});
+    out.times = reducer->reduce(static_cast<int64_t>(micro.size()) * comm.size());
+  }
   if (scaler) scaler->unscale(opt);  // clipping sees the true gradients
   if (cfg.clip > 0) optim::clip_grad_norm(model.parameters(), cfg.clip);
   if (scaler)
@@ -167,7 +190,15 @@ double train_step(nn::Module& model, optim::Optimizer& opt, const data::Batch& b
       fail("[train] step ", step + 1, ": ", e.what());
     }
   }
-  return loss.item<double>();
+  if (reducer) {
+    std::vector<double> local;
+    for (const Tensor& l : losses) local.push_back(l.item<double>());
+    comm.set_context({step, "all_gather of the step's losses"});
+    out.loss = global_mean_loss(comm, local);
+  } else {
+    out.loss = losses[0].item<double>();
+  }
+  return out;
 }
 
 std::string fmt_duration(double s) {
@@ -224,6 +255,7 @@ constexpr const char* kStateFile = "train_state.safetensors";
 
 struct ResumeState {
   int64_t step = 0, data_epoch = 0, data_position = 0;
+  int64_t micro_batches = 1;  // ranks x grad-accum: the gradient's summation
   uint64_t dropout_seed = 0, dropout_offset = 0;
   const amp::GradScaler* scaler = nullptr;  // saved when training with one
 };
@@ -245,6 +277,8 @@ void save_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer
       {"optimizer_steps", std::to_string(opt.steps())},
       {"data_epoch", std::to_string(st.data_epoch)},
       {"data_position", std::to_string(st.data_position)},
+      {"data_sample", std::to_string(st.data_position * cfg.batch_size)},
+      {"micro_batches", std::to_string(st.micro_batches)},
       {"dropout_seed", std::to_string(st.dropout_seed)},
       {"dropout_offset", std::to_string(st.dropout_offset)},
       {"config", config_to_toml(cfg)},
@@ -291,6 +325,14 @@ ResumeState load_checkpoint(const std::string& dir, nn::Module& model, optim::Op
   st.step = meta_int(state.metadata, "step", sfile);
   st.data_epoch = meta_int(state.metadata, "data_epoch", sfile);
   st.data_position = meta_int(state.metadata, "data_position", sfile);
+  // The global sample index (independent of the rank count) where the checkpoint has one.
+  if (state.metadata.count("data_sample")) {
+    const int64_t sample = meta_int(state.metadata, "data_sample", sfile);
+    if (sample % cfg.batch_size != 0)
+      fail("[train] checkpoint ", sfile, " is at sample ", sample,
+           " of its epoch, not a multiple of --batch-size ", cfg.batch_size);
+    st.data_position = sample / cfg.batch_size;
+  }
   st.dropout_seed = static_cast<uint64_t>(meta_int(state.metadata, "dropout_seed", sfile));
   st.dropout_offset = static_cast<uint64_t>(meta_int(state.metadata, "dropout_offset", sfile));
   // Checkpoints from before mixed precision are fp32 runs.
@@ -370,21 +412,40 @@ std::pair<TrainConfig, std::shared_ptr<nn::Module>> load_trained_model(const std
 }
 
 TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
+  std::unique_ptr<distributed::Communicator> local = distributed::make_local_communicator();
+  return train(cfg, hooks, *local);
+}
+
+TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
+                  distributed::Communicator& comm) {
   validate(cfg);
+  const int world = comm.size();
+  const bool leader = comm.rank() == 0;  // the one voice: prints, logs, checkpoints
+  const int64_t micro_batches = world * cfg.grad_accum;
+  if (cfg.batch_size % micro_batches != 0)
+    fail("[train] batch-size ", cfg.batch_size, " is not divisible by ", world, " ranks x ",
+         cfg.grad_accum, " micro-batches");
   // Fail on unwritable outputs before any work.
   std::ofstream jlog;
-  if (!cfg.json_log.empty()) {
+  if (!cfg.json_log.empty() && leader) {
     jlog.open(cfg.json_log, std::ios::trunc);
     if (!jlog) fail("[train] cannot write --json-log file ", cfg.json_log);
   }
-  if (!cfg.save_dir.empty()) check_writable_dir(cfg.save_dir, "--save");
+  if (!cfg.save_dir.empty() && leader) check_writable_dir(cfg.save_dir, "--save");
   set_num_threads(cfg.threads);
+  if (world > 1 && leader &&
+      comm.local_size() * num_threads() > static_cast<int>(std::thread::hardware_concurrency()))
+    std::fprintf(stderr,
+                 "warning: %d ranks on this host x %d threads each exceed its %u CPUs; give "
+                 "--threads or bind the ranks (mpirun --bind-to core)\n",
+                 comm.local_size(), num_threads(), std::thread::hardware_concurrency());
 
   Data data = load_data(cfg);
   Generator init_gen(cfg.seed), dropout_gen(cfg.seed + 1);
   std::shared_ptr<nn::Module> model =
       hooks.make_model ? hooks.make_model(cfg) : build_model(cfg, init_gen, dropout_gen);
   default_generator().set_state(cfg.seed + 1, 0);  // dropout draws from the default generator
+  broadcast_model(*model, comm);
 
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, *model);
 
@@ -397,7 +458,14 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   amp::GradScaler* scaler_ptr = scaler ? &*scaler : nullptr;
 
   data::DataLoader loader(data.train, cfg.batch_size, true, cfg.seed);
+  const int64_t per_rank = cfg.batch_size / world;
+  loader.set_shard(comm.rank() * per_rank, per_rank, cfg.grad_accum);
   const int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * loader.batches_per_epoch();
+  check_agree(comm, total, "the number of steps");
+  std::optional<distributed::GradReducer> reducer;
+  if (micro_batches > 1)
+    reducer.emplace(model->parameters(), comm,
+                    distributed::BucketOptions{.bucket_mb = cfg.bucket_mb, .first_bucket_mb = 1});
   optim::LrSchedule sched{.kind = cfg.schedule,
                           .base_lr = cfg.lr,
                           .warmup_steps = cfg.warmup,
@@ -412,27 +480,37 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
     default_generator().set_state(st.dropout_seed, st.dropout_offset);
     if (step > total)
       fail("[train] checkpoint is at step ", step, ", past the ", total, " steps of this run");
-    std::fprintf(stderr, "resumed from %s at step %lld\n", cfg.resume_dir.c_str(),
-                 static_cast<long long>(step));
+    check_agree(comm, step, "the checkpoint's step");
+    if (leader)
+      std::fprintf(stderr, "resumed from %s at step %lld\n", cfg.resume_dir.c_str(),
+                   static_cast<long long>(step));
   }
-  std::fprintf(stderr,
-               "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld, %d threads, "
-               "precision %s%s\n",
-               cfg.preset.c_str(), cfg.model.c_str(),
-               static_cast<long long>(model->num_parameters()), data.train->describe().c_str(),
-               static_cast<long long>(total), static_cast<long long>(cfg.batch_size), num_threads(),
-               cfg.precision.c_str(), scaler ? " with dynamic loss scaling" : "");
+  if (leader) {
+    std::string par;
+    if (micro_batches > 1)
+      par = ", " + std::to_string(world) + " rank(s) x " + std::to_string(cfg.grad_accum) +
+            " micro-batch(es) of " + std::to_string(cfg.batch_size / micro_batches);
+    std::fprintf(stderr,
+                 "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld%s, %d "
+                 "threads%s, precision %s%s\n",
+                 cfg.preset.c_str(), cfg.model.c_str(),
+                 static_cast<long long>(model->num_parameters()), data.train->describe().c_str(),
+                 static_cast<long long>(total), static_cast<long long>(cfg.batch_size),
+                 par.c_str(), num_threads(), world > 1 ? " per rank" : "", cfg.precision.c_str(),
+                 scaler ? " with dynamic loss scaling" : "");
+  }
 
   host_allocator().reset_peak();
   for (const runtime::DeviceModel& m : runtime::config().devices)
     if (m.device.kind == DeviceKind::cuda) allocator_for(m.device).reset_peak();
   RssGrowth rss_growth;
-  Progress progress(total, cfg.progress);
+  Progress progress(total, cfg.progress && leader);
   const auto t0 = Clock::now();
   auto interval_start = t0;
   double interval_cpu = process_cpu_seconds();
   int64_t interval_steps = 0, samples_done = 0, first_step = step;
   double interval_loss = 0, last_loss = NAN;
+  double comm_s = 0, exposed_s = 0, interval_comm = 0, interval_exposed = 0;
   std::vector<double> step_seconds;
   model->train();
   // Kernel times are recorded (when on) for steps 3 to 22 only: enough to calibrate the
@@ -445,8 +523,12 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
     const double lr = sched.at(step);
     opt->set_lr(lr);
     const int64_t epoch = loader.epoch();
-    data::Batch batch = loader.next();
-    last_loss = train_step(*model, *opt, batch, cfg, data.language, scaler_ptr, step);
+    const std::vector<data::Batch> micro = loader.next_micro();
+    const StepOutcome outcome = train_step(*model, *opt, micro, cfg, data.language, scaler_ptr,
+                                           step, reducer ? &*reducer : nullptr, comm);
+    last_loss = outcome.loss;
+    interval_comm += outcome.times.comm_s;
+    interval_exposed += outcome.times.exposed_comm_s;
     // With a scaler a non-finite loss is a skipped step; the scale's floor ends a run that
     // keeps overflowing.
     if (!std::isfinite(last_loss) && !scaler)
@@ -469,7 +551,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
       os << " scale " << scaler->get_scale() << " skipped " << scaler->skipped_steps();
       extra = os.str();
     }
-    progress.update(step, last_loss, sps, eta, log_now, epoch, lr, extra);
+    if (leader) progress.update(step, last_loss, sps, eta, log_now, epoch, lr, extra);
     if (log_now) {
       const double dt = std::chrono::duration<double>(Clock::now() - interval_start).count();
       if (jlog) {
@@ -480,7 +562,10 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
             {"lr", lr},
             {"samples_per_s",
              static_cast<double>(interval_steps * cfg.batch_size) / std::max(dt, 1e-9)},
-            {"cpu_s", process_cpu_seconds() - interval_cpu}};
+            {"cpu_s", process_cpu_seconds() - interval_cpu},
+            {"world_size", world},
+            {"comm_s", interval_comm},
+            {"exposed_comm_s", interval_exposed}};
         if (scaler) {
           rec["loss_scale"] = scaler->get_scale();
           rec["skipped_steps"] = scaler->skipped_steps();
@@ -491,11 +576,15 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
       interval_cpu = process_cpu_seconds();
       interval_steps = 0;
       interval_loss = 0;
+      comm_s += interval_comm;
+      exposed_s += interval_exposed;
+      interval_comm = interval_exposed = 0;
     }
-    if (!cfg.save_dir.empty() && cfg.save_every > 0 && step % cfg.save_every == 0 && step < total)
+    if (leader && !cfg.save_dir.empty() && cfg.save_every > 0 && step % cfg.save_every == 0 &&
+        step < total)
       save_checkpoint(cfg.save_dir + "/step-" + std::to_string(step), *model, *opt, cfg,
-                      {step, loader.epoch(), loader.position(), default_generator().seed(),
-                       default_generator().offset(), scaler_ptr});
+                      {step, loader.epoch(), loader.position(), micro_batches,
+                       default_generator().seed(), default_generator().offset(), scaler_ptr});
   }
   progress.finish();
   runtime::set_perf_recording(false);
@@ -509,6 +598,14 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   r.samples_per_s = static_cast<double>(samples_done) / std::max(train_wall, 1e-9);
   r.step_seconds = std::move(step_seconds);
   r.threads = num_threads();
+  r.world_size = world;
+  r.comm_s = comm_s;
+  r.exposed_comm_s = exposed_s;
+  if (world > 1) {
+    r.ranks_identical = parameters_identical(*model, comm);
+    if (!r.ranks_identical && leader)
+      std::fprintf(stderr, "warning: the ranks' parameters differ at the end of training\n");
+  }
   r.precision = cfg.precision;
   r.grad_scaler = scaler.has_value();
   r.loss_scale = scaler ? scaler->get_scale() : 0.0;
@@ -520,7 +617,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   r.peak_memory_bytes["total"] = stats.peak_total;
   r.peak_rss_growth_bytes = rss_grown.value_or(-1);
 
-  auto [tl, acc] = cfg.final_eval ? evaluate(*model, *data.test, cfg.batch_size, data.language,
+  // Only rank 0 reports the test numbers; the others skip the evaluation.
+  auto [tl, acc] = cfg.final_eval && leader ? evaluate(*model, *data.test, cfg.batch_size, data.language,
                                              data.language ? cfg.eval_batches : 0, precision)
                                   : std::pair<double, double>{NAN, NAN};
   if (data.language) {
@@ -530,10 +628,10 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
     r.test_loss = tl;
     r.test_accuracy = acc;
   }
-  if (!cfg.save_dir.empty())
+  if (leader && !cfg.save_dir.empty())
     save_checkpoint(cfg.save_dir, *model, *opt, cfg,
-                    {step, loader.epoch(), loader.position(), default_generator().seed(),
-                     default_generator().offset(), scaler_ptr});
+                    {step, loader.epoch(), loader.position(), micro_batches,
+                     default_generator().seed(), default_generator().offset(), scaler_ptr});
   if (hooks.finished) {
     model->eval();
     hooks.finished(*model);
@@ -547,7 +645,12 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
                           {"peak_memory_bytes", r.peak_memory_bytes},
                           {"step_time_s", steady_step_seconds(r)},
                           {"precision", r.precision},
-                          {"skipped_steps", r.skipped_steps}};
+                          {"skipped_steps", r.skipped_steps},
+                          {"world_size", r.world_size},
+                          {"grad_accum", cfg.grad_accum},
+                          {"comm_s", r.comm_s},
+                          {"exposed_comm_s", r.exposed_comm_s},
+                          {"ranks_identical", r.ranks_identical}};
     if (r.peak_rss_growth_bytes >= 0) fin["peak_rss_growth_bytes"] = r.peak_rss_growth_bytes;
     // GPU memory: the peak of each CUDA device's allocator over the run (all tags).
     for (const runtime::DeviceModel& m : runtime::config().devices)
@@ -587,8 +690,9 @@ void run_synthetic_steps(const TrainConfig& cfg, int64_t steps,
     batch.targets = zeros({cfg.batch_size}, Dtype::i64).eval();
   }
   model->train();
+  std::unique_ptr<distributed::Communicator> local = distributed::make_local_communicator();
   for (int64_t s = 0; s < steps; ++s) {
-    train_step(*model, *opt, batch, cfg, language, nullptr, s);
+    train_step(*model, *opt, {batch}, cfg, language, nullptr, s, nullptr, *local);
     if (after_step) after_step(s);
   }
 }

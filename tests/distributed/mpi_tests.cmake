@@ -10,3 +10,21 @@ add_test(NAME distributed.collectives_tcp_np2
          COMMAND ${HT_MPIRUN} 2 120 --mca btl tcp,self -- $<TARGET_FILE:test_distributed>
                  --gtest_filter=World.*)
 set_tests_properties(distributed.collectives_tcp_np2 PROPERTIES TIMEOUT 180)
+# DDP equals gradient accumulation, bit for bit, for every bucket size.
+set(HT_DDP_MLP --preset fashion-mlp --hidden 64,32 --batch-size 32 --steps 20 --clip 1)
+set(HT_DDP_GPT --preset gpt-mini --layers 1 --width 32 --heads 2 --context 16 --batch-size 8
+    --steps 20 --eval-batches 2)
+foreach(np 2 4)
+  add_test(NAME distributed.ddp_equals_accum_mlp_np${np}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/ddp_equal.sh $<TARGET_FILE:hetrain>
+                   ${np} ${HT_DDP_MLP})
+  add_test(NAME distributed.ddp_equals_accum_gpt_np${np}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/ddp_equal.sh $<TARGET_FILE:hetrain>
+                   ${np} ${HT_DDP_GPT})
+  add_test(NAME distributed.ddp_equals_accum_gpt_np${np}_small_buckets
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/ddp_equal.sh $<TARGET_FILE:hetrain>
+                   ${np} ${HT_DDP_GPT} --bucket-mb 0.01)
+  set_tests_properties(distributed.ddp_equals_accum_mlp_np${np} distributed.ddp_equals_accum_gpt_np${np}
+                       distributed.ddp_equals_accum_gpt_np${np}_small_buckets
+                       PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "DDP -np ${np} equals")
+endforeach()

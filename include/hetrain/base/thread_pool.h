@@ -54,9 +54,12 @@ class SerialScope {
   bool prev_;
 };
 
-/// The process-wide pool, sized to the cores (or set_num_threads).
+/// CPUs this process may run on: its affinity mask (what mpirun's binding or taskset left it),
+/// at least 1.
+int available_cpus();
+/// The process-wide pool, sized to available_cpus() (or set_num_threads).
 ThreadPool& thread_pool();
-/// Resizes the process-wide pool; n <= 0 means the number of cores.
+/// Resizes the process-wide pool; n <= 0 means available_cpus().
 void set_num_threads(int n);
 int num_threads();
 

@@ -113,6 +113,13 @@ class DataLoader {
 
   /// The batch at (epoch(), position()); then advances, wrapping into the next epoch.
   Batch next();
+  /// Data parallelism and gradient accumulation: each batch's examples [offset, offset +
+  /// count) (this rank's slice of the global batch), made as `micro` equal micro-batches, each
+  /// its own contiguous batch. Throws unless count is a multiple of micro and the slice lies in
+  /// the batch. The default is the whole batch as one.
+  void set_shard(int64_t offset, int64_t count, int64_t micro);
+  /// The micro-batches of the batch at (epoch(), position()); then advances as next() does.
+  std::vector<Batch> next_micro();
   /// Epoch of the next batch.
   int64_t epoch() const { return epoch_; }
   /// Index of the next batch within its epoch, in [0, batches_per_epoch()).
@@ -132,10 +139,10 @@ class DataLoader {
  private:
   struct Slot {
     int64_t epoch, position;
-    Batch batch;
+    std::vector<Batch> batches;
     std::exception_ptr error;
   };
-  Batch produce(int64_t epoch, int64_t position);
+  std::vector<Batch> produce(int64_t epoch, int64_t position);
   void start_worker();
   void stop_worker();
   void worker_loop(int64_t epoch, int64_t position);
@@ -148,6 +155,7 @@ class DataLoader {
   bool prefetch_;
   int64_t batches_per_epoch_;
   int64_t epoch_ = 0, position_ = 0;
+  int64_t shard_offset_ = 0, shard_count_ = 0, micro_ = 1;  // set_shard
 
   // Permutation cache; used by one thread at a time (the worker while it runs, else next()).
   int64_t order_epoch_ = -1;

@@ -13,6 +13,10 @@ namespace hetrain::nn {
 class Module;
 }
 
+namespace hetrain::distributed {
+class Communicator;
+}
+
 namespace hetrain::training {
 
 struct TrainConfig {
@@ -33,7 +37,12 @@ struct TrainConfig {
   std::string schedule = "cosine";  // constant | step | cosine
   int64_t warmup = 0;
   uint64_t seed = 0;
-  int threads = 0;  // 0: all cores
+  int threads = 0;  // 0: every CPU of the process's affinity mask
+  // data parallelism and accumulation: a step is grad_accum micro-batches on each of the
+  // world's ranks, batch_size examples in all (the global batch)
+  int64_t grad_accum = 1;
+  double bucket_mb = 25;       // gradient bucket size (the first bucket: at most 1 MiB)
+  double comm_timeout = 600;   // seconds a collective may take before the job is aborted
   // mixed precision (graph/autocast.h, training/amp.h)
   std::string precision = "fp32";    // fp32 | bf16 | fp16
   std::string grad_scaler = "auto";  // auto (on for fp16 only) | on | off
@@ -80,6 +89,10 @@ struct TrainResult {
   std::vector<double> step_seconds;  // wall time of each step of this run (data to optimizer)
   int threads = 1;                   // worker threads used
   std::string precision = "fp32";
+  int world_size = 1;         // ranks that trained together
+  double comm_s = 0;          // time in gradient collectives over the run
+  double exposed_comm_s = 0;  // time the step waited for them
+  bool ranks_identical = true;  // every rank ended with the same parameter bytes
   bool grad_scaler = false;   // whether dynamic loss scaling ran
   double loss_scale = 0;      // the scale at the end (0 without a scaler)
   int64_t skipped_steps = 0;  // optimizer steps skipped for non-finite gradients
@@ -116,6 +129,13 @@ std::pair<TrainConfig, std::shared_ptr<nn::Module>> load_trained_model(const std
 /// Runs training as configured. Output (progress, log lines) goes to stderr; the JSON log
 /// to cfg.json_log.
 TrainResult train(const TrainConfig& cfg, const StepHooks& hooks = {});
+/// Data-parallel training over comm's ranks (every rank calls it with the same cfg): rank 0's
+/// parameters and buffers are broadcast at the start; rank r trains on examples
+/// [r * B / N, (r + 1) * B / N) of each global batch of B = cfg.batch_size, as cfg.grad_accum
+/// micro-batches; gradients are summed over all N * grad_accum micro-batches in a fixed
+/// order (distributed/grad_reducer.h), so the result is bitwise that of one process with
+/// --grad-accum N * grad_accum. Only rank 0 prints, logs and checkpoints.
+TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::Communicator& comm);
 
 /// Builds cfg's model and optimizer as train() does and runs `steps` training steps on synthetic
 /// batches of the preset's shapes (no dataset read), calling after_step(i) after each. Under

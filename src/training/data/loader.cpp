@@ -78,7 +78,8 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> ds, int64_t batch_size, bo
       shuffle_(shuffle),
       seed_(seed),
       drop_last_(drop_last),
-      prefetch_(prefetch) {
+      prefetch_(prefetch),
+      shard_count_(batch_size) {
   if (!ds_) fail("[data] DataLoader: no dataset");
   if (batch_size < 1) fail("[data] DataLoader: batch size must be >= 1, got ", batch_size);
   const int64_t n = ds_->size();
@@ -100,21 +101,43 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
   return order;
 }
 
-Batch DataLoader::produce(int64_t epoch, int64_t position) {
+void DataLoader::set_shard(int64_t offset, int64_t count, int64_t micro) {
+  if (micro < 1 || count < 1 || offset < 0 || offset + count > batch_size_ || count % micro != 0)
+    fail("[data] DataLoader: cannot split examples [", offset, ", ", offset + count,
+         ") of a batch of ", batch_size_, " into ", micro, " equal micro-batches");
+  stop_worker();
+  shard_offset_ = offset;
+  shard_count_ = count;
+  micro_ = micro;
+}
+
+std::vector<Batch> DataLoader::produce(int64_t epoch, int64_t position) {
   if (order_epoch_ != epoch) {
     order_ = epoch_order(epoch);
     order_epoch_ = epoch;
   }
-  const int64_t begin = position * batch_size_;
-  const int64_t end = std::min<int64_t>(begin + batch_size_, static_cast<int64_t>(order_.size()));
-  const std::vector<int64_t> indices(order_.begin() + begin, order_.begin() + end);
+  const auto n = static_cast<int64_t>(order_.size());
+  const int64_t begin = std::min(n, position * batch_size_ + shard_offset_);
+  const int64_t end = std::min(n, begin + shard_count_);
+  const int64_t per = (shard_count_ + micro_ - 1) / micro_;
   // Batches are inputs to the step's activations; tag them so whatever thread makes them.
   MemoryTagScope tag(MemoryTag::activations);
-  return ds_->make_batch(indices);
+  std::vector<Batch> out;
+  for (int64_t b = begin; b < end || (out.empty() && b == end); b += per) {
+    const std::vector<int64_t> indices(order_.begin() + b, order_.begin() + std::min(end, b + per));
+    out.push_back(ds_->make_batch(indices));
+  }
+  return out;
 }
 
 Batch DataLoader::next() {
-  Batch batch;
+  std::vector<Batch> b = next_micro();
+  HT_ASSERT(b.size() == 1);
+  return std::move(b[0]);
+}
+
+std::vector<Batch> DataLoader::next_micro() {
+  std::vector<Batch> batch;
   if (!prefetch_) {
     batch = produce(epoch_, position_);
   } else {
@@ -133,7 +156,7 @@ Batch DataLoader::next() {
       stop_worker();
       std::rethrow_exception(slot.error);
     }
-    batch = std::move(slot.batch);
+    batch = std::move(slot.batches);
   }
   if (++position_ == batches_per_epoch_) {
     position_ = 0;
@@ -183,7 +206,7 @@ void DataLoader::worker_loop(int64_t epoch, int64_t position) {
     }
     Slot slot{epoch, position, {}, nullptr};
     try {
-      slot.batch = produce(epoch, position);
+      slot.batches = produce(epoch, position);
     } catch (...) {
       slot.error = std::current_exception();
     }

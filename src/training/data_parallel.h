@@ -1,0 +1,28 @@
+// The trainer's data-parallel pieces (internal to src/training): the start-of-run broadcast,
+// agreement checks and global logged numbers over a Communicator.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "hetrain/distributed/communicator.h"
+#include "hetrain/training/nn.h"
+
+namespace hetrain::training {
+
+/// Rank 0's parameters and buffers on every rank (each tensor replaced by a fresh leaf that
+/// keeps requires_grad).
+void broadcast_model(nn::Module& model, distributed::Communicator& comm);
+
+/// Throws, naming `what` and every rank's value, unless all ranks hold the same v.
+void check_agree(distributed::Communicator& comm, int64_t v, const char* what);
+
+/// Whether every rank holds the same parameter bytes (a 64-bit FNV-1a hash of each rank's
+/// parameters, gathered and compared).
+bool parameters_identical(nn::Module& model, distributed::Communicator& comm);
+
+/// The mean of all ranks' micro-batch losses, summed in global micro-batch order (rank-major:
+/// rank r's micro-batch k is number r * K + k) exactly as one process summing them in order.
+double global_mean_loss(distributed::Communicator& comm, const std::vector<double>& local);
+
+}  // namespace hetrain::training

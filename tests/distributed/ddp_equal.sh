@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# DDP against gradient accumulation: `mpirun -np NP hetrain train ARGS` must write model and
+# training-state files byte-identical to one process with --grad-accum NP, every rank must end
+# with rank 0's parameters, and the logged losses must be the same numbers.
+# Usage: ddp_equal.sh HETRAIN NP ARGS...
+set -euo pipefail
+ht=$1 np=$2
+shift 2
+here=$(cd "$(dirname "$0")" && pwd)
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+export XDG_CACHE_HOME=$dir/cache
+common=(train --no-progress --no-record --threads 1 --log-every 5 "$@")
+timeout -k 5 300 "$ht" "${common[@]}" --grad-accum "$np" --save "$dir/accum" \
+  --json-log "$dir/accum.jsonl" > "$dir/accum.out" 2>&1 || { cat "$dir/accum.out"; exit 1; }
+bash "$here/mpirun.sh" "$np" 300 "$ht" "${common[@]}" --save "$dir/ddp" \
+  --json-log "$dir/ddp.jsonl" > "$dir/ddp.out" 2>&1 || { cat "$dir/ddp.out"; exit 1; }
+status=0
+for f in model.safetensors train_state.safetensors; do
+  if cmp "$dir/accum/$f" "$dir/ddp/$f"; then
+    echo "$f: identical ($(stat -c %s "$dir/ddp/$f") bytes)"
+  else
+    echo "FAIL: $f differs between -np $np and --grad-accum $np"
+    status=1
+  fi
+done
+grep -q '"ranks_identical":true' "$dir/ddp.jsonl" && grep -q "\"world_size\":$np" "$dir/ddp.jsonl" \
+  || { echo "FAIL: ranks' parameters differ or world_size is not $np"; cat "$dir/ddp.jsonl"; status=1; }
+# The losses logged at each interval: the same numbers.
+losses() { grep -o '"loss":[^,]*' "$1"; }
+if [[ "$(losses "$dir/accum.jsonl")" != "$(losses "$dir/ddp.jsonl")" ]]; then
+  echo "FAIL: logged losses differ"; paste <(losses "$dir/accum.jsonl") <(losses "$dir/ddp.jsonl")
+  status=1
+fi
+# Only rank 0 prints the result.
+[[ $(grep -c '^result:' "$dir/ddp.out") == 1 ]] || { echo "FAIL: result printed $(grep -c '^result:' "$dir/ddp.out") times"; status=1; }
+[[ $status == 0 ]] && echo "DDP -np $np equals --grad-accum $np"
+exit $status
