@@ -28,3 +28,11 @@ foreach(np 2 4)
                        distributed.ddp_equals_accum_gpt_np${np}_small_buckets
                        PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "DDP -np ${np} equals")
 endforeach()
+# A rank that exits, aborts, crashes or hangs: mpirun returns non-zero in time, nothing left.
+foreach(kind exit abort segv hang)
+  add_test(NAME distributed.rank_failure_${kind}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/failure.sh $<TARGET_FILE:hetrain>
+                   ${kind})
+  set_tests_properties(distributed.rank_failure_${kind} PROPERTIES TIMEOUT 180
+                       PASS_REGULAR_EXPRESSION "rank failure \\(${kind}\\) handled")
+endforeach()
