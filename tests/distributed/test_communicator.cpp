@@ -12,6 +12,7 @@
 #include "hetrain/distributed/grad_reducer.h"
 #include "hetrain/distributed/mpi.h"
 #include "hetrain/graph/ops.h"
+#include "distributed/world.h"
 
 using namespace hetrain;
 using namespace hetrain::distributed;
@@ -36,7 +37,11 @@ class WorldEnvironment : public ::testing::Environment {
 };
 [[maybe_unused]] auto* const g_env = ::testing::AddGlobalTestEnvironment(new WorldEnvironment);
 
+}  // namespace
+
 Communicator& world() { return *g_world; }
+
+namespace {
 
 // Rank r's value at element i: distinct per rank and element, exact in f32.
 Tensor param(const Shape& s) {

@@ -1,0 +1,64 @@
+// The NCCL communicator against exact sums, one GPU per rank. Skips (with the reason) in a
+// build without NCCL or on a machine without a GPU; under mpirun on a GPU machine every rank
+// checks its results (tests/distributed/mpi_tests.cmake).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "hetrain/distributed/mpi.h"
+#include "hetrain/distributed/nccl.h"
+#include "distributed/world.h"
+
+#ifdef HETRAIN_HAVE_NCCL
+#include <cuda_runtime.h>
+#endif
+
+using namespace hetrain;
+using namespace hetrain::distributed;
+
+TEST(World, NcclCollectivesOnTheRanksGpus) {
+#ifndef HETRAIN_HAVE_NCCL
+  GTEST_SKIP() << "this build has no NCCL (CUDA backend off)";
+#else
+  if (!nccl_available()) GTEST_SKIP() << "no GPU visible (NCCL " << nccl_version() << ")";
+  Communicator& boot = world();
+  int gpus = 0;
+  cudaGetDeviceCount(&gpus);
+  if (gpus < boot.local_size())
+    GTEST_SKIP() << boot.local_size() << " ranks on this host but " << gpus
+                 << " GPU(s): NCCL needs one GPU per rank";
+  auto gpu = make_nccl_communicator(boot, {.timeout_s = 60});
+  const int size = gpu->size(), me = gpu->rank();
+  const int64_t n = 1000;
+  std::vector<float> h(n);
+  auto value = [](int r, int64_t i) { return static_cast<float>(r * 1000 + i) * 0.5f; };
+  for (int64_t i = 0; i < n; ++i) h[i] = value(me, i);
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  gpu->all_reduce(d, n, Dtype::f32, ReduceOp::sum);
+  std::vector<float> out(n);
+  ASSERT_EQ(cudaMemcpy(out.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int64_t i = 0; i < n; ++i) {
+    float want = 0;
+    for (int r = 0; r < size; ++r) want += value(r, i);  // exact: multiples of 0.5
+    ASSERT_EQ(out[i], want) << i;
+  }
+  // all_to_all: block r of rank s holds s * 100 + r.
+  std::vector<int64_t> blocks(size), got(size);
+  for (int r = 0; r < size; ++r) blocks[r] = me * 100 + r;
+  int64_t *ds = nullptr, *dr = nullptr;
+  ASSERT_EQ(cudaMalloc(&ds, size * sizeof(int64_t)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dr, size * sizeof(int64_t)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(ds, blocks.data(), size * sizeof(int64_t), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  gpu->all_to_all(ds, dr, 1, Dtype::i64);
+  ASSERT_EQ(cudaMemcpy(got.data(), dr, size * sizeof(int64_t), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (int s = 0; s < size; ++s) EXPECT_EQ(got[s], s * 100 + me);
+  gpu->barrier();
+  cudaFree(d);
+  cudaFree(ds);
+  cudaFree(dr);
+#endif
+}
