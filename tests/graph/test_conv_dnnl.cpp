@@ -497,3 +497,47 @@ TEST(ConvDnnl, ReluMaskedInputGradientDifferentiatesLikeTheMaskAfter) {
   for (size_t i = 0; i < got.size(); ++i)
     expect_close(got[i].to_vector<double>(), want[i + 1], 1e-9, 1e-9, names[i]);
 }
+
+namespace hetrain {
+namespace {
+
+TEST(ConvDnnl, Bf16ConvolutionsRunOnTheBf16Unit) {
+  // bf16 convolutions (forward, input and weight gradients) on oneDNN's bf16 kernels, where the
+  // CPU computes in bf16: bf16 in and out, f32 accumulation. Against f64 on the same
+  // bf16-rounded values: each output is off by at most its own bf16 rounding (2^-8 relative)
+  // plus the f32 sums' error, for every shape the oneDNN cases cover.
+  if (!cpu::dnnl_bf16_conv())
+    GTEST_SKIP() << "this CPU has no bf16 unit (AVX512-BF16 or AMX); bf16 converts to f32 here";
+  for (const Case& c : kCases) {
+    if (c.bias) continue;
+    // oneDNN's path takes kernels larger than 1x1 with 8+ channels each side; the others run
+    // converted to f32 (and must agree all the same).
+    const bool onednn = c.w[2] * c.w[3] > 1 && c.w[0] >= 8 && c.w[1] >= 8;
+    const std::string what = shape_str(c.x) + " * " + shape_str(c.w);
+    auto run = [&](Dtype dt) {
+      // bf16 inputs, then (for f64) the same values widened: the reference sees what bf16 saw.
+      Tensor x = cast(seq(c.x, 1, Dtype::bf16), dt), w = cast(seq(c.w, 2, Dtype::bf16), dt);
+      Tensor y = conv2d(x, w, {}, c.s, c.p);
+      Tensor r = cast(seq(y.shape(), 4, Dtype::bf16), dt);
+      std::vector<Tensor> g = grad({sum(y * r)}, {x, w});
+      std::vector<std::vector<double>> v;
+      for (const Tensor& t : {y, g[0], g[1]}) v.push_back(t.to_vector<double>());
+      return v;
+    };
+    const int64_t before = cpu::dnnl_conv_runs();
+    const auto got = run(Dtype::bf16);
+    EXPECT_EQ(cpu::dnnl_conv_runs() - before, onednn ? 3 : 0) << what;
+    const auto want = run(Dtype::f64);
+    const char* names[] = {"y", "dx", "dw"};
+    for (size_t k = 0; k < want.size(); ++k) {
+      double scale = 0;
+      for (double v : want[k]) scale = std::max(scale, std::abs(v));
+      for (size_t i = 0; i < want[k].size(); ++i)
+        ASSERT_NEAR(got[k][i], want[k][i], std::abs(want[k][i]) / 128 + 1e-3 * scale)
+            << what << " " << names[k] << " at " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hetrain

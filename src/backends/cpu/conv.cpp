@@ -1,4 +1,6 @@
-// CPU convolution and pooling. f32 (and f16/bf16, converted to f32 around it) goes through the
+// CPU convolution and pooling. bf16 runs on oneDNN's bf16 kernels where the CPU computes in bf16
+// (AVX512-BF16, AMX) and the node is a plain convolution. f32 (and f16/bf16 otherwise, converted
+// to f32 around it) goes through the
 // direct stride-1 and stride-2 kernels (conv_direct.cpp) where they apply, then oneDNN's
 // convolution primitives (conv_dnnl.cpp); f64, and shapes neither has a fast kernel for, use im2col
 // + GEMM per image (col2im for the input gradient).
@@ -228,9 +230,41 @@ void backward_weight_any(const Array& x, const Array& gy, Array& dw, const ConvG
     conv_backward_weight<T>(x.data<T>(), gy.data<T>(), dw.data<T>(), g, dt);
   });
 }
+// bf16 on oneDNN's bf16 kernels: inputs and outputs stay bf16 (f32 accumulation); the weight
+// gradient is summed in f32 and rounded once. Each returns false where they do not run (no bf16
+// unit, or no fast kernel for the shape): the caller then computes in f32.
+bool forward_bf16(const std::vector<const Array*>& in, Array& y, const Window2d& win) {
+  if (!cpu::dnnl_bf16_conv()) return false;
+  Array x = as_contiguous(*in[0], Dtype::bf16), w = as_contiguous(*in[1], Dtype::bf16);
+  Array b = in.size() > 2 ? as_contiguous(*in[2], Dtype::bf16) : Array();
+  Array out = start_output(y, Dtype::bf16);
+  return cpu::dnnl_conv_forward(dnnl_shape(geom(x.shape, y.shape, win)), x.data<BFloat16>(),
+                                w.data<BFloat16>(), b.has_data() ? b.data<BFloat16>() : nullptr,
+                                out.data<BFloat16>());
+}
+bool backward_input_bf16(const std::vector<const Array*>& in, Array& dx, const Window2d& win) {
+  if (!cpu::dnnl_bf16_conv()) return false;
+  Array gy = as_contiguous(*in[0], Dtype::bf16), w = as_contiguous(*in[1], Dtype::bf16);
+  Array out = start_output(dx, Dtype::bf16);
+  return cpu::dnnl_conv_backward_data(dnnl_shape(geom(dx.shape, gy.shape, win)),
+                                      gy.data<BFloat16>(), w.data<BFloat16>(),
+                                      out.data<BFloat16>());
+}
+bool backward_weight_bf16(const std::vector<const Array*>& in, Array& dw, const Window2d& win) {
+  if (!cpu::dnnl_bf16_conv()) return false;
+  Array x = as_contiguous(*in[0], Dtype::bf16), gy = as_contiguous(*in[1], Dtype::bf16);
+  Array acc = start_output(dw, Dtype::f32);
+  if (!cpu::dnnl_conv_backward_weights(dnnl_shape(geom(x.shape, gy.shape, win)),
+                                       x.data<BFloat16>(), gy.data<BFloat16>(),
+                                       acc.data<float>()))
+    return false;
+  finish_output(acc, dw);
+  return true;
+}
 }  // namespace
 
 void Conv2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+  if (in[0]->dtype == Dtype::bf16 && !second_ && forward_bf16(in, *out[0], win_)) return;
   const Dtype dt = compute_dtype(in[0]->dtype);
   Array x = as_contiguous(*in[0], dt), w = as_contiguous(*in[1], dt);
   Array y = start_output(*out[0], dt);
@@ -258,6 +292,9 @@ void Conv2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Arr
 
 void Conv2dBackwardInput::eval_cpu(const std::vector<const Array*>& in,
                                    const std::vector<Array*>& out) const {
+  if (in[0]->dtype == Dtype::bf16 && !second_ && !addend_ && !mask_ &&
+      backward_input_bf16(in, *out[0], win_))
+    return;
   const Dtype dt = compute_dtype(in[0]->dtype);
   Array gy = as_contiguous(*in[0], dt), w = as_contiguous(*in[1], dt);
   Array r = addend_ ? as_contiguous(*in[second_ ? 4 : 2], dt) : Array();
@@ -328,6 +365,7 @@ void Conv2dBackwardInput::eval_cpu(const std::vector<const Array*>& in,
 
 void Conv2dBackwardWeight::eval_cpu(const std::vector<const Array*>& in,
                                     const std::vector<Array*>& out) const {
+  if (in[0]->dtype == Dtype::bf16 && !second_ && backward_weight_bf16(in, *out[0], win_)) return;
   const Dtype dt = compute_dtype(in[0]->dtype);
   Array x = as_contiguous(*in[0], dt), gy = as_contiguous(*in[1], dt);
   Array dw = start_output(*out[0], dt);

@@ -1,4 +1,5 @@
-// oneDNN convolutions for f32. Each call splits the batch into one chunk per hetrain thread and
+// oneDNN convolutions for f32 and bf16 (the same code, the data type a parameter; bf16 only
+// where the CPU computes in bf16: AVX512-BF16 or AMX, whose kernels oneDNN picks). Each call splits the batch into one chunk per hetrain thread and
 // runs a single-threaded oneDNN primitive on each chunk inside hetrain's pool: oneDNN's OpenMP team
 // stays at one thread, so kernels that the executor runs side by side (inter-op parallelism) do not
 // oversubscribe the cores, and the thread count is hetrain's num_threads(). Primitives are built
@@ -28,6 +29,8 @@
 #include <vector>
 
 #include "backends/cpu/compute_buffers.h"
+#include "hetrain/base/cpu_features.h"
+#include "hetrain/base/dtype.h"
 #include "hetrain/base/thread_pool.h"
 
 namespace hetrain::cpu {
@@ -88,18 +91,19 @@ class SingleOmpThread {
 
 bool dnnl_pays(const ConvShape& s) { return s.kh * s.kw > 1 && s.C >= 8 && s.O >= 8; }
 
-/// The plan for one pass over a batch of s.N images, or null when oneDNN offers only its reference
-/// kernel (the im2col path is faster than that).
-std::shared_ptr<const Plan> make_plan(Pass pass, const ConvShape& s, bool bias) {
+/// The plan for one pass over a batch of s.N images of data type dt, or null when oneDNN offers
+/// only its reference kernel (the im2col path is faster than that). bf16 weight gradients are
+/// written in f32 (the chunks' partial sums are added in f32 and rounded once).
+std::shared_ptr<const Plan> make_plan(Pass pass, const ConvShape& s, bool bias, Dt dt) {
   using Fwd = dnnl::convolution_forward;
   using BwdData = dnnl::convolution_backward_data;
   using BwdWeights = dnnl::convolution_backward_weights;
   dnnl::engine& eng = cpu_engine();
   const memory::dims xd{s.N, s.C, s.H, s.W}, wd{s.O, s.C, s.kh, s.kw}, yd{s.N, s.O, s.Ho, s.Wo};
-  const memory::desc x_plain(xd, Dt::f32, Tag::nchw), w_plain(wd, Dt::f32, Tag::oihw),
-      y_plain(yd, Dt::f32, Tag::nchw), b_plain({s.O}, Dt::f32, Tag::x);
-  const memory::desc x_md(xd, Dt::f32, Tag::any), w_md(wd, Dt::f32, Tag::any),
-      y_md(yd, Dt::f32, Tag::any);
+  const memory::desc x_plain(xd, dt, Tag::nchw), w_plain(wd, dt, Tag::oihw),
+      y_plain(yd, dt, Tag::nchw), b_plain({s.O}, dt, Tag::x);
+  const memory::desc x_md(xd, dt, Tag::any), w_md(wd, dt, Tag::any), y_md(yd, dt, Tag::any);
+  const memory::desc dw_plain(wd, Dt::f32, Tag::oihw), dw_md(wd, Dt::f32, Tag::any);
   const memory::dims strides{s.sh, s.sw}, pad{s.ph, s.pw};
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // safe to run concurrently
@@ -138,14 +142,14 @@ std::shared_ptr<const Plan> make_plan(Pass pass, const ConvShape& s, bool bias) 
     }
     case Pass::backward_weights: {
       BwdWeights::primitive_desc pd(BwdWeights::desc(dnnl::algorithm::convolution_direct, x_md,
-                                                     w_md, y_md, strides, pad, pad),
+                                                     dw_md, y_md, strides, pad, pad),
                                     attr, eng, fpd);
       impl = pd.impl_info_str();
       plan->prim = BwdWeights(pd);
       plan->scratch = pd.scratchpad_desc();
       plan->operands = {operand(DNNL_ARG_SRC, false, x_plain, pd.src_desc()),
                         operand(DNNL_ARG_DIFF_DST, false, y_plain, pd.diff_dst_desc()),
-                        operand(DNNL_ARG_DIFF_WEIGHTS, true, w_plain, pd.diff_weights_desc())};
+                        operand(DNNL_ARG_DIFF_WEIGHTS, true, dw_plain, pd.diff_weights_desc())};
       break;
     }
   }
@@ -154,8 +158,8 @@ std::shared_ptr<const Plan> make_plan(Pass pass, const ConvShape& s, bool bias) 
 }
 
 /// Cached plans; a null entry records that oneDNN has no fast kernel for the key.
-std::shared_ptr<const Plan> find_plan(Pass pass, const ConvShape& s, bool bias) {
-  using Key = std::array<int64_t, 15>;
+std::shared_ptr<const Plan> find_plan(Pass pass, const ConvShape& s, bool bias, Dt dt) {
+  using Key = std::array<int64_t, 16>;
   static std::mutex mu;
   static std::map<Key, std::shared_ptr<const Plan>> cache;
   const Key key{static_cast<int64_t>(pass),
@@ -172,7 +176,8 @@ std::shared_ptr<const Plan> find_plan(Pass pass, const ConvShape& s, bool bias) 
                 s.sh,
                 s.sw,
                 s.ph,
-                s.pw};
+                s.pw,
+                static_cast<int64_t>(dt)};
   std::lock_guard<std::mutex> lk(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
@@ -181,7 +186,7 @@ std::shared_ptr<const Plan> find_plan(Pass pass, const ConvShape& s, bool bias) 
     // Kernels fix their thread count when built: build them for the one thread they run on,
     // or each run starts an OpenMP team of its own beside hetrain's threads.
     SingleOmpThread one;
-    plan = make_plan(pass, s, bias);
+    plan = make_plan(pass, s, bias, dt);
   } catch (const dnnl::error&) {
     plan = nullptr;  // unimplemented for this shape: the caller falls back
   }
@@ -233,18 +238,18 @@ struct ChunkedPlans {
   const Plan& plan_for(int64_t images) const { return images == small_n ? *small : *large; }
 };
 
-std::optional<ChunkedPlans> chunked_plans(Pass pass, const ConvShape& s, bool bias) {
+std::optional<ChunkedPlans> chunked_plans(Pass pass, const ConvShape& s, bool bias, Dt dt) {
   if (s.N <= 0 || !dnnl_pays(s)) return std::nullopt;
   ChunkedPlans cp;
   cp.chunks = std::min<int64_t>(s.N, num_threads());
   cp.small_n = s.N / cp.chunks;
   ConvShape part = s;
   part.N = cp.small_n;
-  cp.small = find_plan(pass, part, bias);
+  cp.small = find_plan(pass, part, bias, dt);
   if (!cp.small) return std::nullopt;
   if (s.N % cp.chunks != 0) {
     part.N = cp.small_n + 1;
-    cp.large = find_plan(pass, part, bias);
+    cp.large = find_plan(pass, part, bias, dt);
     if (!cp.large) return std::nullopt;
   }
   return cp;
@@ -278,44 +283,54 @@ void set_dnnl_conv_disabled(bool disabled) { disabled_flag() = disabled; }
 bool dnnl_conv_disabled() { return disabled_flag(); }
 int64_t dnnl_conv_runs() { return runs; }
 
-bool dnnl_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
-                       float* y) {
+namespace {
+
+/// Bytes of one element of dt (f32 or bf16).
+int64_t elem(Dt dt) { return dt == Dt::bf16 ? 2 : 4; }
+const void* at(const void* p, int64_t elements, Dt dt) {
+  return static_cast<const char*>(p) + elements * elem(dt);
+}
+void* at(void* p, int64_t elements, Dt dt) { return static_cast<char*>(p) + elements * elem(dt); }
+
+bool forward(const ConvShape& s, const void* x, const void* w, const void* b, void* y, Dt dt) {
   if (dnnl_conv_disabled()) return false;
-  auto cp = chunked_plans(Pass::forward, s, b != nullptr);
+  auto cp = chunked_plans(Pass::forward, s, b != nullptr, dt);
   if (!cp) return false;
   for_chunks(*cp, s.N, [&](int64_t, int64_t n0, int64_t n) {
-    std::vector<const void*> ptrs{x + n0 * s.C * s.H * s.W, w};
+    std::vector<const void*> ptrs{at(x, n0 * s.C * s.H * s.W, dt), w};
     if (b) ptrs.push_back(b);
-    ptrs.push_back(y + n0 * s.O * s.Ho * s.Wo);
+    ptrs.push_back(at(y, n0 * s.O * s.Ho * s.Wo, dt));
     run(cp->plan_for(n), ptrs);
   });
   ++runs;
   return true;
 }
 
-bool dnnl_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx) {
+bool backward_data(const ConvShape& s, const void* gy, const void* w, void* dx, Dt dt) {
   if (dnnl_conv_disabled()) return false;
-  auto cp = chunked_plans(Pass::backward_data, s, false);
+  auto cp = chunked_plans(Pass::backward_data, s, false, dt);
   if (!cp) return false;
   for_chunks(*cp, s.N, [&](int64_t, int64_t n0, int64_t n) {
-    run(cp->plan_for(n), {gy + n0 * s.O * s.Ho * s.Wo, w, dx + n0 * s.C * s.H * s.W});
+    run(cp->plan_for(n),
+        {at(gy, n0 * s.O * s.Ho * s.Wo, dt), w, at(dx, n0 * s.C * s.H * s.W, dt)});
   });
   ++runs;
   return true;
 }
 
-bool dnnl_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw) {
+/// dw in f32 whatever dt: chunk 0 writes it, the others write partial sums, added in chunk order
+/// (deterministic for a given thread count).
+bool backward_weights(const ConvShape& s, const void* x, const void* gy, float* dw, Dt dt) {
   if (dnnl_conv_disabled()) return false;
-  auto cp = chunked_plans(Pass::backward_weights, s, false);
+  auto cp = chunked_plans(Pass::backward_weights, s, false, dt);
   if (!cp) return false;
-  // Chunk 0 writes dw; the others write partial sums, added in chunk order (deterministic for a
-  // given thread count).
   const int64_t wsize = s.O * s.C * s.kh * s.kw;
   Array partial;
   if (cp->chunks > 1) partial = workspace({cp->chunks - 1, wsize}, Dtype::f32);
   for_chunks(*cp, s.N, [&](int64_t c, int64_t n0, int64_t n) {
     float* out = c == 0 ? dw : partial.data<float>() + (c - 1) * wsize;
-    run(cp->plan_for(n), {x + n0 * s.C * s.H * s.W, gy + n0 * s.O * s.Ho * s.Wo, out});
+    run(cp->plan_for(n),
+        {at(x, n0 * s.C * s.H * s.W, dt), at(gy, n0 * s.O * s.Ho * s.Wo, dt), out});
   });
   for (int64_t c = 1; c < cp->chunks; ++c) {
     const float* p = partial.data<float>() + (c - 1) * wsize;
@@ -323,6 +338,36 @@ bool dnnl_conv_backward_weights(const ConvShape& s, const float* x, const float*
   }
   ++runs;
   return true;
+}
+
+}  // namespace
+
+bool dnnl_conv_forward(const ConvShape& s, const float* x, const float* w, const float* b,
+                       float* y) {
+  return forward(s, x, w, b, y, Dt::f32);
+}
+bool dnnl_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx) {
+  return backward_data(s, gy, w, dx, Dt::f32);
+}
+bool dnnl_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw) {
+  return backward_weights(s, x, gy, dw, Dt::f32);
+}
+
+bool dnnl_bf16_conv() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx512bf16 || f.amx_bf16;
+}
+bool dnnl_conv_forward(const ConvShape& s, const BFloat16* x, const BFloat16* w,
+                       const BFloat16* b, BFloat16* y) {
+  return dnnl_bf16_conv() && forward(s, x, w, b, y, Dt::bf16);
+}
+bool dnnl_conv_backward_data(const ConvShape& s, const BFloat16* gy, const BFloat16* w,
+                             BFloat16* dx) {
+  return dnnl_bf16_conv() && backward_data(s, gy, w, dx, Dt::bf16);
+}
+bool dnnl_conv_backward_weights(const ConvShape& s, const BFloat16* x, const BFloat16* gy,
+                                float* dw) {
+  return dnnl_bf16_conv() && backward_weights(s, x, gy, dw, Dt::bf16);
 }
 
 }  // namespace hetrain::cpu

@@ -1,10 +1,12 @@
-// f32 convolution through oneDNN's convolution primitives (forward, backward data, backward
-// weights) on plain NCHW / OIHW arrays. conv.cpp calls these first and falls back to its
+// f32 and bf16 convolution through oneDNN's convolution primitives (forward, backward data,
+// backward weights) on plain NCHW / OIHW arrays. conv.cpp calls these first and falls back to its
 // im2col + GEMM kernels (which also serve f64) when they return false: for shapes where
 // oneDNN does not pay (1x1 kernels, fewer than 8 channels) or has only a reference kernel.
 #pragma once
 
 #include <cstdint>
+
+#include "hetrain/base/dtype.h"
 
 namespace hetrain::cpu {
 
@@ -22,6 +24,17 @@ bool dnnl_conv_forward(const ConvShape& s, const float* x, const float* w, const
 bool dnnl_conv_backward_data(const ConvShape& s, const float* gy, const float* w, float* dx);
 /// dw (O, C, kh, kw) from x (N, C, H, W) and gy (N, O, Ho, Wo).
 bool dnnl_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw);
+
+/// bf16, where the CPU computes in bf16 (AVX512-BF16 or AMX: dnnl_bf16_conv()); f32
+/// accumulation, bf16 outputs except the weight gradient, which is f32 (one rounding after the
+/// chunks' sum, by the caller). False where oneDNN has no fast bf16 kernel for the shape.
+bool dnnl_bf16_conv();
+bool dnnl_conv_forward(const ConvShape& s, const BFloat16* x, const BFloat16* w,
+                       const BFloat16* b, BFloat16* y);
+bool dnnl_conv_backward_data(const ConvShape& s, const BFloat16* gy, const BFloat16* w,
+                             BFloat16* dx);
+bool dnnl_conv_backward_weights(const ConvShape& s, const BFloat16* x, const BFloat16* gy,
+                                float* dw);
 
 /// Turns the oneDNN path off (true) or back on; for tests and benchmarks that compare it with the
 /// im2col kernels. Also off when the environment sets HETRAIN_CONV_DNNL=0.
