@@ -72,9 +72,9 @@ int check_nodes(const onnx::ModelProto& m, const std::string& path, std::vector<
   for (const auto& os : m.opset_import())
     if (os.domain().empty() || os.domain() == "ai.onnx") opset = static_cast<int>(os.version());
   if (opset < 0) fail("[onnx] ", path, ": the model imports no version of the default ONNX opset");
-  if (opset > kOnnxMaxOpset)
+  if (opset > kOnnxMaxImportOpset)
     fail("[onnx] ", path, ": opset ", opset, " is newer than the newest the importer knows (",
-         kOnnxMaxOpset, ")");
+         kOnnxMaxImportOpset, ")");
   std::map<std::string, std::vector<std::string>> problems;  // "Op-version" -> node names
   const auto& table = onnx_op_table();
   for (const auto& n : m.graph().node()) {

@@ -1,5 +1,5 @@
 // ONNX op handlers: each builds Hetrain ops for one node. Versions follow ONNX's
-// Operators.md; an op bumped only to add types keeps its handler.
+// Operators.md up to opset 22; an op bumped only to add types keeps its handler.
 #include "interop/onnx_ops.h"
 
 #include <algorithm>
@@ -362,10 +362,10 @@ const std::map<std::string, OnnxOpDef>& onnx_op_table() {
     t["LogSoftmax"] = {{1, 11, 13}, {1, 11, 13}, [](const Ctx& c) { return op_softmax(c, true); }};
     t["Gemm"] = {{1, 6, 7, 9, 11, 13}, {7, 9, 11, 13}, onnx_gemm};
     t["MatMul"] = {{1, 9, 13}, {1, 9, 13}, [](const Ctx& c) { return Outs{matmul(c.in.at(0), c.in.at(1))}; }};
-    t["Conv"] = {{1, 11}, {1, 11}, onnx_conv};
-    t["MaxPool"] = {{1, 8, 10, 11, 12}, {1, 8, 10, 11, 12}, [](const Ctx& c) { return onnx_pool(c, true); }};
-    t["AveragePool"] = {{1, 7, 10, 11, 19}, {7, 10, 11, 19}, [](const Ctx& c) { return onnx_pool(c, false); }};
-    t["GlobalAveragePool"] = {{1}, {1}, onnx_global_avg_pool};
+    t["Conv"] = {{1, 11, 22}, {1, 11, 22}, onnx_conv};
+    t["MaxPool"] = {{1, 8, 10, 11, 12, 22}, {1, 8, 10, 11, 12, 22}, [](const Ctx& c) { return onnx_pool(c, true); }};
+    t["AveragePool"] = {{1, 7, 10, 11, 19, 22}, {7, 10, 11, 19, 22}, [](const Ctx& c) { return onnx_pool(c, false); }};
+    t["GlobalAveragePool"] = {{1, 22}, {1, 22}, onnx_global_avg_pool};
     t["BatchNormalization"] = {{1, 6, 7, 9, 14, 15}, {9, 14, 15}, onnx_batch_norm};
     t["LayerNormalization"] = {{17}, {17}, onnx_layer_norm};
     t["Flatten"] = {{1, 9, 11, 13, 21}, {1, 9, 11, 13, 21}, op_flatten};
@@ -389,7 +389,7 @@ const std::map<std::string, OnnxOpDef>& onnx_op_table() {
     t["Min"] = {{1, 6, 8, 12, 13}, {8, 12, 13}, [](const Ctx& c) { return op_max_min(c, false); }};
     t["ReduceMean"] = {{1, 11, 13, 18}, {1, 11, 13, 18}, [](const Ctx& c) { return op_reduce(c, true, 18); }};
     t["ReduceSum"] = {{1, 11, 13}, {1, 11, 13}, [](const Ctx& c) { return op_reduce(c, false, 13); }};
-    t["Dropout"] = {{1, 6, 7, 10, 12, 13}, {7, 10, 12, 13}, onnx_dropout};
+    t["Dropout"] = {{1, 6, 7, 10, 12, 13, 22}, {7, 10, 12, 13, 22}, onnx_dropout};
     t["Identity"] = {{1, 13, 14, 16, 19, 21}, {1, 13, 14, 16, 19, 21},
                      [](const Ctx& c) { return Outs{c.in.at(0)}; }};
     t["Constant"] = {{1, 9, 11, 12, 13, 19, 21}, {1, 9, 11, 12, 13, 19, 21}, op_constant};

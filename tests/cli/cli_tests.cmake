@@ -115,3 +115,7 @@ hetrain_cli_test(cli.run_inputs_not_dir "--inputs /nonexistent/in is not a direc
 add_test(NAME cli.onnx_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/onnx_train.sh ${HT})
 set_tests_properties(cli.onnx_train PROPERTIES TIMEOUT 600)
 hetrain_cli_test(cli.train_bad_loss "--loss must be cross-entropy, got 'mse'" ${HT} train --loss mse)
+add_test(NAME interop.onnx_node_suite_pypi
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/onnx_node_suite_pypi.sh
+                 $<TARGET_FILE:test_interop> ${PROJECT_SOURCE_DIR})
+set_tests_properties(interop.onnx_node_suite_pypi PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)

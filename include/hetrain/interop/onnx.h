@@ -29,9 +29,10 @@ struct TrainConfig;
 
 namespace hetrain::interop {
 
-/// The opset versions the exporter writes and the newest the importer reads.
+/// The opset versions the exporter writes, and the newest the importer reads (onnx 1.17's).
 inline constexpr int kOnnxDefaultOpset = 17;
 inline constexpr int kOnnxMaxOpset = 21;
+inline constexpr int kOnnxMaxImportOpset = 22;
 
 struct OnnxExportOptions {
   int opset = kOnnxDefaultOpset;  // 17 (IR 8, Debian's checker) .. 21; Gelu is one node from 20
