@@ -2,7 +2,6 @@
 #include "hetrain/distributed/grad_reducer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "hetrain/base/error.h"
@@ -63,6 +62,7 @@ GradReducer::GradReducer(std::vector<Tensor*> params, Communicator& comm, Bucket
   bucket_of_.assign(params_.size(), 0);
   slot_of_.assign(params_.size(), 0);
   had_grad_.assign(params_.size(), false);
+  taken_.assign(params_.size(), false);
   // Reverse parameter order: backward produces the last layers' gradients first.
   for (size_t k = params_.size(); k-- > 0;) {
     const Tensor& p = *params_[k];
@@ -85,6 +85,23 @@ GradReducer::GradReducer(std::vector<Tensor*> params, Communicator& comm, Bucket
     b.recv = host_f32(b.shard * world, MemoryTag::gradients);
     bucket_params_.push_back(b.params);
   }
+  missing_.assign(buckets_.size(), 0);
+}
+
+GradReducer::~GradReducer() {
+  if (watching_) remove_node_observer(this);
+}
+
+void GradReducer::add_values(size_t k, const float* data) {
+  Bucket& b = buckets_[bucket_of_[k]];
+  float* dst = b.acc.data<float>() + b.offsets[slot_of_[k]];
+  const int64_t n = params_[k]->numel();
+  if (!had_grad_[k]) {
+    std::memcpy(dst, data, static_cast<size_t>(n) * sizeof(float));
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] += data[i];  // micro-batch order
+  }
+  had_grad_[k] = true;
 }
 
 void GradReducer::add_grad(size_t k, bool first) {
@@ -94,50 +111,82 @@ void GradReducer::add_grad(size_t k, bool first) {
   if (g.shape() != params_[k]->shape())
     fail("[ddp] gradient of parameter ", k, " has shape ", shape_str(g.shape()),
          ", the parameter ", shape_str(params_[k]->shape()));
-  Bucket& b = buckets_[bucket_of_[k]];
-  float* dst = b.acc.data<float>() + b.offsets[slot_of_[k]];
   const HostGrad h = host_values(g);
-  const int64_t n = g.numel();
-  if (!had_grad_[k]) {
-    std::memcpy(dst, h.data, static_cast<size_t>(n) * sizeof(float));
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] += h.data[i];  // micro-batch order
-  }
-  had_grad_[k] = true;
+  add_values(k, h.data);
   params_[k]->zero_grad();
 }
 
-void GradReducer::accumulate(bool first) {
-  for (size_t k = params_.size(); k-- > 0;) add_grad(k, first);
+void GradReducer::overlap_next_backward(bool first) {
+  std::lock_guard lock(mu_);
+  HT_ASSERT(!watching_);
+  watch_first_ = first;
+  if (first) std::fill(had_grad_.begin(), had_grad_.end(), false);
+  std::fill(taken_.begin(), taken_.end(), false);
+  for (size_t i = 0; i < buckets_.size(); ++i) missing_[i] = buckets_[i].params.size();
+  next_start_ = next_sum_ = 0;
+  exchange_.clear();
+  exchange_.resize(buckets_.size());
+  overlapped_ = 0;
+  started_any_ = false;
+  watching_ = true;
+  add_node_observer(this);
 }
 
-ReduceTimes GradReducer::reduce(int64_t divisor) {
-  if (divisor < 1) fail("[ddp] reduce: divisor must be >= 1, got ", divisor);
-  const int world = comm_.size(), me = comm_.rank();
-  const float d = static_cast<float>(divisor);
-  ReduceTimes t;
-  const auto t0 = Clock::now();
-  // Parameters without a gradient here add zeros to the other ranks' sums.
-  for (size_t k = 0; k < params_.size(); ++k)
-    if (!had_grad_[k]) {
-      Bucket& b = buckets_[bucket_of_[k]];
-      std::memset(b.acc.data<float>() + b.offsets[slot_of_[k]], 0,
-                  static_cast<size_t>(params_[k]->numel()) * sizeof(float));
-    }
-  std::vector<WorkPtr> exchange(buckets_.size()), gather(buckets_.size());
-  CollectiveContext ctx = comm_.context();
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    ctx.what = "all_to_all of gradient bucket " + std::to_string(i);
-    comm_.set_context(ctx);
-    exchange[i] = comm_.iall_to_all(buckets_[i].acc.raw(), buckets_[i].recv.raw(),
-                                    buckets_[i].shard, Dtype::f32);
+// Runs on the executor's threads after each node: takes a parameter's gradient as soon as its
+// node has run, starts complete buckets, and polls the exchanges in flight.
+void GradReducer::on_node(const Node& node, int64_t, int64_t) {
+  std::lock_guard lock(mu_);
+  if (!watching_) return;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (taken_[k]) continue;
+    const Tensor& g = params_[k]->node()->grad;
+    if (g.node() != &node) continue;
+    const Array& a = node.outs[static_cast<size_t>(g.index())];
+    // Other layouts and devices are taken after backward (accumulate()).
+    if (!a.has_data() || a.dtype != Dtype::f32 || !a.contiguous() ||
+        a.device().kind != DeviceKind::cpu || a.shape != params_[k]->shape())
+      continue;
+    add_values(k, a.data<float>());
+    taken_[k] = true;
+    --missing_[bucket_of_[k]];
   }
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    Bucket& b = buckets_[i];
-    const auto w0 = Clock::now();
-    exchange[i]->wait();
-    t.exposed_comm_s += seconds_since(w0);
-    // This rank's shard: blocks from ranks 0..N-1 summed in rank order, then divided.
+  const size_t before = next_start_;
+  start_ready_buckets();
+  overlapped_ += static_cast<int64_t>(next_start_ - before);
+  sum_exchanged(false, nullptr);
+}
+
+void GradReducer::start_ready_buckets() {
+  CollectiveContext ctx = comm_.context();
+  while (next_start_ < buckets_.size() && missing_[next_start_] == 0) {
+    Bucket& b = buckets_[next_start_];
+    // Parameters without a gradient here add zeros to the other ranks' sums.
+    for (size_t s = 0; s < b.params.size(); ++s)
+      if (!had_grad_[b.params[s]])
+        std::memset(b.acc.data<float>() + b.offsets[s], 0,
+                    static_cast<size_t>(params_[b.params[s]]->numel()) * sizeof(float));
+    if (!started_any_) first_start_ = Clock::now();
+    started_any_ = true;
+    ctx.what = "all_to_all of gradient bucket " + std::to_string(next_start_);
+    comm_.set_context(ctx);
+    exchange_[next_start_] = comm_.iall_to_all(b.acc.raw(), b.recv.raw(), b.shard, Dtype::f32);
+    ++next_start_;
+  }
+}
+
+void GradReducer::sum_exchanged(bool wait, double* waited) {
+  const int world = comm_.size(), me = comm_.rank();
+  while (next_sum_ < next_start_) {
+    WorkPtr& w = exchange_[next_sum_];
+    if (wait) {
+      const auto w0 = Clock::now();
+      w->wait();
+      *waited += seconds_since(w0);
+    } else if (!w->test()) {
+      return;
+    }
+    // This rank's shard: blocks from ranks 0..N-1 summed in rank order (divided in reduce()).
+    Bucket& b = buckets_[next_sum_];
     float* out = b.acc.data<float>() + me * b.shard;
     const float* in = b.recv.data<float>();
     std::memcpy(out, in, static_cast<size_t>(b.shard) * sizeof(float));
@@ -145,6 +194,53 @@ ReduceTimes GradReducer::reduce(int64_t divisor) {
       const float* blk = in + r * b.shard;
       for (int64_t j = 0; j < b.shard; ++j) out[j] += blk[j];
     }
+    ++next_sum_;
+  }
+}
+
+void GradReducer::accumulate(bool first) {
+  std::lock_guard lock(mu_);
+  if (watching_) {
+    remove_node_observer(this);
+    watching_ = false;
+    // Gradients the executor's watch could not take (other layouts or devices).
+    for (size_t k = params_.size(); k-- > 0;) {
+      if (taken_[k]) {
+        params_[k]->zero_grad();
+        continue;
+      }
+      add_grad(k, false);
+      taken_[k] = true;
+      --missing_[bucket_of_[k]];
+    }
+    return;
+  }
+  for (size_t k = params_.size(); k-- > 0;) add_grad(k, first);
+  // Not overlapped: every bucket starts in reduce().
+  for (size_t i = 0; i < buckets_.size(); ++i) missing_[i] = 0;
+  next_start_ = next_sum_ = 0;
+  exchange_.clear();
+  exchange_.resize(buckets_.size());
+  overlapped_ = 0;
+  started_any_ = false;
+}
+
+ReduceTimes GradReducer::reduce(int64_t divisor) {
+  if (divisor < 1) fail("[ddp] reduce: divisor must be >= 1, got ", divisor);
+  std::lock_guard lock(mu_);
+  HT_ASSERT(!watching_);
+  const int me = comm_.rank();
+  const float d = static_cast<float>(divisor);
+  ReduceTimes t;
+  t.overlapped_buckets = overlapped_;
+  start_ready_buckets();
+  HT_ASSERT(next_start_ == buckets_.size());
+  sum_exchanged(true, &t.exposed_comm_s);
+  std::vector<WorkPtr> gather(buckets_.size());
+  CollectiveContext ctx = comm_.context();
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    float* out = b.acc.data<float>() + me * b.shard;
     for (int64_t j = 0; j < b.shard; ++j) out[j] = out[j] / d;
     ctx.what = "all_gather of gradient bucket " + std::to_string(i);
     comm_.set_context(ctx);
@@ -156,7 +252,7 @@ ReduceTimes GradReducer::reduce(int64_t divisor) {
     gather[i]->wait();
     t.exposed_comm_s += seconds_since(w0);
   }
-  t.comm_s = seconds_since(t0);
+  t.comm_s = seconds_since(first_start_);
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!had_grad_[k]) continue;
     const Bucket& b = buckets_[bucket_of_[k]];

@@ -55,12 +55,12 @@ void Profiler::start() {
   worker_index();  // the caller is worker 0
   running_ = true;
   host_allocator().set_observer(this);
-  set_node_observer(this);
+  add_node_observer(this);
 }
 
 void Profiler::stop() {
   if (!running_) return;
-  set_node_observer(nullptr);
+  remove_node_observer(this);
   host_allocator().set_observer(nullptr);
   running_ = false;
   g_active = false;

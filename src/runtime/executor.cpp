@@ -45,7 +45,10 @@ using runtime::now_ns;
 
 std::atomic<int64_t> g_nodes_run{0};
 std::atomic<int64_t> g_evals{0};
-std::atomic<NodeObserver*> g_observer{nullptr};
+constexpr size_t kMaxObservers = 4;
+using Observers = std::array<NodeObserver*, kMaxObservers>;
+std::array<std::atomic<NodeObserver*>, kMaxObservers> g_observers{};
+std::mutex g_observers_mu;  // add/remove; node runs read the slots without it
 
 // Nesting depth of node runs on this thread: an eval() inside a kernel runs inline.
 thread_local int g_in_node = 0;
@@ -81,9 +84,10 @@ void synchronize_device(Device d) {
 }
 
 /// After a node ran: its time to the observer and the performance models.
-void record_node(Node* n, int64_t t0, NodeObserver* obs, const std::string* perf_class) {
+void record_node(Node* n, int64_t t0, const Observers& obs, const std::string* perf_class) {
   const int64_t t1 = now_ns();
-  if (obs) obs->on_node(*n, t0, t1);
+  for (NodeObserver* o : obs)
+    if (o) o->on_node(*n, t0, t1);
   if (perf_class && !n->prim->is_view()) {
     const auto [fp, size] = runtime::node_footprint(n);
     runtime::perf_models().record(n->prim->name(), *perf_class, n->outs[0].dtype, fp, size,
@@ -107,8 +111,13 @@ void run_node(Node* n, bool release_graph, Device dev = Device::cpu(), double sl
   std::vector<Array*> out;
   out.reserve(n->outs.size());
   for (auto& o : n->outs) out.push_back(&o);
-  NodeObserver* obs = g_observer.load(std::memory_order_relaxed);
-  const bool timed = obs || slowdown > 1 || perf_class;
+  Observers obs{};
+  bool observed = false;
+  for (size_t i = 0; i < kMaxObservers; ++i) {
+    obs[i] = g_observers[i].load(std::memory_order_acquire);
+    observed = observed || obs[i];
+  }
+  const bool timed = observed || slowdown > 1 || perf_class;
   int64_t t0 = timed ? now_ns() : 0;
   ++g_in_node;
   try {
@@ -138,7 +147,7 @@ void run_node(Node* n, bool release_graph, Device dev = Device::cpu(), double sl
     std::this_thread::sleep_for(
         std::chrono::nanoseconds(static_cast<int64_t>(static_cast<double>(ran) * (slowdown - 1))));
   }
-  if (obs || perf_class) record_node(n, t0, obs, perf_class);
+  if (observed || perf_class) record_node(n, t0, obs, perf_class);
   // A node that no gradient will need forgets how it was made, so its inputs can be
   // freed as soon as their last consumer has run.
   if (!n->requires_grad || release_graph) {
@@ -410,7 +419,21 @@ void TaskRun::run_all() {
 
 }  // namespace
 
-void set_node_observer(NodeObserver* obs) { g_observer.store(obs); }
+void add_node_observer(NodeObserver* obs) {
+  std::lock_guard<std::mutex> lk(g_observers_mu);
+  for (auto& slot : g_observers)
+    if (slot.load() == nullptr) {
+      slot.store(obs, std::memory_order_release);
+      return;
+    }
+  fail("[eval] more than ", kMaxObservers, " node observers");
+}
+
+void remove_node_observer(NodeObserver* obs) {
+  std::lock_guard<std::mutex> lk(g_observers_mu);
+  for (auto& slot : g_observers)
+    if (slot.load() == obs) slot.store(nullptr, std::memory_order_release);
+}
 
 ExecutorStats executor_stats() { return {g_nodes_run.load(), g_evals.load()}; }
 

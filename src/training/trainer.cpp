@@ -163,6 +163,11 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
       Tensor logits = model.forward(micro[k].inputs);
       loss = loss_of(logits, micro[k].targets, language);
     }
+    if (reducer && k + 1 == micro.size()) {
+      // The last backward: buckets start their reduction while it runs.
+      comm.set_context({step, "gradient reduction"});
+      reducer->overlap_next_backward(k == 0);
+    }
     (scaler ? scaler->scale(loss) : loss).backward();
     std::vector<Tensor> buffers;
     for (auto& [n, b] : model.named_buffers()) buffers.push_back(*b);
@@ -172,10 +177,7 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
     losses.push_back(loss);
   }
   StepOutcome out;
-  if (reducer) {
-    comm.set_context({step, "gradient reduction"});
-    out.times = reducer->reduce(static_cast<int64_t>(micro.size()) * comm.size());
-  }
+  if (reducer) out.times = reducer->reduce(static_cast<int64_t>(micro.size()) * comm.size());
   if (scaler) scaler->unscale(opt);  // clipping sees the true gradients
   if (cfg.clip > 0) optim::clip_grad_norm(model.parameters(), cfg.clip);
   if (scaler)
@@ -511,6 +513,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
   int64_t interval_steps = 0, samples_done = 0, first_step = step;
   double interval_loss = 0, last_loss = NAN;
   double comm_s = 0, exposed_s = 0, interval_comm = 0, interval_exposed = 0;
+  int64_t interval_overlapped = 0;
   std::vector<double> step_seconds;
   model->train();
   // Kernel times are recorded (when on) for steps 3 to 22 only: enough to calibrate the
@@ -529,6 +532,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
     last_loss = outcome.loss;
     interval_comm += outcome.times.comm_s;
     interval_exposed += outcome.times.exposed_comm_s;
+    interval_overlapped += outcome.times.overlapped_buckets;
     // With a scaler a non-finite loss is a skipped step; the scale's floor ends a run that
     // keeps overflowing.
     if (!std::isfinite(last_loss) && !scaler)
@@ -565,7 +569,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
             {"cpu_s", process_cpu_seconds() - interval_cpu},
             {"world_size", world},
             {"comm_s", interval_comm},
-            {"exposed_comm_s", interval_exposed}};
+            {"exposed_comm_s", interval_exposed},
+            {"buckets_overlapped", interval_overlapped}};
         if (scaler) {
           rec["loss_scale"] = scaler->get_scale();
           rec["skipped_steps"] = scaler->skipped_steps();
@@ -579,6 +584,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
       comm_s += interval_comm;
       exposed_s += interval_exposed;
       interval_comm = interval_exposed = 0;
+      interval_overlapped = 0;
     }
     if (leader && !cfg.save_dir.empty() && cfg.save_every > 0 && step % cfg.save_every == 0 &&
         step < total)

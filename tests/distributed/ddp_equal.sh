@@ -32,6 +32,16 @@ if [[ "$(losses "$dir/accum.jsonl")" != "$(losses "$dir/ddp.jsonl")" ]]; then
   echo "FAIL: logged losses differ"; paste <(losses "$dir/accum.jsonl") <(losses "$dir/ddp.jsonl")
   status=1
 fi
+# With several buckets, reductions start while backward runs (the executor's hook): every
+# interval logs at least 2 buckets started before backward ended.
+if [[ " $* " == *" --bucket-mb "* ]]; then
+  if grep '"step"' "$dir/ddp.jsonl" | grep -qE '"buckets_overlapped":[01][,}]'; then
+    echo "FAIL: fewer than 2 buckets overlapped with backward in an interval"; cat "$dir/ddp.jsonl"
+    status=1
+  else
+    echo "overlap: $(grep -o '"buckets_overlapped":[0-9]*' "$dir/ddp.jsonl" | tr '\n' ' ')"
+  fi
+fi
 # Only rank 0 prints the result.
 [[ $(grep -c '^result:' "$dir/ddp.out") == 1 ]] || { echo "FAIL: result printed $(grep -c '^result:' "$dir/ddp.out") times"; status=1; }
 [[ $status == 0 ]] && echo "DDP -np $np equals --grad-accum $np"

@@ -130,7 +130,7 @@ TEST(Simulate, RunsNoKernelAndPredictsTheSchedule) {
   rt::configure(
       {.devices = rt::parse_devices("cpu,sim:0"), .placement = rt::PlacementPolicy::pinned});
   CountingObserver obs;
-  set_node_observer(&obs);
+  add_node_observer(&obs);
   rt::SimulationLog log;
   Tensor x = ones({128, 128}).eval();
   {
@@ -143,7 +143,7 @@ TEST(Simulate, RunsNoKernelAndPredictsTheSchedule) {
     }
     eval({sum(z)});
   }
-  set_node_observer(nullptr);
+  remove_node_observer(&obs);
   rt::configure({});
   EXPECT_EQ(obs.count, 0) << "simulate mode runs no kernel";
   EXPECT_GE(log.nodes, 3);

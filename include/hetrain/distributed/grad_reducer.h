@@ -3,6 +3,7 @@
 //
 //   GradReducer reducer(model.parameters(), comm, {.bucket_mb = 25, .first_bucket_mb = 1});
 //   for (int k = 0; k < K; ++k) {
+//     if (k == K - 1) reducer.overlap_next_backward(k == 0);  // buckets start during backward
 //     forward/backward of micro-batch k;   // fresh .grad on each parameter
 //     reducer.accumulate(k == 0);          // bucket += grad (micro-batch order), grads cleared
 //   }
@@ -16,14 +17,24 @@
 // ((g_0[i] + g_1[i]) + ... + g_{N-1}[i]) / divisor whatever the bucket sizes, and one process
 // with K micro-batches computes ((g_0[i] + g_1[i]) + ... + g_{K-1}[i]) / K, the same
 // operations on the same values.
+//
+// Overlap: armed by overlap_next_backward(), the reducer watches the executor (a NodeObserver):
+// when a parameter's gradient node has run, its values go into the bucket at once, and a bucket
+// whose gradients are all in starts its all-to-all (buckets start in bucket order on every
+// rank, as MPI requires) while backward goes on; completed exchanges are summed there too.
+// Each later node polls the collectives in flight (Open MPI progresses non-blocking collectives
+// only inside MPI calls). reduce() starts what is left and finishes with the all-gathers.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "hetrain/distributed/communicator.h"
 #include "hetrain/graph/tensor.h"
 #include "hetrain/memory/array.h"
+#include "hetrain/runtime/eval.h"
 
 namespace hetrain::distributed {
 
@@ -36,12 +47,21 @@ struct BucketOptions {
 struct ReduceTimes {
   double comm_s = 0;          // from the first bucket's start to the last one's completion
   double exposed_comm_s = 0;  // time the caller waited for collectives to complete
+  int64_t overlapped_buckets = 0;  // buckets whose exchange started while backward ran
 };
 
-class GradReducer {
+class GradReducer final : private NodeObserver {
  public:
   /// params: the model's parameters in parameter order (f32). Throws for a bad size.
   GradReducer(std::vector<Tensor*> params, Communicator& comm, BucketOptions opt = {});
+  ~GradReducer() override;
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  /// The next backward is the step's last: take each gradient as it is computed and start
+  /// buckets during backward (first: that backward is also the step's first micro-batch).
+  /// accumulate() ends the watch.
+  void overlap_next_backward(bool first);
 
   /// Adds every parameter's gradient to its bucket (first: copies instead) and clears the
   /// gradients. A parameter without a gradient adds nothing.
@@ -61,6 +81,12 @@ class GradReducer {
     Array acc, recv;               // acc: shard * world elements; recv: the same
   };
   void add_grad(size_t param, bool first);
+  void add_values(size_t param, const float* data);
+  void on_node(const Node& node, int64_t start_ns, int64_t end_ns) override;
+  // Bucket pipeline, under mu_: start the exchanges of complete buckets in order; sum the
+  // exchanges that completed (wait: block for each in turn).
+  void start_ready_buckets();
+  void sum_exchanged(bool wait, double* waited);
 
   std::vector<Tensor*> params_;
   Communicator& comm_;
@@ -68,6 +94,16 @@ class GradReducer {
   std::vector<std::vector<size_t>> bucket_params_;
   std::vector<size_t> bucket_of_, slot_of_;  // per parameter
   std::vector<bool> had_grad_;
+  // The step's pipeline state.
+  std::mutex mu_;
+  bool watching_ = false, watch_first_ = false;
+  std::vector<bool> taken_;             // per parameter: its gradient is in the bucket
+  std::vector<size_t> missing_;         // per bucket: parameters not yet taken
+  size_t next_start_ = 0, next_sum_ = 0;
+  std::vector<WorkPtr> exchange_;
+  int64_t overlapped_ = 0;
+  bool started_any_ = false;
+  std::chrono::steady_clock::time_point first_start_;
 };
 
 }  // namespace hetrain::distributed

@@ -27,7 +27,9 @@ class NodeObserver {
   virtual ~NodeObserver() = default;
   virtual void on_node(const Node& node, int64_t start_ns, int64_t end_ns) = 0;
 };
-/// Installs an observer (nullptr removes it). Not owned.
-void set_node_observer(NodeObserver* obs);
+/// Adds an observer (not owned; at most 4 at a time: the profiler, data parallelism's gradient
+/// buckets, tests); remove it before it dies. Throws when 4 are installed.
+void add_node_observer(NodeObserver* obs);
+void remove_node_observer(NodeObserver* obs);
 
 }  // namespace hetrain
