@@ -15,6 +15,7 @@ struct Command {
 };
 
 int cmd_version(const Args& args);
+int cmd_topo(const Args& args);
 int cmd_train(const Args& args);
 int cmd_plan(const Args& args);
 int cmd_bench(const Args& args);

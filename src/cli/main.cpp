@@ -19,6 +19,8 @@ const std::vector<Command>& commands() {
       {"simulate", "predict a training step on a set of devices (the scheduler, no kernels)",
        cmd_simulate},
       {"perfmodel", "show or clear the kernel-time models the scheduler learned", cmd_perfmodel},
+      {"topo", "this machine's topology (hwloc) and, under mpirun, each rank's CPUs and threads",
+       cmd_topo},
       {"version", "print the version, backends and CPU features", cmd_version},
   };
   return cmds;

@@ -36,3 +36,11 @@ foreach(kind exit abort segv hang)
   set_tests_properties(distributed.rank_failure_${kind} PROPERTIES TIMEOUT 180
                        PASS_REGULAR_EXPRESSION "rank failure \\(${kind}\\) handled")
 endforeach()
+# hetrain topo: the machine from hwloc, and under mpirun each rank's CPUs and threads.
+add_test(NAME distributed.topo COMMAND $<TARGET_FILE:hetrain> topo)
+set_tests_properties(distributed.topo PROPERTIES
+                     PASS_REGULAR_EXPRESSION "package\\(s\\), [0-9]+ cores.*NUMA node 0: CPUs.*rank 0 \\(local 0\\)")
+add_test(NAME distributed.topo_np2
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/topo_np2.sh $<TARGET_FILE:hetrain>)
+set_tests_properties(distributed.topo_np2 PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
+                     PASS_REGULAR_EXPRESSION "topo: 2 ranks, one CPU and one thread each")
