@@ -107,7 +107,10 @@ void apply_autocast(std::string_view primitive, std::vector<Tensor>& inputs) {
     const Node* n = t.node();
     if (n->prim && !n->evaluated() && std::string_view(n->prim->name()) == "cast" &&
         n->inputs.size() == 1 && n->inputs[0].dtype() == target) {
-      t = n->inputs[0];
+      // A copy first: assigning n->inputs[0] straight to t frees n (t held its last reference)
+      // while the assignment still reads from it.
+      Tensor source = n->inputs[0];
+      t = std::move(source);
       continue;
     }
     t = cast(t, target);

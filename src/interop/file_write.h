@@ -9,10 +9,10 @@
 
 namespace hetrain::interop {
 
-/// Writes the pieces, in order, to path so that an existing file is never left half-written:
-/// a temporary file in the same directory, fsync, rename, fsync of the directory. An existing
-/// path that is not a regular file (a character device such as /dev/stdout, a FIFO) is written
-/// through instead; a directory is refused. Errors start with `who` and name the path.
+/// Writes the pieces, in order, to path with write_output_file (base/file_output.h): a regular
+/// file is replaced atomically (temporary file, fsync, rename, fsync of the directory), a
+/// symlink is followed, a device or FIFO is written through, a directory is refused. Errors
+/// start with `who` and name the path.
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces,
                            const std::string& who);
 

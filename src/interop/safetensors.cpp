@@ -1,6 +1,6 @@
-// safetensors reader and writer. The writer goes through a temporary file and rename so a crash or
-// full disk never leaves a checkpoint half-written; the reader checks every field before it creates
-// a single tensor.
+// safetensors reader and writer. The writer goes through write_output_file (a temporary file and
+// rename) so a crash or full disk never leaves a checkpoint half-written; the reader checks every
+// field before it creates a single tensor.
 #include "hetrain/interop/safetensors.h"
 
 #include <fcntl.h>
@@ -15,8 +15,10 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <zlib.h>
 
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_output.h"
 #include "hetrain/graph/ops.h"
 #include "interop/file_write.h"
 
@@ -29,6 +31,17 @@ using nlohmann::json;
 constexpr uint64_t kMaxHeader = uint64_t{100} << 20;  // the reference implementation's limit
 
 std::string errno_str() { return std::strerror(errno); }
+
+/// zlib's crc32 over any length (its length argument is 32-bit).
+uLong crc32_of(uLong crc, const char* p, size_t n) {
+  while (n > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(n, uInt{1} << 30));
+    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(p), chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return crc;
+}
 
 }  // namespace
 
@@ -51,8 +64,8 @@ Dtype dtype_from_name(const std::string& name) {
   fail("[safetensors] unknown dtype '", name, "'");
 }
 
-void save(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-          const std::map<std::string, std::string>& metadata) {
+Written save(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+             const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<Array> data;
@@ -73,22 +86,40 @@ void save(const std::string& path, const std::vector<std::pair<std::string, Tens
   h.append((8 - h.size() % 8) % 8, ' ');  // 8-byte aligned data, as the reference writes
   char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((uint64_t{h.size()} >> (8 * i)) & 0xff);
-
   std::vector<std::string_view> pieces = {std::string_view(len, 8), h};
-  for (const Array& a : data) pieces.emplace_back(static_cast<const char*>(a.raw()), a.nbytes());
-  interop::write_file_atomically(path, pieces, "[safetensors]");
+  for (const Array& a : data)
+    if (a.nbytes()) pieces.emplace_back(static_cast<const char*>(a.raw()), a.nbytes());
+  Written w;
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  for (std::string_view p : pieces) {
+    crc = crc32_of(crc, p.data(), p.size());
+    w.bytes += p.size();
+  }
+  w.crc32 = static_cast<uint32_t>(crc);
+  try {
+    write_output_file(path, pieces, "checkpoint file");
+  } catch (const Error& e) {
+    fail("[safetensors] ", e.what());
+  }
+  return w;
 }
 
 File load(const std::string& path) {
   auto bad = [&](const auto&... what) -> void { fail("[safetensors] ", path, ": ", what...); };
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) bad("cannot open: ", errno_str());
+  if (!S_ISREG(st.st_mode)) bad("not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) bad("cannot open: ", errno_str());
   in.seekg(0, std::ios::end);
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  const std::streamoff end = in.tellg();
   in.seekg(0);
+  if (end < 0 || !in) bad("cannot determine the file size");
+  const uint64_t file_size = static_cast<uint64_t>(end);
   if (file_size < 8) bad("file of ", file_size, " bytes is too short for the 8-byte header length");
   unsigned char len[8];
   in.read(reinterpret_cast<char*>(len), 8);
+  if (!in) bad("read failed in the 8-byte header length");
   uint64_t hlen = 0;
   for (int i = 0; i < 8; ++i) hlen |= uint64_t{len[i]} << (8 * i);
   if (hlen > kMaxHeader) bad("header length ", hlen, " exceeds the limit of ", kMaxHeader);
@@ -196,6 +227,10 @@ File load(const std::string& path) {
   }
   for (const auto& e : entries)
     file.tensors.emplace(e.name, from_blob(data.data() + e.begin, e.shape, e.dtype));
+  uLong crc = crc32_of(::crc32(0L, Z_NULL, 0), reinterpret_cast<const char*>(len), 8);
+  crc = crc32_of(crc, htext.data(), htext.size());
+  file.crc32 = static_cast<uint32_t>(crc32_of(crc, data.data(), data.size()));
+  file.bytes = file_size;
   return file;
 }
 

@@ -9,27 +9,44 @@ namespace hetrain::planning {
 
 namespace {
 
+/// Parameter counts in int64 with overflow checks: absurd sizes (--hidden 1e9) are an error,
+/// not a negative count that "fits".
+[[noreturn]] void overflow() {
+  fail("[plan] the model's sizes are too large: its parameter count overflows 64-bit integers");
+}
+int64_t mul(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) overflow();
+  return r;
+}
+int64_t mul(int64_t a, int64_t b, int64_t c) { return mul(mul(a, b), c); }
+int64_t add(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) overflow();
+  return r;
+}
+
 int64_t norm_params(const TransformerSpec& t) {
-  return t.norm == Norm::layernorm ? 2 * t.hidden : t.hidden;
+  return t.norm == Norm::layernorm ? mul(2, t.hidden) : t.hidden;
 }
 
 int64_t head_dim(const TransformerSpec& t) { return t.hidden / t.heads; }
-int64_t kv_width(const TransformerSpec& t) { return t.kv_heads * head_dim(t); }
+int64_t kv_width(const TransformerSpec& t) { return mul(t.kv_heads, head_dim(t)); }
 
 // Weights of the matmuls in one block (no biases): what costs 2 FLOPs per token each.
 int64_t block_matmul_weights(const TransformerSpec& t) {
   int64_t h = t.hidden, kv = kv_width(t), f = t.ffn_hidden;
-  int64_t attn = h * h + 2 * h * kv + h * h;
-  int64_t mlp = (t.mlp == MlpKind::swiglu ? 3 : 2) * h * f;
-  return attn + mlp;
+  int64_t attn = add(add(mul(h, h), mul(2, h, kv)), mul(h, h));
+  int64_t mlp = mul(t.mlp == MlpKind::swiglu ? 3 : 2, h, f);
+  return add(attn, mlp);
 }
 
 int64_t block_params(const TransformerSpec& t) {
   int64_t h = t.hidden, kv = kv_width(t), f = t.ffn_hidden;
-  int64_t p = block_matmul_weights(t) + 2 * norm_params(t);
+  int64_t p = add(block_matmul_weights(t), mul(2, norm_params(t)));
   if (t.bias) {
-    p += h + 2 * kv + h;                              // q, k, v, out
-    p += (t.mlp == MlpKind::swiglu ? 2 * f : f) + h;  // mlp in (and gate), mlp out
+    p = add(p, add(mul(2, h), mul(2, kv)));                          // q, k, v, out
+    p = add(p, add(t.mlp == MlpKind::swiglu ? mul(2, f) : f, h));  // mlp in (and gate), out
   }
   return p;
 }
@@ -148,7 +165,7 @@ ModelSpec encoder(const std::string& name, ModelFamily fam, int64_t layers, int6
   m.family = fam;
   auto& t = m.tf;
   t.layers = layers, t.hidden = hidden, t.heads = heads, t.kv_heads = heads;
-  t.ffn_hidden = 4 * hidden;
+  t.ffn_hidden = mul(4, hidden);
   return m;
 }
 
@@ -160,7 +177,7 @@ ModelSpec gpt_model(int64_t layers, int64_t hidden, int64_t heads, int64_t seq, 
   m.family = ModelFamily::gpt;
   auto& t = m.tf;
   t.layers = layers, t.hidden = hidden, t.heads = heads, t.kv_heads = heads;
-  t.seq = seq, t.vocab = vocab, t.ffn_hidden = 4 * hidden, t.max_positions = seq;
+  t.seq = seq, t.vocab = vocab, t.ffn_hidden = mul(4, hidden), t.max_positions = seq;
   return m;
 }
 
@@ -219,28 +236,30 @@ ParamLayout ModelSpec::layout() const {
   ParamLayout l;
   if (!is_transformer()) {
     for (const auto& c : conv.layers) {
-      if (c.kind == ConvLayer::Kind::conv) l.per_layer += c.kernel * c.kernel * c.in * c.out;
-      if (c.kind == ConvLayer::Kind::batchnorm) l.per_layer += 2 * c.out;
-      if (c.kind == ConvLayer::Kind::linear) l.head += c.in * c.out + (c.bias ? c.out : 0);
+      if (c.kind == ConvLayer::Kind::conv)
+        l.per_layer = add(l.per_layer, mul(mul(c.kernel, c.kernel), c.in, c.out));
+      if (c.kind == ConvLayer::Kind::batchnorm) l.per_layer = add(l.per_layer, mul(2, c.out));
+      if (c.kind == ConvLayer::Kind::linear)
+        l.head = add(l.head, add(mul(c.in, c.out), c.bias ? c.out : 0));
     }
-    l.total = l.per_layer + l.head;
+    l.total = add(l.per_layer, l.head);
     return l;
   }
   const auto& t = tf;
   int64_t h = t.hidden;
-  if (family == ModelFamily::vit) {
-    l.embedding = t.channels * t.patch * t.patch * h + h + h;  // patch conv + bias, cls token
+  if (family == ModelFamily::vit) {  // patch conv + bias, cls token
+    l.embedding = add(mul(mul(t.channels, t.patch), t.patch, h), mul(2, h));
   } else {
-    l.embedding = t.vocab * h;
+    l.embedding = mul(t.vocab, h);
   }
-  l.embedding += t.max_positions * h + t.token_types * h;
-  if (t.embedding_norm) l.embedding += norm_params(t);
+  l.embedding = add(l.embedding, add(mul(t.max_positions, h), mul(t.token_types, h)));
+  if (t.embedding_norm) l.embedding = add(l.embedding, norm_params(t));
   l.per_layer = block_params(t);
-  if (t.final_norm) l.head += norm_params(t);
-  if (t.lm_head && !t.tied_embeddings) l.head += t.vocab * h;
-  if (t.pooler) l.head += h * h + h;
-  if (t.classes > 0) l.head += h * t.classes + t.classes;
-  l.total = l.embedding + t.layers * l.per_layer + l.head;
+  if (t.final_norm) l.head = add(l.head, norm_params(t));
+  if (t.lm_head && !t.tied_embeddings) l.head = add(l.head, mul(t.vocab, h));
+  if (t.pooler) l.head = add(l.head, add(mul(h, h), h));
+  if (t.classes > 0) l.head = add(l.head, add(mul(h, t.classes), t.classes));
+  l.total = add(add(l.embedding, mul(t.layers, l.per_layer)), l.head);
   return l;
 }
 
@@ -274,6 +293,7 @@ double ModelSpec::attention_core_flops_per_sample() const {
 void ModelSpec::check() const {
   if (!is_transformer()) {
     if (conv.layers.empty()) fail("[plan] conv net '", name, "' has no layers");
+    (void)layout();  // throws when the parameter count overflows
     return;
   }
   const auto& t = tf;
@@ -292,6 +312,7 @@ void ModelSpec::check() const {
     fail("[plan] KV heads ", t.kv_heads, " must divide the ", t.heads, " attention heads");
   if (t.max_positions > 0 && t.max_positions < t.seq)
     fail("[plan] --seq ", t.seq, " exceeds the ", t.max_positions, " learned positions");
+  (void)layout();  // throws when the parameter count overflows
 }
 
 ElementwisePasses transformer_elementwise_passes(const TransformerSpec& tf, int64_t tp,

@@ -105,6 +105,13 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state) {
                << " vs model " << shape_str(t->shape());
       ++bad;
     }
+    // Floating values convert (an f64 reference into an f32 model); a change of kind does not
+    // (an f32 tensor relabelled i32 would load as garbage).
+    if (is_floating(it->second.dtype()) != is_floating(t->dtype())) {
+      problems << "\n  dtype mismatch: " << name << " checkpoint " << dtype_name(it->second.dtype())
+               << " vs model " << dtype_name(t->dtype());
+      ++bad;
+    }
   }
   for (auto& [name, t] : state)
     if (!used.count(name)) {

@@ -65,6 +65,9 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state, int6
     if (t.shape() != params_[i].second->shape())
       fail("[optimizer] state entry '", key, "' has shape ", shape_str(t.shape()),
            " but the parameter has ", shape_str(params_[i].second->shape()));
+    if (t.dtype() != params_[i].second->dtype())
+      fail("[optimizer] state entry '", key, "' has dtype ", dtype_name(t.dtype()),
+           " but the parameter has ", dtype_name(params_[i].second->dtype()));
     auto& v = fresh[slot];
     v.resize(params_.size());
     v[i] = t;

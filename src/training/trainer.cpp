@@ -30,6 +30,7 @@
 #include "hetrain/runtime/perf_model.h"
 #include "hetrain/runtime/scheduler.h"
 #include "hetrain/training/amp.h"
+#include "hetrain/training/checkpoint.h"
 #include "hetrain/training/data.h"
 #include "hetrain/training/nn.h"
 #include "hetrain/training/optim.h"
@@ -252,26 +253,21 @@ class Progress {
 
 // ---- checkpoints --------------------------------------------------------------------------
 
-constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kStateFile = "train_state.safetensors";
-
 struct ResumeState {
   int64_t step = 0, data_epoch = 0, data_position = 0;
   int64_t micro_batches = 1;  // ranks x grad-accum: the gradient's summation
   uint64_t dropout_seed = 0, dropout_offset = 0;
   const amp::GradScaler* scaler = nullptr;  // saved when training with one
+  int64_t data_examples = 0;                // training examples: the data order depends on it
 };
 
 void save_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
                      const TrainConfig& cfg, const ResumeState& st) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) fail("[train] cannot create checkpoint directory ", dir, ": ", ec.message());
-  std::vector<std::pair<std::string, Tensor>> weights;
-  for (auto& [n, t] : model.state_dict()) weights.emplace_back(n, t);
-  std::vector<std::pair<std::string, Tensor>> opt_state;
-  for (auto& [n, t] : opt.state_dict()) opt_state.emplace_back(n, t);
-  std::map<std::string, std::string> meta = {
+  checkpoint::Part weights{"model", {}, {{"format", "pt"}, {"step", std::to_string(st.step)}}};
+  for (auto& [n, t] : model.state_dict()) weights.tensors.emplace_back(n, t);
+  checkpoint::Part state{"train_state", {}, {}};
+  for (auto& [n, t] : opt.state_dict()) state.tensors.emplace_back(n, t);
+  state.metadata = {
       {"format", "hetrain-train-state"},
       {"version", "1"},
       {"step", std::to_string(st.step)},
@@ -281,6 +277,7 @@ void save_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer
       {"data_position", std::to_string(st.data_position)},
       {"data_sample", std::to_string(st.data_position * cfg.batch_size)},
       {"micro_batches", std::to_string(st.micro_batches)},
+      {"data_examples", std::to_string(st.data_examples)},
       {"dropout_seed", std::to_string(st.dropout_seed)},
       {"dropout_offset", std::to_string(st.dropout_offset)},
       {"config", config_to_toml(cfg)},
@@ -288,88 +285,138 @@ void save_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer
   };
   if (st.scaler) {
     const amp::GradScalerState s = st.scaler->state();
-    meta["loss_scale"] = amp::float_to_exact_string(s.scale);
-    meta["loss_scale_growth_tracker"] = std::to_string(s.growth_tracker);
-    meta["skipped_steps"] = std::to_string(s.skipped_steps);
+    state.metadata["loss_scale"] = amp::float_to_exact_string(s.scale);
+    state.metadata["loss_scale_growth_tracker"] = std::to_string(s.growth_tracker);
+    state.metadata["skipped_steps"] = std::to_string(s.skipped_steps);
   }
-  // Weights first, state second: the state file names the step both belong to.
-  safetensors::save(dir + "/" + kModelFile, weights,
-                    {{"format", "pt"}, {"step", std::to_string(st.step)}});
-  safetensors::save(dir + "/" + kStateFile, opt_state, meta);
+  checkpoint::write(dir, st.step, {weights, state});
 }
 
-int64_t meta_int(const std::map<std::string, std::string>& m, const std::string& key,
-                 const std::string& file) {
-  auto it = m.find(key);
-  if (it == m.end()) fail("[train] checkpoint ", file, " lacks metadata field '", key, "'");
-  try {
-    return std::stoll(it->second);
-  } catch (const std::exception&) {
-    fail("[train] checkpoint ", file, ": metadata field '", key, "' is not a number: '", it->second,
-         "'");
+/// "key = value" lines of config_to_toml as a map.
+std::map<std::string, std::string> settings_of(const std::string& toml) {
+  std::map<std::string, std::string> m;
+  std::istringstream in(toml);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find(" = ");
+    if (eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 3);
   }
+  return m;
+}
+
+/// Settings that decide which examples come next: a resume that changed one would skip or
+/// repeat examples, so it is refused. Other changed settings are listed.
+void compare_settings(const std::map<std::string, std::string>& meta, const TrainConfig& cfg,
+                      int64_t data_examples, const std::string& file) {
+  if (meta.count("data_examples")) {
+    const int64_t saved = checkpoint::metadata_int(meta, "data_examples", file);
+    if (saved != data_examples)
+      fail("[train] checkpoint ", file, " was trained on ", saved,
+           " training examples but this run's data has ", data_examples,
+           "; the data order would differ (examples skipped or repeated); resume on the same data");
+  }
+  auto it = meta.find("config");
+  if (it == meta.end()) return;  // written before the settings were saved
+  const auto saved = settings_of(it->second), now = settings_of(config_to_toml(cfg));
+  std::string changed;
+  for (const auto& [key, value] : now) {
+    auto old = saved.find(key);
+    if (old == saved.end() || old->second == value) continue;
+    std::string flag = key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (key == "batch_size" || key == "seed" || key == "context")
+      fail("[train] checkpoint ", file, " was trained with --", flag, " ", old->second,
+           " but this run uses --", flag, " ", value,
+           "; the data order would differ (examples skipped or repeated); resume with --", flag,
+           " ", old->second);
+    changed += (changed.empty() ? "" : ", ") + flag + " " + old->second + " -> " + value;
+  }
+  if (!changed.empty())
+    std::fprintf(stderr,
+                 "note: resuming with changed settings (the run differs from an uninterrupted one "
+                 "from here on): %s\n",
+                 changed.c_str());
 }
 
 ResumeState load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
-                            const TrainConfig& cfg, amp::GradScaler* scaler) {
-  if (!fs::is_directory(dir)) fail("[train] --resume: ", dir, " is not a directory");
-  const std::string mfile = dir + "/" + kModelFile, sfile = dir + "/" + kStateFile;
-  safetensors::File weights = safetensors::load(mfile);
-  safetensors::File state = safetensors::load(sfile);
-  auto fmt = state.metadata.find("format");
-  if (fmt == state.metadata.end() || fmt->second != "hetrain-train-state")
+                            const TrainConfig& cfg, amp::GradScaler* scaler,
+                            int64_t data_examples) {
+  const checkpoint::Contents c = checkpoint::read(dir);
+  for (const char* part : {"model", "train_state"})
+    if (!c.parts.count(part))
+      fail("[train] checkpoint ", dir, " has no '", part, "' part; it is not a training checkpoint");
+  const safetensors::File& weights = c.parts.at("model");
+  const safetensors::File& state = c.parts.at("train_state");
+  const std::string& mfile = c.files.at("model");
+  const std::string& sfile = c.files.at("train_state");
+  std::map<std::string, std::string> meta = state.metadata;
+  auto fmt = meta.find("format");
+  if (fmt == meta.end() || fmt->second != "hetrain-train-state")
     fail("[train] ", sfile,
          " is not a Hetrain training state (metadata 'format' missing or wrong)");
-  if (state.metadata["optimizer"] != opt.name())
-    fail("[train] checkpoint ", sfile, " was written with optimizer '", state.metadata["optimizer"],
+  if (meta["optimizer"] != opt.name())
+    fail("[train] checkpoint ", sfile, " was written with optimizer '", meta["optimizer"],
          "' but this run uses '", opt.name(), "'");
   ResumeState st;
-  st.step = meta_int(state.metadata, "step", sfile);
-  st.data_epoch = meta_int(state.metadata, "data_epoch", sfile);
-  st.data_position = meta_int(state.metadata, "data_position", sfile);
+  st.step = checkpoint::metadata_int(meta, "step", sfile);
+  st.data_epoch = checkpoint::metadata_int(meta, "data_epoch", sfile);
+  st.data_position = checkpoint::metadata_int(meta, "data_position", sfile);
   // The global sample index (independent of the rank count) where the checkpoint has one.
-  if (state.metadata.count("data_sample")) {
-    const int64_t sample = meta_int(state.metadata, "data_sample", sfile);
+  if (meta.count("data_sample")) {
+    const int64_t sample = checkpoint::metadata_int(meta, "data_sample", sfile);
     if (sample % cfg.batch_size != 0)
       fail("[train] checkpoint ", sfile, " is at sample ", sample,
            " of its epoch, not a multiple of --batch-size ", cfg.batch_size);
     st.data_position = sample / cfg.batch_size;
   }
-  st.dropout_seed = static_cast<uint64_t>(meta_int(state.metadata, "dropout_seed", sfile));
-  st.dropout_offset = static_cast<uint64_t>(meta_int(state.metadata, "dropout_offset", sfile));
+  st.dropout_seed = checkpoint::metadata_uint(meta, "dropout_seed", sfile);
+  st.dropout_offset = checkpoint::metadata_uint(meta, "dropout_offset", sfile);
   // Checkpoints from before mixed precision are fp32 runs.
-  const auto prec = state.metadata.find("precision");
-  const std::string saved_precision = prec == state.metadata.end() ? "fp32" : prec->second;
+  const auto prec = meta.find("precision");
+  const std::string saved_precision = prec == meta.end() ? "fp32" : prec->second;
   if (saved_precision != cfg.precision)
     fail("[train] checkpoint ", sfile, " was trained with --precision ", saved_precision,
          " but this run uses --precision ", cfg.precision, "; resume with the same precision");
-  const bool saved_scaler = state.metadata.count("loss_scale") > 0;
+  const bool saved_scaler = meta.count("loss_scale") > 0;
   if (saved_scaler != (scaler != nullptr))
     fail("[train] checkpoint ", sfile, saved_scaler ? " holds" : " holds no",
          " loss-scaler state but this run trains ", scaler ? "with" : "without",
          " a grad scaler; resume with the same --grad-scaler");
+  compare_settings(meta, cfg, data_examples, sfile);
   if (scaler) {
     amp::GradScalerState s;
-    s.scale = amp::float_from_exact_string(state.metadata["loss_scale"],
+    s.scale = amp::float_from_exact_string(meta["loss_scale"],
                                            "checkpoint " + sfile + " metadata 'loss_scale'");
-    s.growth_tracker = meta_int(state.metadata, "loss_scale_growth_tracker", sfile);
-    s.skipped_steps = meta_int(state.metadata, "skipped_steps", sfile);
+    s.growth_tracker = checkpoint::metadata_int(meta, "loss_scale_growth_tracker", sfile);
+    s.skipped_steps = checkpoint::metadata_int(meta, "skipped_steps", sfile);
     try {
       scaler->load_state(s);
     } catch (const Error& e) {
       fail("[train] checkpoint ", sfile, ": ", e.what());
     }
   }
-  int64_t wstep = meta_int(weights.metadata, "step", mfile);
-  if (wstep != st.step)
+  const int64_t wstep = checkpoint::metadata_int(weights.metadata, "step", mfile);
+  if (wstep != st.step || c.step != st.step)
     fail("[train] checkpoint ", dir, " is inconsistent: weights are from step ", wstep,
          " but the training state is from step ", st.step);
+  // A checkpoint holds each tensor in the model's own dtype; anything else was not written by
+  // this model (or was edited), and converting it would not resume the run exactly.
+  for (const auto& [name, t] : model.state_dict()) {
+    auto w = weights.tensors.find(name);
+    if (w != weights.tensors.end() && w->second.dtype() != t.dtype())
+      fail("[train] checkpoint ", mfile, ": tensor '", name, "' is ", dtype_name(w->second.dtype()),
+           " but the model's is ", dtype_name(t.dtype()));
+  }
   try {
     model.load_state_dict(weights.tensors);
   } catch (const Error& e) {
     fail("[train] checkpoint ", mfile, " does not match this model: ", e.what());
   }
-  opt.load_state_dict(state.tensors, meta_int(state.metadata, "optimizer_steps", sfile));
+  try {
+    opt.load_state_dict(state.tensors, checkpoint::metadata_int(meta, "optimizer_steps", sfile));
+  } catch (const Error& e) {
+    fail("[train] checkpoint ", sfile, " does not match this model's optimizer: ", e.what());
+  }
   return st;
 }
 
@@ -476,7 +523,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
 
   int64_t step = 0;
   if (!cfg.resume_dir.empty()) {
-    ResumeState st = load_checkpoint(cfg.resume_dir, *model, *opt, cfg, scaler_ptr);
+    ResumeState st =
+        load_checkpoint(cfg.resume_dir, *model, *opt, cfg, scaler_ptr, data.train->size());
     step = st.step;
     loader.seek(st.data_epoch, st.data_position);
     default_generator().set_state(st.dropout_seed, st.dropout_offset);
@@ -590,7 +638,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
         step < total)
       save_checkpoint(cfg.save_dir + "/step-" + std::to_string(step), *model, *opt, cfg,
                       {step, loader.epoch(), loader.position(), micro_batches,
-                       default_generator().seed(), default_generator().offset(), scaler_ptr});
+                       default_generator().seed(), default_generator().offset(), scaler_ptr,
+                       data.train->size()});
   }
   progress.finish();
   runtime::set_perf_recording(false);
@@ -637,7 +686,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
   if (leader && !cfg.save_dir.empty())
     save_checkpoint(cfg.save_dir, *model, *opt, cfg,
                     {step, loader.epoch(), loader.position(), micro_batches,
-                     default_generator().seed(), default_generator().offset(), scaler_ptr});
+                     default_generator().seed(), default_generator().offset(), scaler_ptr,
+                     data.train->size()});
   if (hooks.finished) {
     model->eval();
     hooks.finished(*model);

@@ -47,3 +47,28 @@ TEST(RowPairs, CopyRowsUsesBothStrides) {
                 i < n ? s[static_cast<size_t>(r * lds + i)] : -1.0f)
           << "row " << r << " column " << i;
 }
+
+namespace {
+/// load_first's 8 lanes as floats.
+__attribute__((target("avx2,fma"))) std::vector<float> load_first_lanes(const float* p,
+                                                                         int64_t n) {
+  std::vector<float> out(8);
+  _mm256_storeu_ps(out.data(), cpu::load_first(p, n));
+  return out;
+}
+}  // namespace
+
+// Rows start at any float, so the pair loads must not assume 8-byte alignment (UBSan found a
+// misaligned double load here, reached by fashion-cnn's convolutions).
+TEST(RowPairs, LoadFirstAtEveryFloatOffset) {
+  if (!cpu_features().avx2) GTEST_SKIP() << "needs AVX2";
+  alignas(32) float buf[24];
+  for (int i = 0; i < 24; ++i) buf[i] = static_cast<float>(i) + 0.5f;
+  for (int offset = 0; offset < 4; ++offset)
+    for (int64_t n = -1; n <= 9; ++n) {
+      const std::vector<float> lanes = load_first_lanes(buf + offset, n);
+      for (int64_t i = 0; i < 8; ++i)
+        ASSERT_EQ(lanes[static_cast<size_t>(i)], i < n ? buf[offset + i] : 0.0f)
+            << "offset " << offset << " n " << n << " lane " << i;
+    }
+}

@@ -34,6 +34,24 @@ TEST(PlanModels, GptFromFlagsEqualsPreset) {
   EXPECT_EQ(gpt_model(12, 768, 12, 1024, 50257).params(), 124'439'808);
 }
 
+// Sizes near 1e9 used to overflow int64 (UBSan at model_spec.cpp) and give a negative parameter
+// count that "fit" any device.
+TEST(PlanModels, AbsurdSizesAreAnErrorNotAnOverflow) {
+  const ModelSpec m = gpt_model(1'000'000'000, 1'000'000'000, 1, 1024, 50257);
+  EXPECT_THROW(m.params(), Error);
+  EXPECT_THROW(m.check(), Error);
+  try {
+    m.check();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("overflows 64-bit integers"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(gpt_model(1, int64_t{1} << 62, 1, 1, 1), Error);  // 4 x hidden for the MLP
+  // Large but representable still counts exactly: 12 h^2 + 13 h per layer, plus embeddings.
+  const int64_t h = 1 << 20;
+  EXPECT_EQ(gpt_model(2, h, 1, 8, 2).params(), 2 * (12 * h * h + 13 * h) + 2 * h + 8 * h + 2 * h);
+}
+
 TEST(PlanModels, ResNet50ForwardMacs) {
   // torchvision model docs: ResNet50_Weights.IMAGENET1K_V1, 4.09 GFLOPS (multiply-adds).
   EXPECT_NEAR(preset("resnet-50").forward_flops_per_sample() / 2 / 1e9, 4.09, 0.04);

@@ -10,6 +10,7 @@
 // and contiguous, offsets relative to the end of the header.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -19,15 +20,24 @@
 
 namespace hetrain::safetensors {
 
+/// What save wrote: the file's size and the CRC-32 (zlib's) of all its bytes.
+struct Written {
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
 /// Writes tensors (evaluated as needed) in the safetensors format. Dtype names F64 F32 F16 BF16
-/// I32 I64 BOOL. Written atomically: a temporary file in the same directory, fsync, rename; an
-/// existing file is never left half-written. Throws Error naming the file on failure.
-void save(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-          const std::map<std::string, std::string>& metadata = {});
+/// I32 I64 BOOL. Written by write_output_file (base/file_output.h): a temporary file in the same
+/// directory, fsync, rename; an existing file is never left half-written. Throws Error naming
+/// the file on failure.
+Written save(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+             const std::map<std::string, std::string>& metadata = {});
 
 struct File {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, std::string> metadata;
+  uint64_t bytes = 0;  // the file's size
+  uint32_t crc32 = 0;  // CRC-32 of the whole file, as Written reports it
 };
 
 /// Reads and validates everything (header length against file size, JSON, dtype names, shapes,

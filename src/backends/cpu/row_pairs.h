@@ -18,7 +18,8 @@ inline __attribute__((target("avx2,fma"))) __m256 load_first(const float* src, i
   // The first m (< 4) floats of p, zeros after them.
   auto part = [](const float* p, int64_t m) {
     __m128 v = _mm_setzero_ps();
-    if (m & 2) v = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)));
+    // _mm_loadu_si64: p is only float-aligned (_mm_load_sd's double* would be misaligned).
+    if (m & 2) v = _mm_castsi128_ps(_mm_loadu_si64(p));
     if (m & 1) {
       const __m128 last = _mm_load_ss(p + (m & 2));
       v = (m & 2) ? _mm_movelh_ps(v, last) : last;
