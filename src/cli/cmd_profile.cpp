@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/config_flags.h"
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_output.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/insight/device_profile.h"
 #include "hetrain/insight/profiler.h"
@@ -20,19 +21,6 @@ namespace hetrain::cli {
 namespace {
 const char* const kSettingFlags[] = {"data", "batch-size", "seed", "threads"};
 
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
-    out << text;
-    out.flush();
-    if (!out) fail("cannot write '", tmp, "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    fail("cannot rename '", tmp, "' to '", path, "'");
-  }
-}
 }  // namespace
 
 int cmd_profile(const Args& args) {
@@ -133,7 +121,7 @@ int cmd_profile(const Args& args) {
           .c_str(),
       stdout);
   if (p.given("trace")) {
-    write_text_atomic(p.get("trace"), prof.chrome_trace().dump());
+    write_output_file(p.get("trace"), prof.chrome_trace().dump(), "--trace file");
     std::printf("trace: %s (%zu node events)\n", p.get("trace").c_str(), prof.nodes().size());
   }
   if (p.given("json")) {
@@ -141,7 +129,7 @@ int cmd_profile(const Args& args) {
     std::printf("json: %s\n", p.get("json").c_str());
   }
   if (p.given("report")) {
-    write_text_atomic(p.get("report"), insight::render_html_report(in));
+    write_output_file(p.get("report"), insight::render_html_report(in), "--report file");
     std::printf("report: %s\n", p.get("report").c_str());
   }
   return 0;

@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/config_flags.h"
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_output.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/planning/catalog.h"
 #include "hetrain/runtime/perf_model.h"
@@ -91,10 +92,13 @@ void write_trace(const std::string& path, const runtime::SimulationLog& log,
                              {"flops", t.flops}, {"bytes", t.bytes}, {"duration_from", t.source}};
     ev.push_back(std::move(e));
   }
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) fail("[simulate] cannot write --trace file ", path);
-  out << nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-  if (!out) fail("[simulate] cannot write --trace file ", path);
+  try {
+    write_output_file(
+        path, nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ms"}}.dump() + "\n",
+        "--trace file");
+  } catch (const Error& e) {
+    fail("[simulate] ", e.what());
+  }
 }
 }  // namespace
 
@@ -154,8 +158,11 @@ int cmd_simulate(const Args& args) {
   if (steps < 1 || steps > 100) fail("[simulate] --steps must be in 1..100, got ", steps);
   const double threshold = p.get_double("explain-threshold");
   if (p.given("trace")) {
-    std::ofstream probe(p.get("trace"), std::ios::app);
-    if (!probe) fail("[simulate] cannot write --trace file ", p.get("trace"));
+    try {
+      check_output_file(p.get("trace"), "--trace file");
+    } catch (const Error& e) {
+      fail("[simulate] ", e.what());
+    }
   }
   set_num_threads(cfg.threads);
   std::vector<runtime::DeviceModel> devs = runtime::parse_devices(p.get("devices"));

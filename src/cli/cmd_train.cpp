@@ -304,7 +304,14 @@ int train_on(const ArgParser& p, const Args& args, training::TrainConfig& cfg,
     }
   }
 
-  if (!record_path.empty()) append_measured_run(record_path, measured_run_record(cfg, r, args));
+  // Recording is a by-product: a full disk or an unreadable cache never fails the training.
+  if (!record_path.empty()) {
+    try {
+      append_measured_run(record_path, measured_run_record(cfg, r, args));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "warning: run not recorded in %s: %s\n", record_path.c_str(), e.what());
+    }
+  }
 
   double peak_mib = static_cast<double>(r.peak_memory_bytes["total"]) / (1024.0 * 1024.0);
   if (p.get_flag("json")) {

@@ -15,6 +15,7 @@
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/cpu_time.h"
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_output.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
@@ -640,32 +641,14 @@ void check_writable(const std::string& path, const std::string& what) {
   fs::path p(path);
   std::error_code ec;
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
-  if (fs::is_directory(p, ec)) fail(what, " '", path, "' is a directory");
-  const bool existed = fs::exists(p, ec);
-  {
-    std::ofstream out(path, std::ios::app);
-    if (!out) fail("cannot write ", what, " '", path, "'");
-  }
-  if (!existed) fs::remove(p, ec);
+  check_output_file(path, what);
 }
 
 void write_json_atomic(const std::string& path, const json& j) {
   fs::path p(path);
   std::error_code ec;
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) fail("cannot write '", tmp, "'");
-    out << j.dump(2) << "\n";
-    out.flush();
-    if (!out) fail("cannot write '", tmp, "'");
-  }
-  fs::rename(tmp, p, ec);
-  if (ec) {
-    fs::remove(tmp);
-    fail("cannot rename '", tmp, "' to '", path, "': ", ec.message());
-  }
+  write_output_file(path, j.dump(2) + "\n", "file");
 }
 
 }  // namespace hetrain::insight

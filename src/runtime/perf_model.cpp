@@ -14,6 +14,7 @@
 
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_output.h"
 #include "hetrain/base/thread_pool.h"
 #if HETRAIN_HAVE_CUDA
 #include "backends/cuda/api.h"
@@ -267,15 +268,11 @@ void PerfModels::save(const std::string& path) const {
   const std::string text = to_json().dump(1);
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) fail("[perfmodel] cannot write ", tmp);
-    out << text << "\n";
-    if (!out) fail("[perfmodel] cannot write ", tmp);
+  try {
+    write_output_file(path, text + "\n", "performance models");
+  } catch (const Error& e) {
+    fail("[perfmodel] ", e.what());
   }
-  fs::rename(tmp, path, ec);
-  if (ec) fail("[perfmodel] cannot replace ", path, ": ", ec.message());
 }
 
 PerfModels& perf_models() {

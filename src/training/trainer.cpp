@@ -1,6 +1,7 @@
 // The training loop behind `hetrain train`.
 #include "hetrain/training/trainer.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -19,6 +21,7 @@
 
 #include "hetrain/base/cpu_time.h"
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_output.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/distributed/communicator.h"
 #include "hetrain/distributed/grad_reducer.h"
@@ -420,6 +423,65 @@ ResumeState load_checkpoint(const std::string& dir, nn::Module& model, optim::Op
   return st;
 }
 
+/// The --json-log file: checked before any work but emptied only when training starts (a run
+/// that fails on its inputs leaves an old log as it was); a record that cannot be written whole
+/// fails the run, and the part of it that was written is cut off again.
+class JsonLog {
+ public:
+  explicit JsonLog(std::string path) : path_(std::move(path)) {
+    if (!path_.empty()) check(path_);
+  }
+  JsonLog(const JsonLog&) = delete;
+  JsonLog& operator=(const JsonLog&) = delete;
+  ~JsonLog() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  explicit operator bool() const { return !path_.empty(); }
+  void open() {
+    if (path_.empty()) return;
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666);
+    if (fd_ < 0) fail_write(errno);
+  }
+  void write(const nlohmann::json& record) {
+    if (fd_ < 0) return;
+    const std::string line = record.dump() + "\n";
+    size_t done = 0;
+    while (done < line.size()) {
+      const ssize_t w = ::write(fd_, line.data() + done, line.size() - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        const int e = w < 0 ? errno : ENOSPC;
+        if (done > 0) (void)::ftruncate(fd_, static_cast<off_t>(written_));  // no half record
+        fail_write(e);
+      }
+      done += static_cast<size_t>(w);
+    }
+    written_ += line.size();
+  }
+
+ private:
+  static void check(const std::string& path) {
+    try {
+      check_output_file(path, "--json-log file");
+    } catch (const Error& e) {
+      fail("[train] ", e.what());
+    }
+  }
+  [[noreturn]] void fail_write(int e) const {
+    fail("[train] cannot write --json-log file '", path_, "': ", std::strerror(e));
+  }
+  std::string path_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+};
+
+/// A loss as JSON: the number as the logs print it (9 significant digits), null when it is not
+/// finite (JSON has no NaN or infinity).
+nlohmann::json loss_json(double v) {
+  if (!std::isfinite(v)) return nullptr;
+  return nlohmann::json::parse(format_loss(v));
+}
+
 void check_writable_dir(const std::string& dir, const char* flag) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -475,11 +537,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
     fail("[train] batch-size ", cfg.batch_size, " is not divisible by ", world, " ranks x ",
          cfg.grad_accum, " micro-batches");
   // Fail on unwritable outputs before any work.
-  std::ofstream jlog;
-  if (!cfg.json_log.empty() && leader) {
-    jlog.open(cfg.json_log, std::ios::trunc);
-    if (!jlog) fail("[train] cannot write --json-log file ", cfg.json_log);
-  }
+  // Only rank 0 writes the log and the checkpoints.
+  JsonLog jlog(leader ? cfg.json_log : "");
   if (!cfg.save_dir.empty() && leader) check_writable_dir(cfg.save_dir, "--save");
   set_num_threads(cfg.threads);
   if (world > 1 && leader &&
@@ -549,6 +608,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
                  par.c_str(), num_threads(), world > 1 ? " per rank" : "", cfg.precision.c_str(),
                  scaler ? " with dynamic loss scaling" : "");
   }
+  jlog.open();  // the inputs are good: the old log goes now
 
   host_allocator().reset_peak();
   for (const runtime::DeviceModel& m : runtime::config().devices)
@@ -623,7 +683,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
           rec["loss_scale"] = scaler->get_scale();
           rec["skipped_steps"] = scaler->skipped_steps();
         }
-        jlog << rec.dump() << "\n" << std::flush;
+        jlog.write(rec);
       }
       interval_start = Clock::now();
       interval_cpu = process_cpu_seconds();
@@ -695,7 +755,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
   if (jlog) {
     nlohmann::json fin = {{"final", true},
                           {"steps", r.steps},
-                          {"train_loss", nlohmann::json::parse(format_loss(r.train_loss))},
+                          {"train_loss", loss_json(r.train_loss)},
                           {"wall_s", r.wall_s},
                           {"samples_per_s", r.samples_per_s},
                           {"peak_memory_bytes", r.peak_memory_bytes},
@@ -721,7 +781,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
       fin["test_loss"] = r.test_loss;
       fin["test_accuracy"] = r.test_accuracy;
     }
-    jlog << fin.dump() << "\n" << std::flush;
+    jlog.write(fin);
   }
   return r;
 }

@@ -12,7 +12,7 @@ hetrain_cli_test(cli.bad_number "'lr' expects a number, got 'fast'" ${HT} train 
 hetrain_cli_test(cli.unknown_preset "unknown preset 'nope'; known presets: fashion-mlp" ${HT} train --preset nope)
 hetrain_cli_test(cli.missing_data_dir "/nonexistent/fmnist.*dataset-fashion-mnist"
                  ${HT} train --data /nonexistent/fmnist --steps 1)
-hetrain_cli_test(cli.unwritable_log "cannot write --json-log file /proc/forbidden/log.jsonl"
+hetrain_cli_test(cli.unwritable_log "cannot write --json-log file '/proc/forbidden/log.jsonl'"
                  ${HT} train --json-log /proc/forbidden/log.jsonl --steps 1)
 add_test(NAME cli.resume_identical_gpt
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/resume_identical.sh ${HT} gpt-mini

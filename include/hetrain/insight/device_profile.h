@@ -122,12 +122,13 @@ DeviceProfile stored_or_measured_profile(const std::string& path);
 /// neither variable is set.
 std::string device_profile_path();
 
-/// Throws hetrain::Error when `path` cannot be created or written (its directory is created
-/// first); leaves no file behind. For checking outputs before any work is done.
+/// Throws hetrain::Error when `path` cannot be written (its directory is created first; then
+/// check_output_file, base/file_output.h): nothing else is created or changed. For checking
+/// outputs before any work is done.
 void check_writable(const std::string& path, const std::string& what);
 
-/// Writes `j` to `path` atomically (temporary file in the same directory + rename),
-/// creating the directory.
+/// Writes `j` to `path` with write_output_file (atomic replacement of a regular file, written
+/// through to a device), creating the directory.
 void write_json_atomic(const std::string& path, const nlohmann::json& j);
 
 }  // namespace hetrain::insight

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_output.h"
 
 namespace hetrain::data::detail {
 
@@ -129,42 +130,11 @@ std::vector<uint8_t> read_maybe_gzip(const std::string& path) {
 }
 
 void write_file_atomic(const std::string& path, const void* data, size_t bytes) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  fs::path dir = target.parent_path();
-  if (dir.empty()) dir = ".";
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) fail("[data] ", path, ": cannot create ", tmp, ": ", errno_str(errno));
-  auto give_up = [&](const char* what) {
-    const int e = errno;
-    ::close(fd.release());
-    ::unlink(tmp.c_str());
-    fail("[data] ", path, ": ", what, " failed: ", errno_str(e));
-  };
-  const char* p = static_cast<const char*>(data);
-  size_t done = 0;
-  while (done < bytes) {
-    const ssize_t w = ::write(fd.get(), p + done, bytes - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      give_up("write");
-    }
-    done += static_cast<size_t>(w);
+  try {
+    write_output_file(path, std::string_view(static_cast<const char*>(data), bytes), "file");
+  } catch (const Error& e) {
+    fail("[data] ", e.what());
   }
-  if (::fsync(fd.get()) != 0) give_up("fsync");
-  if (::close(fd.release()) != 0) {
-    ::unlink(tmp.c_str());
-    fail("[data] ", path, ": close failed: ", errno_str(errno));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    fail("[data] ", path, ": rename from ", tmp, " failed: ", errno_str(e));
-  }
-  // Make the rename itself durable.
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.get() >= 0) ::fsync(dfd.get());
 }
 
 }  // namespace hetrain::data::detail
