@@ -499,13 +499,17 @@ std::shared_ptr<nn::Module> build_model(const TrainConfig& cfg) {
 std::pair<TrainConfig, std::shared_ptr<nn::Module>> load_trained_model(const std::string& dir) {
   if (!fs::is_directory(dir))
     fail("[train] checkpoint directory ", dir, " does not exist (expected the --save directory "
-         "of 'hetrain train', holding ", kModelFile, " and ", kStateFile, ")");
-  const std::string sfile = dir + "/" + kStateFile;
-  safetensors::File state = safetensors::load(sfile);
-  auto fmt = state.metadata.find("format");
-  auto conf = state.metadata.find("config");
-  if (fmt == state.metadata.end() || fmt->second != "hetrain-train-state" ||
-      conf == state.metadata.end())
+         "of 'hetrain train', holding ", checkpoint::kIndexFile, " and the files it names)");
+  const checkpoint::Contents c = checkpoint::read(dir);
+  for (const char* part : {"model", "train_state"})
+    if (!c.parts.count(part))
+      fail("[train] checkpoint ", dir, " has no '", part, "' part; it is not a training checkpoint");
+  const std::string& sfile = c.files.at("train_state");
+  const std::string& mfile = c.files.at("model");
+  const std::map<std::string, std::string>& meta = c.parts.at("train_state").metadata;
+  auto fmt = meta.find("format");
+  auto conf = meta.find("config");
+  if (fmt == meta.end() || fmt->second != "hetrain-train-state" || conf == meta.end())
     fail("[train] ", sfile, " is not a Hetrain training state (metadata 'format' or 'config' "
          "missing)");
   TrainConfig cfg;
@@ -513,10 +517,9 @@ std::pair<TrainConfig, std::shared_ptr<nn::Module>> load_trained_model(const std
   validate(cfg);
   std::shared_ptr<nn::Module> model = build_model(cfg);
   try {
-    model->load_state_dict(safetensors::load(dir + "/" + kModelFile).tensors);
+    model->load_state_dict(c.parts.at("model").tensors);
   } catch (const Error& e) {
-    fail("[train] ", dir, "/", kModelFile, " does not fit the model its ", kStateFile,
-         " describes: ", e.what());
+    fail("[train] ", mfile, " does not fit the model ", sfile, " describes: ", e.what());
   }
   model->eval();
   return {cfg, model};

@@ -122,7 +122,7 @@ bool uses_grad_scaler(const TrainConfig& cfg);
 
 /// The model train() builds for cfg (mlp, cnn or gpt), initialised from cfg.seed.
 std::shared_ptr<nn::Module> build_model(const TrainConfig& cfg);
-/// The configuration a checkpoint directory was trained with (train_state.safetensors'
+/// The configuration a checkpoint directory (checkpoint.h) was trained with (its training state's
 /// metadata) and its weights loaded into the model build_model makes of it.
 std::pair<TrainConfig, std::shared_ptr<nn::Module>> load_trained_model(const std::string& dir);
 
