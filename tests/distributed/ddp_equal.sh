@@ -16,7 +16,8 @@ timeout -k 5 300 "$ht" "${common[@]}" --grad-accum "$np" --save "$dir/accum" \
 bash "$here/mpirun.sh" "$np" 300 "$ht" "${common[@]}" --save "$dir/ddp" \
   --json-log "$dir/ddp.jsonl" > "$dir/ddp.out" 2>&1 || { cat "$dir/ddp.out"; exit 1; }
 status=0
-for f in model.safetensors train_state.safetensors; do
+# A fresh --save directory holds generation 1 of each part and the index (checkpoint.h).
+for f in model.1.safetensors train_state.1.safetensors checkpoint.json; do
   if cmp "$dir/accum/$f" "$dir/ddp/$f"; then
     echo "$f: identical ($(stat -c %s "$dir/ddp/$f") bytes)"
   else
