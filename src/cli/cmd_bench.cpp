@@ -20,11 +20,20 @@ int cmd_bench(const Args& args) {
       .option("threads", "N", "worker threads (0: every core)", "0")
       .flag("quick", "a short run (about 2 s): fewer repetitions, GEMM at n=1024 only")
       .flag("no-store", "do not write the profile to the cache directory")
-      .epilog("examples:\n  hetrain bench\n  hetrain bench --quick --json profile.json");
+      .flag("comm",
+            "instead: collective bandwidth (all-reduce, reduce-scatter, all-gather and the "
+            "trainer's fixed-order reduction) over the ranks of mpirun, 1 KiB to 64 MiB "
+            "(--quick: to 4 MiB); --json FILE writes the table")
+      .epilog("examples:\n  hetrain bench\n  hetrain bench --quick --json profile.json\n"
+              "  mpirun -np 2 hetrain bench --comm --json comm.json");
   if (!p.parse(args)) return 0;
   if (!p.positional().empty())
     fail("[bench] unexpected argument '", p.positional()[0], "'; see 'hetrain bench --help'");
 
+  if (p.get_flag("comm")) {
+    if (p.given("json")) insight::check_writable(p.get("json"), "--json file");
+    return bench_comm(p.get_flag("quick"), p.given("json") ? p.get("json") : "");
+  }
   // Every output is checked before any measurement.
   const bool store = !p.get_flag("no-store");
   const std::string cache = store ? insight::device_profile_path() : "";

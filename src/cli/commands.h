@@ -16,6 +16,8 @@ struct Command {
 
 int cmd_version(const Args& args);
 int cmd_topo(const Args& args);
+/// `hetrain bench --comm`: collective bandwidth over the ranks of an mpirun (or one process).
+int bench_comm(bool quick, const std::string& json_path);
 int cmd_train(const Args& args);
 int cmd_plan(const Args& args);
 int cmd_bench(const Args& args);

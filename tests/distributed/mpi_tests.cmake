@@ -44,3 +44,8 @@ add_test(NAME distributed.topo_np2
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/topo_np2.sh $<TARGET_FILE:hetrain>)
 set_tests_properties(distributed.topo_np2 PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
                      PASS_REGULAR_EXPRESSION "topo: 2 ranks, one CPU and one thread each")
+# bench --comm over 2 ranks: every collective and the trainer's reduction up to 4 MiB.
+add_test(NAME distributed.bench_comm_np2
+         COMMAND ${HT_MPIRUN} 2 120 $<TARGET_FILE:hetrain> bench --comm --quick)
+set_tests_properties(distributed.bench_comm_np2 PROPERTIES TIMEOUT 180 PASS_REGULAR_EXPRESSION
+  "over 2 rank\\(s\\) \\(mpi\\).*all_reduce +1024 .*ddp_fixed_order +4194304 +[0-9.]+ +[0-9.]+ +[0-9.]+")
