@@ -6,18 +6,22 @@
 #
 # Hetrain: median step time after 5 warm-up steps (the final record's step_time_s) and the
 # allocator's peak of the 'activations' tag (all live activations and temporaries of a step).
-# PyTorch (tools/bench_train_torch.py, Debian's 1.13): median step time after 5 warm-up steps
-# and the bytes of the tensors autograd saves for backward (parameters excluded).
+# PyTorch 2.x (tools/install_peer.sh; PEER_PYTHON overrides), eager and torch.compile, the
+# faster quoted with its mode: median step time after the warm-up steps and the bytes of the
+# tensors autograd saves for backward (parameters excluded), timed without hooks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-20}
-threads=$(nproc)
+threads=${THREADS:-$(nproc)}
+presets=${PRESETS:-fashion-mlp fashion-cnn gpt-mini}
+peer=${PEER_PYTHON:-.venv-peer/bin/python}
+[ -x "$peer" ] || { echo "no peer at $peer: run tools/install_peer.sh first" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "load before: $(cat /proc/loadavg)" >&2
 echo "| preset | run | step time (s) | vs own fp32 | peak activations (MiB) | vs own fp32 |"
 echo "|---|---|---|---|---|---|"
-for preset in fashion-cnn gpt-mini; do
+for preset in $presets; do
   rows=()
   for p in fp32 bf16 fp16; do
     ./build/hetrain train --preset "$preset" --precision "$p" --steps "$steps" --threads "$threads" \
@@ -26,8 +30,14 @@ for preset in fashion-cnn gpt-mini; do
     rows+=("hetrain $p|$(grep '"final"' "$tmp/$preset-$p.jsonl")")
   done
   for p in fp32 bf16; do
-    rows+=("pytorch $p|$(/usr/bin/python3 tools/bench_train_torch.py "$preset" --steps "$steps" \
-      --threads "$threads" --precision "$p")")
+    e=$("$peer" tools/bench_train_torch.py "$preset" --steps "$steps" --threads "$threads" \
+      --precision "$p" --mode eager)
+    c=$("$peer" tools/bench_train_torch.py "$preset" --steps "$steps" --threads "$threads" \
+      --precision "$p" --mode compile --warmup 10 2>/dev/null) || c=$e
+    best=$(python3 -c 'import json, sys
+e, c = (json.loads(a) for a in sys.argv[1:])
+print(json.dumps(c if c["step_time_s"] < e["step_time_s"] else e))' "$e" "$c")
+    rows+=("pytorch $p $(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["mode"])' "$best")|$best")
   done
   python3 - "$preset" "${rows[@]}" <<'PY'
 import json, sys
