@@ -6,6 +6,8 @@
 #include <exception>
 #include <memory>
 
+#include "hetrain/base/error.h"
+
 namespace hetrain {
 
 namespace {
@@ -141,8 +143,13 @@ ThreadPool& thread_pool() {
   return *p;
 }
 
+int max_threads() { return std::max(64, 4 * default_threads()); }
+
 void set_num_threads(int n) {
   if (n <= 0) n = default_threads();
+  if (n > max_threads())
+    fail("[threads] ", n, " threads requested; at most ", max_threads(),
+         " (4 per core, at least 64) are allowed");
   auto& p = pool_slot();
   if (p && p->size() == n) return;
   p = std::make_unique<ThreadPool>(n);

@@ -1,5 +1,6 @@
 #include "cli/args.h"
 
+#include <cmath>
 #include <iostream>
 #include <sstream>
 
@@ -119,10 +120,10 @@ double ArgParser::get_double(const std::string& name) const {
   try {
     size_t used = 0;
     double x = std::stod(v, &used);
-    if (used != v.size()) throw std::invalid_argument(v);
+    if (used != v.size() || !std::isfinite(x)) throw std::invalid_argument(v);
     return x;
   } catch (const std::exception&) {
-    fail("[", command_, "] --", name, " expects a number, got '", v, "'");
+    fail("[", command_, "] --", name, " expects a finite number, got '", v, "'");
   }
 }
 

@@ -225,12 +225,15 @@ void print_explain(const Job& job, const Catalog& cat, const Hardware& hw, const
   neighbour("next larger", ex.larger);
 }
 
-int64_t positive_int(const ArgParser& p, const std::string& flag) {
+int64_t positive_int(const ArgParser& p, const std::string& flag, double max = 9e15) {
   double v = parse_count(p.get(flag), "--" + flag);
-  if (v < 1 || v != std::floor(v) || v > 9e15)
-    fail("[plan] --", flag, " expects a positive integer, got '", p.get(flag), "'");
+  if (!(v >= 1) || v != std::floor(v) || v > max)
+    fail("[plan] --", flag, " expects a positive integer up to ", max, ", got '", p.get(flag),
+         "'");
   return static_cast<int64_t>(v);
 }
+// Device counts and parallel degrees are ints; a million devices is past any real cluster.
+constexpr double kMaxDevices = 1e6;
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -462,8 +465,8 @@ int cmd_plan(const Args& args) {
   bool fixed_plan =
       hw_ids.size() == 1 && p.given("gpus") && strategy_given && !p.get_flag("search");
   Strategy s;
-  if (p.given("tp")) s.tp = static_cast<int>(positive_int(p, "tp"));
-  if (p.given("pp")) s.pp = static_cast<int>(positive_int(p, "pp"));
+  if (p.given("tp")) s.tp = static_cast<int>(positive_int(p, "tp", kMaxDevices));
+  if (p.given("pp")) s.pp = static_cast<int>(positive_int(p, "pp", kMaxDevices));
   if (p.given("zero")) {
     std::string z = p.get("zero");
     if (z != "0" && z != "1" && z != "2" && z != "3")
@@ -477,7 +480,7 @@ int cmd_plan(const Args& args) {
 
   if (fixed_plan) {
     const Hardware& hw = cat.get(hw_ids[0]);
-    int gpus = static_cast<int>(positive_int(p, "gpus"));
+    int gpus = static_cast<int>(positive_int(p, "gpus", kMaxDevices));
     Plan plan = evaluate(job, hw, gpus, s);
     std::optional<Plan> nearest;
     if (!plan.fits) nearest = nearest_fitting(job, hw, gpus, plan.strategy);
@@ -507,8 +510,8 @@ int cmd_plan(const Args& args) {
 
   SearchOptions opt;
   opt.hardware = hw_ids;
-  if (p.given("gpus")) opt.gpus = {static_cast<int>(positive_int(p, "gpus"))};
-  opt.max_gpus = static_cast<int>(positive_int(p, "max-gpus"));
+  if (p.given("gpus")) opt.gpus = {static_cast<int>(positive_int(p, "gpus", kMaxDevices))};
+  opt.max_gpus = static_cast<int>(positive_int(p, "max-gpus", kMaxDevices));
   if (p.given("tp")) opt.tp = s.tp;
   if (p.given("pp")) opt.pp = s.pp;
   if (p.given("zero")) opt.zero = s.zero;
@@ -516,8 +519,11 @@ int cmd_plan(const Args& args) {
   if (p.given("recompute")) opt.recompute = s.recompute;
   if (p.given("micro-batch")) opt.micro_batch = s.micro_batch;
   if (p.given("budget")) opt.budget_usd = parse_count(p.get("budget"), "--budget");
-  if (p.given("deadline")) opt.deadline_days = p.get_double("deadline");
-  opt.top = static_cast<size_t>(positive_int(p, "top"));
+  if (p.given("deadline")) {
+    opt.deadline_days = p.get_double("deadline");
+    if (!(*opt.deadline_days > 0)) fail("[plan] --deadline must be a positive number of days");
+  }
+  opt.top = static_cast<size_t>(positive_int(p, "top", kMaxDevices));
   auto t0 = std::chrono::steady_clock::now();
   SearchResult r = search(job, cat, opt);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

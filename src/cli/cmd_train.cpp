@@ -32,7 +32,8 @@ const char* const kSettingFlags[] = {
     "momentum", "clip",    "schedule", "warmup",     "log-every", "eval-batches", "hidden",
     "widths",   "blocks",  "layers",   "heads",      "width",     "context",      "dropout",
     "precision", "grad-scaler", "loss-scale", "loss-scale-growth-interval", "loss-scale-floor",
-    "grad-accum", "bucket-mb", "comm-timeout"};
+    "grad-accum", "bucket-mb", "comm-timeout",
+    "divergence-factor", "divergence-steps"};
 // clang-format on
 // The run as a record of the planner's measured-runs file (docs/PLANNING.md): the model as
 // the planner describes it (IDX image sets are 28x28 grey images in 10 classes).
@@ -189,6 +190,12 @@ int cmd_train(const Args& args) {
               "after training, write the model as ONNX (as 'hetrain export'; checked and "
               "written before the run's result is printed)")
       .option("export-opset", "N", "opset of --export-onnx, 13..21", "17")
+      .option("divergence-factor", "F",
+              "stop with an error when a step's loss exceeds F times the first step's (0: never)",
+              "10000")
+      .option("divergence-steps", "N",
+              "stop with an error after N steps in a row skipped for inf/NaN gradients (0: never)",
+              "100")
       .flag("no-progress", "no live progress bar, even on a terminal")
       .flag("json", "print the final result as JSON on stdout")
       .flag("no-record",

@@ -680,7 +680,7 @@ double parse_count(const std::string& text, const std::string& what) {
   try {
     size_t used = 0;
     double v = std::stod(t, &used);
-    if (used != t.size() || !std::isfinite(v) || v < 0) throw std::invalid_argument(text);
+    if (used != t.size() || !std::isfinite(v * mult) || v < 0) throw std::invalid_argument(text);
     return v * mult;
   } catch (const std::exception&) {
     fail("[plan] ", what, " expects a number such as 300e9, 7B, 1.4T or 124M, got '", text, "'");

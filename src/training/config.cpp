@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "hetrain/base/error.h"
+#include "hetrain/base/thread_pool.h"
 #include "hetrain/training/trainer.h"
 
 namespace hetrain::training {
@@ -78,10 +80,10 @@ double to_double(const std::string& key, const std::string& v, const std::string
   try {
     size_t used = 0;
     double x = std::stod(v, &used);
-    if (used == v.size()) return x;
+    if (used == v.size() && std::isfinite(x)) return x;
   } catch (const std::exception&) {
   }
-  fail("[train] ", origin, ": '", key, "' expects a number, got '", v, "'");
+  fail("[train] ", origin, ": '", key, "' expects a finite number, got '", v, "'");
 }
 std::vector<int64_t> to_list(const std::string& key, const std::string& v,
                              const std::string& origin) {
@@ -125,8 +127,13 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
   else if (key == "width") c.width = i();
   else if (key == "context") c.context = i();
   else if (key == "dropout") c.dropout = d();
-  else if (key == "epochs") { c.epochs = i(); c.steps = 0; }
-  else if (key == "steps") c.steps = i();
+  else if (key == "epochs" || key == "steps") {
+    // Given explicitly, 0 is a mistake (it used to fall back silently to the preset's epochs).
+    const int64_t n = i();
+    if (n < 1) fail("[train] ", origin, ": '", key, "' must be at least 1, got ", n);
+    if (key == "epochs") c.epochs = n, c.steps = 0;
+    else c.steps = n;
+  }
   else if (key == "batch-size") c.batch_size = i();
   else if (key == "lr") c.lr = d();
   else if (key == "min-lr") c.min_lr = d();
@@ -140,7 +147,13 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     int64_t s = i();
     if (s < 0) fail("[train] ", origin, ": seed must be >= 0, got ", s);
     c.seed = static_cast<uint64_t>(s);
-  } else if (key == "threads") c.threads = static_cast<int>(i());
+  } else if (key == "threads") {
+    const int64_t n = i();
+    if (n < 0 || n > max_threads())
+      fail("[train] ", origin, ": threads must be between 0 (one per core) and ", max_threads(),
+           " (4 per core, at least 64), got ", n);
+    c.threads = static_cast<int>(n);
+  }
   else if (key == "grad-accum") c.grad_accum = i();
   else if (key == "bucket-mb") c.bucket_mb = d();
   else if (key == "comm-timeout") c.comm_timeout = d();
@@ -158,6 +171,10 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     c.loss_scale_growth_interval = i();
   else if (key == "loss-scale-floor")
     c.loss_scale_floor = d();
+  else if (key == "divergence-factor")
+    c.divergence_factor = d();
+  else if (key == "divergence-steps")
+    c.divergence_steps = i();
   else if (key == "save") c.save_dir = v;
   else if (key == "save-every") c.save_every = i();
   else if (key == "resume") c.resume_dir = v;
@@ -180,15 +197,20 @@ void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::strin
         continue;
       }
       std::string value;
-      if (auto s = node.value<std::string>()) value = *s;
+      // Lists only where a list is meant; no setting is a boolean.
+      const bool list_key = norm_key(key) == "hidden" || norm_key(key) == "widths";
+      if (node.is_array() && !list_key)
+        fail("[train] config ", path, ": '", key, "' must be a single value, not a list");
+      if (node.is_boolean())
+        fail("[train] config ", path, ": '", key, "' must not be a boolean (true/false)");
+      if (auto s = node.value_exact<std::string>()) value = *s;
       else if (node.is_integer()) value = std::to_string(*node.value<int64_t>());
       else if (node.is_floating_point()) {
         std::ostringstream os;
         os.precision(17);
         os << *node.value<double>();
         value = os.str();
-      } else if (auto b = node.value<bool>()) value = *b ? "1" : "0";
-      else if (const auto* arr = node.as_array()) {
+      } else if (const auto* arr = node.as_array()) {
         for (const auto& el : *arr) {
           if (!el.is_integer()) fail("[train] config ", path, ": '", key, "' must be a list of integers");
           value += (value.empty() ? "" : ",") + std::to_string(*el.value<int64_t>());
@@ -209,6 +231,10 @@ void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::strin
 }  // namespace
 
 void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_preset) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    fail("[train] config ", path, ": ",
+         std::filesystem::exists(path, ec) ? "not a regular file" : "no such file");
   toml::table tbl;
   try {
     tbl = toml::parse_file(path);
@@ -251,10 +277,15 @@ void validate(const TrainConfig& c) {
     fail("[train] optimizer must be adamw or sgd, got '", c.optimizer, "'");
   if (c.schedule != "constant" && c.schedule != "cosine" && c.schedule != "step")
     fail("[train] schedule must be constant, step or cosine, got '", c.schedule, "'");
-  if (c.weight_decay < 0) fail("[train] weight-decay must be >= 0");
-  if (c.clip < 0) fail("[train] clip must be >= 0 (0 disables clipping)");
+  if (!(c.weight_decay >= 0)) fail("[train] weight-decay must be >= 0, got ", c.weight_decay);
+  if (!(c.clip >= 0)) fail("[train] clip must be >= 0 (0 disables clipping), got ", c.clip);
+  if (!(c.min_lr >= 0)) fail("[train] min-lr must be >= 0, got ", c.min_lr);
+  if (!(c.momentum >= 0 && c.momentum < 1))
+    fail("[train] momentum must be in [0, 1), got ", c.momentum);
+  if (c.threads < 0 || c.threads > max_threads())
+    fail("[train] threads must be between 0 (one per core) and ", max_threads(), ", got ",
+         c.threads);
   if (c.dropout < 0 || c.dropout >= 1) fail("[train] dropout must be in [0, 1)");
-  if (c.threads < 0) fail("[train] threads must be >= 0 (0 uses every core)");
   if (c.grad_accum < 1) fail("[train] grad-accum must be >= 1, got ", c.grad_accum);
   if (c.batch_size % c.grad_accum != 0)
     fail("[train] batch-size ", c.batch_size, " is not divisible by grad-accum ", c.grad_accum,
@@ -273,6 +304,9 @@ void validate(const TrainConfig& c) {
     fail("[train] loss-scale-growth-interval must be >= 1, got ", c.loss_scale_growth_interval);
   if (!(c.loss_scale_floor >= 0) || !std::isfinite(c.loss_scale_floor))
     fail("[train] loss-scale-floor must be >= 0, got ", c.loss_scale_floor);
+  if (!(c.divergence_factor == 0 || c.divergence_factor > 1))
+    fail("[train] divergence-factor must be above 1 (or 0: never), got ", c.divergence_factor);
+  if (c.divergence_steps < 0) fail("[train] divergence-steps must be >= 0 (0: never)");
   if (c.save_every < 0 || c.warmup < 0 || c.eval_batches < 0)
     fail("[train] save-every, warmup and eval-batches must be >= 0");
   positive("log-every", static_cast<double>(c.log_every));

@@ -475,6 +475,32 @@ class JsonLog {
   uint64_t written_ = 0;
 };
 
+/// Stops a run that is not training: a finite loss far above the first step's (it exploded), or
+/// a long run of steps skipped by the grad scaler (gradients non-finite at every scale).
+class Divergence {
+ public:
+  explicit Divergence(const TrainConfig& cfg)
+      : factor_(cfg.divergence_factor), max_skipped_(cfg.divergence_steps) {}
+  void check(int64_t step, double loss, bool skipped, double scale) {
+    if (std::isfinite(loss) && !std::isfinite(first_)) first_ = loss;
+    if (factor_ > 0 && std::isfinite(loss) && loss > factor_ * std::abs(first_))
+      fail("[train] the loss diverged at step ", step, ": ", format_loss(loss), " is more than ",
+           factor_, " times the first step's ", format_loss(first_),
+           " (--divergence-factor); lower --lr or enable --clip");
+    skipped_in_row_ = skipped ? skipped_in_row_ + 1 : 0;
+    if (max_skipped_ > 0 && skipped_in_row_ >= max_skipped_)
+      fail("[train] ", skipped_in_row_, " steps in a row (to step ", step,
+           ") were skipped for inf/NaN gradients, the loss scale now ", scale,
+           " (--divergence-steps); the run is not training: lower --lr, or check the data");
+  }
+
+ private:
+  double factor_;
+  int64_t max_skipped_;
+  double first_ = NAN;
+  int64_t skipped_in_row_ = 0;
+};
+
 /// A loss as JSON: the number as the logs print it (9 significant digits), null when it is not
 /// finite (JSON has no NaN or infinity).
 nlohmann::json loss_json(double v) {
@@ -626,6 +652,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
   double comm_s = 0, exposed_s = 0, interval_comm = 0, interval_exposed = 0;
   int64_t interval_overlapped = 0;
   std::vector<double> step_seconds;
+  Divergence divergence(cfg);
   model->train();
   // Kernel times are recorded (when on) for steps 3 to 22 only: enough to calibrate the
   // performance models, without the first steps' warm-up or the cost in every step.
@@ -637,6 +664,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
     const double lr = sched.at(step);
     opt->set_lr(lr);
     const int64_t epoch = loader.epoch();
+    const int64_t skipped_before = scaler ? scaler->skipped_steps() : 0;
     const std::vector<data::Batch> micro = loader.next_micro();
     const StepOutcome outcome = train_step(*model, *opt, micro, cfg, data.language, scaler_ptr,
                                            step, reducer ? &*reducer : nullptr, comm);
@@ -649,6 +677,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
     if (!std::isfinite(last_loss) && !scaler)
       fail("[train] loss became ", last_loss, " at step ", step + 1,
            "; lower --lr or enable --clip");
+    divergence.check(step + 1, last_loss, scaler && scaler->skipped_steps() > skipped_before,
+                     scaler ? scaler->get_scale() : 0.0);
     step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
     if (hooks.end) hooks.end(step, last_loss);
     ++step;

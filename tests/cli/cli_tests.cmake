@@ -8,7 +8,7 @@ endfunction()
 hetrain_cli_test(cli.version "hetrain [0-9]+\\.[0-9]+\\.[0-9]+.*cpu features:" ${HT} --version)
 hetrain_cli_test(cli.train_help "--resume DIR.*--json-log FILE" ${HT} train --help)
 hetrain_cli_test(cli.unknown_flag "unknown flag '--bogus'" ${HT} train --bogus)
-hetrain_cli_test(cli.bad_number "'lr' expects a number, got 'fast'" ${HT} train --lr fast)
+hetrain_cli_test(cli.bad_number "'lr' expects a finite number, got 'fast'" ${HT} train --lr fast)
 hetrain_cli_test(cli.unknown_preset "unknown preset 'nope'; known presets: fashion-mlp" ${HT} train --preset nope)
 hetrain_cli_test(cli.missing_data_dir "/nonexistent/fmnist.*dataset-fashion-mnist"
                  ${HT} train --data /nonexistent/fmnist --steps 1)

@@ -150,7 +150,7 @@ TEST(TrainConfig, PresetsFlagsAndErrors) {
     training::apply_setting(c, "lr", "fast", "flag --lr");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "[train] flag --lr: 'lr' expects a number, got 'fast'");
+    EXPECT_STREQ(e.what(), "[train] flag --lr: 'lr' expects a finite number, got 'fast'");
   }
   try {
     training::apply_setting(c, "lerning-rate", "1", "config x.toml");

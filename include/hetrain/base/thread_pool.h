@@ -59,9 +59,13 @@ class SerialScope {
 int available_cpus();
 /// The process-wide pool, sized to available_cpus() (or set_num_threads).
 ThreadPool& thread_pool();
-/// Resizes the process-wide pool; n <= 0 means available_cpus().
+/// Resizes the process-wide pool; n <= 0 means available_cpus(). Throws Error above
+/// max_threads().
 void set_num_threads(int n);
 int num_threads();
+/// The most threads a pool may have: 4 per core, at least 64. More only thrash (10000 threads
+/// nearly exhausted a machine's process table), so a larger request is an error, not a wait.
+int max_threads();
 
 /// parallel_for on the process-wide pool.
 inline void parallel_for(int64_t n, int64_t grain,

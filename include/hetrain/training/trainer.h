@@ -49,6 +49,10 @@ struct TrainConfig {
   double loss_scale = 65536.0;       // the scaler's initial scale
   int64_t loss_scale_growth_interval = 2000;
   double loss_scale_floor = 1.0;  // training stops when the scale falls below it
+  // divergence: training stops with an error when a step's loss exceeds divergence_factor
+  // times the first step's, or after divergence_steps skipped steps in a row (0: never)
+  double divergence_factor = 1e4;
+  int64_t divergence_steps = 100;
   // output
   std::string save_dir, resume_dir, json_log;
   int64_t save_every = 0, log_every = 50;
