@@ -80,8 +80,8 @@ Data load_data(const TrainConfig& c) {
     d.test = data::load_fashion_mnist(c.data, "test");
   }
   if (d.train->size() < c.batch_size)
-    fail("[train] the training set (", d.train->describe(),
-         ") has fewer examples than one batch of ", c.batch_size);
+    fail("[train] the training set (", d.train->describe(), ") from --data ", c.data,
+         " has fewer examples than one batch of ", c.batch_size);
   return d;
 }
 

@@ -41,3 +41,8 @@ hetrain_cli_test(cli.bad.plan_deadline_nan "--deadline expects a finite number, 
 hetrain_cli_test(cli.bad.plan_overflow "parameter count overflows 64-bit integers"
                  ${HT} plan --model gpt --layers 1000000000 --hidden 1000000000 --heads 1 --seq 1024
                  --vocab 50257)
+# Data: a device (would never end), a binary file (would be trained on as bytes).
+hetrain_cli_test(cli.bad.data_device "text corpus /dev/zero: not a regular file or a directory"
+                 ${HT} train ${HT_TINY_GPT} --steps 1 --data /dev/zero)
+hetrain_cli_test(cli.bad.data_binary "text corpus .*hetrain: does not look like text"
+                 ${HT} train ${HT_TINY_GPT} --steps 1 --data ${HT})

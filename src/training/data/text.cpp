@@ -141,7 +141,14 @@ TextCorpus load_text_corpus(const std::string& path, double val_fraction) {
     }
     if (files == 0) fail("[data] text corpus ", path, ": the directory holds no text files");
   } else {
-    all = detail::read_file(path);
+    // A FIFO or device would block or never end; a binary would be trained on as bytes.
+    if (!fs::is_regular_file(path, ec))
+      fail("[data] text corpus ", path, ": not a regular file or a directory");
+    all = detail::read_maybe_gzip(path);
+    if (!looks_like_text(all))
+      fail("[data] text corpus ", path,
+           ": does not look like text (NUL bytes, or over 1% control bytes); give a text file "
+           "(gzip is read) or a directory of them");
     files = 1;
   }
   if (all.size() < 2) fail("[data] text corpus ", path, ": ", all.size(), " bytes, too short");
