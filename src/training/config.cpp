@@ -343,7 +343,10 @@ std::string config_to_toml(const TrainConfig& c) {
      << "\"\nhidden = " << list(c.hidden) << "\nwidths = " << list(c.widths)
      << "\nblocks = " << c.blocks << "\nlayers = " << c.layers << "\nheads = " << c.heads
      << "\nwidth = " << c.width << "\ncontext = " << c.context << "\ndropout = " << c.dropout
-     << "\nepochs = " << c.epochs << "\nsteps = " << c.steps << "\nbatch_size = " << c.batch_size
+     // Only the length that is set: read back, an explicit 0 is refused.
+     << (c.steps > 0 ? "\nsteps = " + std::to_string(c.steps)
+                     : "\nepochs = " + std::to_string(c.epochs))
+     << "\nbatch_size = " << c.batch_size
      << "\nlr = " << c.lr << "\nmin_lr = " << c.min_lr << "\nweight_decay = " << c.weight_decay
      << "\nmomentum = " << c.momentum << "\nclip = " << c.clip << "\noptimizer = \"" << c.optimizer
      << "\"\nschedule = \"" << c.schedule << "\"\nwarmup = " << c.warmup << "\nseed = " << c.seed
