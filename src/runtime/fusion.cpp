@@ -11,6 +11,7 @@
 #include "graph/prims/elementwise.h"
 #include "graph/prims/views.h"
 #include "hetrain/graph/primitive.h"
+#include "runtime/internal.h"
 
 namespace hetrain::runtime {
 
@@ -230,25 +231,11 @@ int fuse_nodes(std::vector<Node*>& order) {
 }
 
 int fuse(const std::vector<Tensor>& targets) {
-  // Post-order over the unevaluated nodes, as eval() builds it.
+  // The order eval() would build.
   std::vector<Node*> order;
-  std::unordered_set<const Node*> seen;
   std::vector<std::pair<Node*, size_t>> stack;
-  for (const Tensor& t : targets) {
-    Node* root = t.node();
-    if (!root || root->evaluated() || !seen.insert(root).second) continue;
-    stack.emplace_back(root, 0);
-    while (!stack.empty()) {
-      auto& [cur, i] = stack.back();
-      if (i < cur->inputs.size()) {
-        Node* in = cur->inputs[i++].node();
-        if (in->prim && !in->evaluated() && seen.insert(in).second) stack.emplace_back(in, 0);
-      } else {
-        order.push_back(cur);
-        stack.pop_back();
-      }
-    }
-  }
+  bool any_pinned = false;
+  collect_order(targets, next_mark(), order, stack, &any_pinned);
   return fuse_nodes(order);
 }
 

@@ -23,6 +23,11 @@ std::string configured_devices();
 /// Drops cached placements (the device set changed).
 void clear_plan_cache();
 
+/// Hash combining for plan keys and copy-task keys.
+inline uint64_t mix(uint64_t h, uint64_t v) {
+  return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
+}
+
 // ---- clock and graph marks (executor.cpp)
 
 int64_t now_ns();

@@ -26,10 +26,6 @@ PlanCache& plan_cache() {
   return *c;
 }
 
-inline uint64_t mix(uint64_t h, uint64_t v) {
-  return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
-}
-
 /// The structure: primitives, shapes, edges, pins and where outside data lives. Attributes are
 /// left out: they change costs little and never correctness.
 uint64_t structure_hash(const std::vector<Node*>& order, uint64_t base) {

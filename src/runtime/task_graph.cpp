@@ -9,12 +9,6 @@
 
 namespace hetrain::runtime {
 
-namespace {
-inline uint64_t mix(uint64_t h, uint64_t v) {
-  return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
-}
-}  // namespace
-
 void collect_order(const std::vector<Tensor>& targets, uint64_t mark, std::vector<Node*>& order,
                    std::vector<std::pair<Node*, size_t>>& stack, bool* any_pinned) {
   for (const auto& t : targets) {
