@@ -9,6 +9,7 @@
 
 #include "graph/prims/conv.h"
 #include "graph/prims/elementwise.h"
+#include "graph/prims/fused.h"
 #include "graph/prims/views.h"
 #include "hetrain/graph/primitive.h"
 #include "runtime/internal.h"
@@ -103,6 +104,98 @@ bool fuse_input_gradient_relu_mask(Node& n, FusionContext& ctx) {
   return true;
 }
 
+/// t's producer when it is an unevaluated elementwise node (a chain included) with one output
+/// that only this reference holds, pinned as `consumer` is: it can run inside its consumer.
+const Node* sole_elementwise_producer(const Tensor& t, const Node& consumer) {
+  const Node* p = t.node();
+  if (!p || !p->prim || p->evaluated() || p->outs.size() != 1 || t.node_ptr().use_count() != 1 ||
+      !p->prim->is_elementwise() || p->pinned != consumer.pinned ||
+      (p->pinned && p->device != consumer.device))
+    return nullptr;
+  return p;
+}
+
+/// Builds a chain's inputs and steps, an input used twice taking one slot.
+struct ChainBuilder {
+  std::vector<Tensor> inputs;
+  std::vector<std::pair<std::shared_ptr<Primitive>, std::vector<int>>> steps;  // input slots
+  std::vector<TensorMeta> metas;
+
+  int input(const Tensor& t) {
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].node() == t.node() && inputs[i].index() == t.index())
+        return static_cast<int>(i);
+    inputs.push_back(t);
+    return static_cast<int>(inputs.size()) - 1;
+  }
+  // Step operands are encoded as >= 0: an input, < 0: step -1 - k.
+  int step(std::shared_ptr<Primitive> prim, std::vector<int> args, TensorMeta out) {
+    steps.emplace_back(std::move(prim), std::move(args));
+    metas.push_back(std::move(out));
+    return -static_cast<int>(steps.size());
+  }
+  /// Adds node p's work (one step, or the steps of the chain it already is) over the given
+  /// slots of its inputs; returns the slot of its result.
+  int append(const Node& p, std::vector<int> slot) {
+    if (const auto* c = dynamic_cast<const ElementwiseChain*>(p.prim.get())) {
+      for (const auto& s : c->steps()) {
+        std::vector<int> args;
+        for (int a : s.args) args.push_back(slot[static_cast<size_t>(a)]);
+        slot.push_back(step(s.prim, std::move(args), s.out));
+      }
+      return slot.back();
+    }
+    return step(p.prim, std::move(slot), {p.outs[0].shape, p.outs[0].dtype});
+  }
+  /// Adds producer p, its inputs becoming the chain's.
+  int absorb(const Node& p) {
+    std::vector<int> slot;
+    for (const Tensor& t : p.inputs) slot.push_back(input(t));
+    return append(p, std::move(slot));
+  }
+  std::shared_ptr<Primitive> build() const {
+    const int n = static_cast<int>(inputs.size());
+    std::vector<ElementwiseChain::Step> out;
+    for (size_t k = 0; k < steps.size(); ++k) {
+      std::vector<int> args;
+      for (int a : steps[k].second) args.push_back(a >= 0 ? a : n + (-1 - a));
+      out.push_back({steps[k].first, std::move(args), metas[k]});
+    }
+    return std::make_shared<ElementwiseChain>(n, std::move(out));
+  }
+};
+
+// An elementwise node and the elementwise producers only it consumes, as one chain (bias +
+// activation, residual add, scale, casts, an activation's gradient times a mask): one pass over
+// memory instead of one per node. Same bits: each step runs its own kernel on each block.
+bool fuse_elementwise_chain(Node& n, FusionContext& ctx) {
+  if (!n.prim->is_elementwise() || n.outs.size() != 1) return false;
+  std::vector<const Node*> producers;
+  for (const Tensor& t : n.inputs) producers.push_back(sole_elementwise_producer(t, n));
+  if (std::all_of(producers.begin(), producers.end(), [](const Node* p) { return !p; }))
+    return false;
+  ChainBuilder b;
+  std::vector<int> args;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    if (!producers[i]) {
+      args.push_back(b.input(n.inputs[i]));
+      continue;
+    }
+    // The same producer feeding two operands: absorbed once.
+    bool again = false;
+    for (size_t j = 0; j < i && !again; ++j)
+      if (producers[j] == producers[i]) again = true;
+    if (again) return false;  // rare (x * x of a fresh x); left to run as it is
+    args.push_back(b.absorb(*producers[i]));
+  }
+  b.append(n, std::move(args));
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    if (producers[i]) ctx.absorbed.push_back(n.inputs[i].node_ptr());
+  n.prim = b.build();
+  n.inputs = b.inputs;
+  return true;
+}
+
 /// Whether t's value depends on node `on` (through unevaluated nodes).
 bool depends_on(const Tensor& t, const Node* on) {
   std::vector<const Node*> stack = {t.node()};
@@ -178,6 +271,7 @@ const std::vector<FusionRule>& fusion_rules() {
       {"conv input gradient relu mask", fuse_input_gradient_relu_mask},
       {"conv pair", pair_with_sibling<Conv2d>},
       {"conv weight gradient pair", pair_with_sibling<Conv2dBackwardWeight>},
+      {"elementwise chain", fuse_elementwise_chain},
   };
   return rules;
 }

@@ -32,7 +32,8 @@ class Primitive {
   /// Default: an elementwise cost of one flop per output element.
   virtual Cost cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const;
   /// Runs on the CPU. Outputs have shape, dtype and tag set; the kernel allocates them
-  /// (Array::allocate) or makes them views of an input.
+  /// (Array::allocate) or makes them views of an input. An elementwise kernel writes an output
+  /// that already has data in place (a fused chain hands it a block of the chain's result).
   virtual void eval_cpu(const std::vector<const Array*>& in,
                         const std::vector<Array*>& out) const = 0;
   /// Runs on the CUDA device the calling thread is bound to, queued on that device's
@@ -52,6 +53,9 @@ class Primitive {
                                   const std::vector<int>& argnums) const;
   /// True when outputs alias the first input's buffer (no kernel work, no allocation).
   virtual bool is_view() const { return false; }
+  /// True when each output element depends only on the element at the same index of each
+  /// input, and inputs and the one output have one shape (the fusion pass chains these).
+  virtual bool is_elementwise() const { return false; }
   /// Attributes for display, e.g. "axes=(0, 1)".
   virtual std::string attrs() const { return ""; }
 };

@@ -102,7 +102,7 @@ template <class Op>
 void Unary<Op>::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
   const Array& x = *in[0];
   Array& y = *out[0];
-  y.allocate();
+  if (!y.has_data()) y.allocate();
   auto body = [&]<class T>() {
     const T* xp = x.data<T>();
     T* yp = y.data<T>();
@@ -164,7 +164,7 @@ template <class Op>
 void Binary<Op>::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
   const Array &a = *in[0], &b = *in[1];
   Array& y = *out[0];
-  y.allocate();
+  if (!y.has_data()) y.allocate();
   auto body = [&]<class T>() {
     using O = std::conditional_t<Op::is_compare, bool, T>;
     const T* ap = a.data<T>();
@@ -232,7 +232,7 @@ template class Binary<GreaterEqualOp>;
 void Where::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
   const Array &c = *in[0], &a = *in[1], &b = *in[2];
   Array& y = *out[0];
-  y.allocate();
+  if (!y.has_data()) y.allocate();
   dispatch_all(a.dtype, "where", [&]<class T>() {
     const bool* cp = c.data<bool>();
     const T* ap = a.data<T>();
@@ -301,7 +301,7 @@ Array contiguous_array(const Array& x) {
 }
 
 void Cast::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
-  out[0]->allocate();
+  if (!out[0]->has_data()) out[0]->allocate();
   copy_strided(*in[0], *out[0]);
 }
 

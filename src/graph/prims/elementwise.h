@@ -24,6 +24,7 @@ class Unary final : public Primitive {
     return c;
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool is_elementwise() const override { return true; }
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in,
                  const std::vector<Array*>& out) const override;
@@ -198,6 +199,7 @@ class Binary final : public Primitive {
     return {{in[0].shape, Op::is_compare ? Dtype::boolean : in[0].dtype}};
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool is_elementwise() const override { return true; }
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in,
                  const std::vector<Array*>& out) const override;
@@ -341,6 +343,7 @@ class Where final : public Primitive {
   const char* name() const override { return "where"; }
   std::vector<TensorMeta> infer(const std::vector<TensorMeta>& in) const override;
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool is_elementwise() const override { return true; }
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in,
                  const std::vector<Array*>& out) const override;
@@ -365,6 +368,7 @@ class Cast final : public Primitive {
     return c;
   }
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
+  bool is_elementwise() const override { return true; }
 #if HETRAIN_HAVE_CUDA
   void eval_cuda(const std::vector<const Array*>& in,
                  const std::vector<Array*>& out) const override;
