@@ -19,7 +19,7 @@
 namespace hetrain::cli {
 
 namespace {
-const char* const kSettingFlags[] = {"data", "batch-size", "seed", "threads"};
+const char* const kSettingFlags[] = {"data", "batch-size", "seed", "threads", "memory-budget"};
 
 }  // namespace
 
@@ -41,6 +41,7 @@ int cmd_profile(const Args& args) {
       .option("batch-size", "N", "examples per step (default: the preset's)")
       .option("seed", "N", "seed for initialisation, shuffling and dropout")
       .option("threads", "N", "worker threads (0: every core)")
+      .option("memory-budget", "BYTES", "the CPU allocator's capacity (see 'hetrain train --help')")
       .option("trace", "FILE",
               "write a Chrome trace JSON (open in https://ui.perfetto.dev or chrome://tracing): "
               "one track per worker thread, a step event around its nodes, FLOPs/bytes/shapes "

@@ -33,7 +33,7 @@ const char* const kSettingFlags[] = {
     "widths",   "blocks",  "layers",   "heads",      "width",     "context",      "dropout",
     "precision", "grad-scaler", "loss-scale", "loss-scale-growth-interval", "loss-scale-floor",
     "grad-accum", "bucket-mb", "comm-timeout",
-    "divergence-factor", "divergence-steps"};
+    "divergence-factor", "divergence-steps", "memory-budget"};
 // clang-format on
 // The run as a record of the planner's measured-runs file (docs/PLANNING.md): the model as
 // the planner describes it (IDX image sets are 28x28 grey images in 10 classes).
@@ -158,8 +158,11 @@ int cmd_train(const Args& args) {
       .option("devices", "LIST",
               "devices to schedule on, CPU first: cpu,cuda:0 or cpu,sim:0,sim:1@4 (cuda:N: a GPU "
               "of this machine; sim:N@S: a test device with its own memory, S times slower than "
-              "one CPU core)",
+              "one CPU core; sim:N:mem=64MiB: that memory's capacity)",
               "cpu")
+      .option("memory-budget", "BYTES",
+              "the CPU allocator's capacity (2GiB, 512MiB, bytes): passing it stops the run "
+              "with an out-of-memory error naming the request and the largest tensors alive")
       .option("placement", "POLICY",
               "where unpinned nodes run: pinned (first device), density (roofline + transfer "
               "cost) or heft (earliest finish time)",

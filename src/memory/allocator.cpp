@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "hetrain/base/byte_size.h"
 #include "hetrain/base/error.h"
 #if HETRAIN_HAVE_CUDA
 #include "backends/cuda/api.h"
@@ -99,7 +100,7 @@ Buffer::~Buffer() { owner_->release(ptr_, bytes_, capacity_, tag_); }
 
 void Buffer::retag(MemoryTag tag) {
   if (tag == tag_) return;
-  owner_->retag(bytes_, tag_, tag);
+  owner_->retag(ptr_, bytes_, tag_, tag);
   tag_ = tag;
 }
 
@@ -133,11 +134,94 @@ void HostAllocator::set_observer(MemoryObserver* obs) {
   observer_ = obs;
 }
 
+namespace {
+thread_local const char* g_site_op = nullptr;
+thread_local const Shape* g_site_shape = nullptr;
+thread_local Dtype g_site_dtype = Dtype::f32;
+}  // namespace
+
+AllocationSiteScope::AllocationSiteScope(const char* op)
+    : prev_op_(g_site_op), prev_shape_(g_site_shape), prev_dtype_(g_site_dtype) {
+  g_site_op = op;
+}
+AllocationSiteScope::AllocationSiteScope(const Shape* shape, Dtype dtype)
+    : prev_op_(g_site_op), prev_shape_(g_site_shape), prev_dtype_(g_site_dtype) {
+  g_site_shape = shape;
+  g_site_dtype = dtype;
+}
+AllocationSiteScope::~AllocationSiteScope() {
+  g_site_op = prev_op_;
+  g_site_shape = prev_shape_;
+  g_site_dtype = prev_dtype_;
+}
+
+void Allocator::set_capacity(int64_t bytes, const std::string& origin) {
+  if (bytes != 0)
+    fail("[memory] ", origin, ": ", device().str(), "'s allocator takes no capacity limit");
+}
+
+void HostAllocator::set_capacity(int64_t bytes, const std::string& origin) {
+  if (bytes < 0) fail("[memory] ", origin, ": a capacity must be >= 0 bytes, got ", bytes);
+  std::lock_guard<std::mutex> lk(mu_);
+  capacity_ = bytes;
+  capacity_origin_ = origin;
+}
+
+int64_t HostAllocator::capacity() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return capacity_;
+}
+
+void HostAllocator::trim_cache_for(size_t cap) {
+  while (!cache_.empty() && stats_.reserved + static_cast<int64_t>(cap) > capacity_) {
+    auto last = std::prev(cache_.end());
+    std::free(last->second);
+    stats_.reserved -= static_cast<int64_t>(last->first);
+    cache_.erase(last);
+  }
+}
+
+std::string HostAllocator::oom_message(size_t bytes, MemoryTag tag) const {
+  std::string m = "[memory] out of memory on " + device_.str() + ": " +
+                  (g_site_op ? std::string(g_site_op) + " asks " : "asking ") +
+                  format_bytes(static_cast<int64_t>(bytes)) + " (" + std::to_string(bytes) +
+                  " bytes) for " + std::string(memory_tag_name(tag)) + " while " +
+                  format_bytes(stats_.current_total) + " is live of its " +
+                  format_bytes(capacity_) + " capacity (" + capacity_origin_ + "); live by tag:";
+  for (int t = 0; t < kNumMemoryTags; ++t)
+    m += std::string(t ? ", " : " ") + std::string(memory_tag_name(static_cast<MemoryTag>(t))) +
+         " " + format_bytes(stats_.current[static_cast<size_t>(t)]);
+  std::vector<const LiveBlock*> blocks;
+  blocks.reserve(live_.size());
+  for (const auto& [p, b] : live_) blocks.push_back(&b);
+  const size_t show = std::min<size_t>(5, blocks.size());
+  std::partial_sort(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(show),
+                    blocks.end(),
+                    [](const LiveBlock* a, const LiveBlock* b) { return a->bytes > b->bytes; });
+  m += "; largest tensors alive:";
+  for (size_t i = 0; i < show; ++i) {
+    const LiveBlock& b = *blocks[i];
+    m += std::string(i ? ", " : " ") + format_bytes(static_cast<int64_t>(b.bytes)) + " " +
+         std::string(memory_tag_name(b.tag));
+    if (b.ndim > 0 || b.op) {
+      m += " " + std::string(dtype_name(b.dtype)) + " (";
+      for (int d = 0; d < std::min<int>(b.ndim, LiveBlock::kMaxDims); ++d)
+        m += (d ? ", " : "") + std::to_string(b.dims[static_cast<size_t>(d)]);
+      m += b.ndim > LiveBlock::kMaxDims ? ", ...)" : ")";
+    }
+    if (b.op) m += " from " + std::string(b.op);
+  }
+  if (blocks.empty()) m += " none";
+  return m + "; lower the batch size, use --recompute, or raise the capacity";
+}
+
 std::shared_ptr<Buffer> HostAllocator::allocate(size_t bytes, MemoryTag tag) {
   size_t cap = round_capacity(bytes);
   void* p = nullptr;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    if (capacity_ > 0 && stats_.current_total + static_cast<int64_t>(bytes) > capacity_)
+      throw OutOfMemoryError(oom_message(bytes, tag));
     auto it = cache_.lower_bound(cap);
     // Take a cached block up to twice the size asked for.
     if (it != cache_.end() && it->first <= cap * 2) {
@@ -145,6 +229,8 @@ std::shared_ptr<Buffer> HostAllocator::allocate(size_t bytes, MemoryTag tag) {
       p = it->second;
       cache_.erase(it);
       ++stats_.cache_hits;
+    } else if (capacity_ > 0) {
+      trim_cache_for(cap);
     }
     ++stats_.allocations;
     count(tag, static_cast<int64_t>(bytes));
@@ -154,10 +240,23 @@ std::shared_ptr<Buffer> HostAllocator::allocate(size_t bytes, MemoryTag tag) {
     if (!p) {
       std::lock_guard<std::mutex> lk(mu_);
       count(tag, -static_cast<int64_t>(bytes));
-      fail("[memory] out of host memory allocating ", bytes, " bytes for ", memory_tag_name(tag));
+      throw OutOfMemoryError("[memory] out of host memory: the system refused " +
+                             format_bytes(static_cast<int64_t>(cap)) + " for " +
+                             std::string(memory_tag_name(tag)) + " on " + device_.str());
     }
     std::lock_guard<std::mutex> lk(mu_);
     stats_.reserved += static_cast<int64_t>(cap);
+    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+  }
+  LiveBlock b{.bytes = bytes, .tag = tag, .op = g_site_op, .dtype = g_site_dtype};
+  if (g_site_shape) {
+    b.ndim = static_cast<uint8_t>(std::min<size_t>(g_site_shape->size(), 255));
+    for (size_t d = 0; d < std::min<size_t>(g_site_shape->size(), LiveBlock::kMaxDims); ++d)
+      b.dims[d] = (*g_site_shape)[d];
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    live_[p] = b;
   }
   return std::make_shared<Buffer>(this, p, bytes, cap, tag);
 }
@@ -165,13 +264,15 @@ std::shared_ptr<Buffer> HostAllocator::allocate(size_t bytes, MemoryTag tag) {
 void HostAllocator::release(void* ptr, size_t bytes, size_t capacity, MemoryTag tag) {
   std::lock_guard<std::mutex> lk(mu_);
   count(tag, -static_cast<int64_t>(bytes));
+  live_.erase(ptr);
   cache_.emplace(capacity, ptr);
 }
 
-void HostAllocator::retag(size_t bytes, MemoryTag from, MemoryTag to) {
+void HostAllocator::retag(void* ptr, size_t bytes, MemoryTag from, MemoryTag to) {
   std::lock_guard<std::mutex> lk(mu_);
   count(from, -static_cast<int64_t>(bytes));
   count(to, static_cast<int64_t>(bytes));
+  if (auto it = live_.find(ptr); it != live_.end()) it->second.tag = to;
 }
 
 MemoryStats HostAllocator::stats() const {
@@ -183,6 +284,7 @@ void HostAllocator::reset_peak() {
   std::lock_guard<std::mutex> lk(mu_);
   stats_.peak = stats_.current;
   stats_.peak_total = stats_.current_total;
+  stats_.peak_reserved = stats_.reserved;
 }
 
 void HostAllocator::empty_cache() {

@@ -13,6 +13,7 @@ namespace hetrain {
 void Array::allocate() {
   strides = contiguous_strides(shape);
   offset = 0;
+  AllocationSiteScope site(&shape, dtype);  // for an out-of-memory report
   buffer = AllocationDeviceScope::current().allocate(std::max<size_t>(nbytes(), 1), tag);
 }
 

@@ -3,6 +3,7 @@
 #include <sstream>
 #include <thread>
 
+#include "hetrain/base/byte_size.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/memory/allocator.h"
@@ -73,10 +74,20 @@ std::vector<DeviceModel> parse_devices(const std::string& list) {
   while (std::getline(ss, item, ',')) {
     if (item.empty()) fail("[devices] empty device name in '", list, "'");
     std::string name = item;
+    // sim:N:mem=SIZE: the memory node's capacity (before or after @S).
+    int64_t memory_bytes = 0;
+    if (auto mem = name.find(":mem="); mem != std::string::npos) {
+      const size_t end = name.find('@', mem);
+      const std::string sv =
+          name.substr(mem + 5, end == std::string::npos ? std::string::npos : end - mem - 5);
+      memory_bytes = parse_byte_size(sv, "[devices] memory of '" + item + "'");
+      name.erase(mem, end == std::string::npos ? std::string::npos : end - mem);
+    }
+    const bool has_slowdown = name.find('@') != std::string::npos;
     double slowdown = 1;
-    if (auto at = item.find('@'); at != std::string::npos) {
-      name = item.substr(0, at);
-      const std::string sv = item.substr(at + 1);
+    if (auto at = name.find('@'); at != std::string::npos) {
+      const std::string sv = name.substr(at + 1);
+      name = name.substr(0, at);
       try {
         size_t used = 0;
         slowdown = std::stod(sv, &used);
@@ -98,8 +109,10 @@ std::vector<DeviceModel> parse_devices(const std::string& list) {
     } catch (const Error& e) {
       fail("[devices] device '", name, "' is not present: ", e.what());
     }
-    if (item.find('@') != std::string::npos && d.kind != DeviceKind::sim)
+    if (has_slowdown && d.kind != DeviceKind::sim)
       fail("[devices] '", item, "': only sim devices take a slowdown (sim:N@S)");
+    if (memory_bytes > 0 && d.kind != DeviceKind::sim)
+      fail("[devices] '", item, "': only sim devices take a memory capacity (sim:N:mem=SIZE)");
     for (const DeviceModel& m : out)
       if (m.device == d) fail("[devices] device '", name, "' is listed twice in '", list, "'");
     if (d.kind == DeviceKind::cpu) {
@@ -111,6 +124,7 @@ std::vector<DeviceModel> parse_devices(const std::string& list) {
       DeviceModel m = cpu;
       m.device = d;
       m.slowdown = slowdown;
+      m.memory_bytes = memory_bytes;
       m.workers = 1;
       m.gflops = cpu.gflops / std::max(1, num_threads());
       m.gbps = cpu.gbps / std::max(1, num_threads());
@@ -148,6 +162,12 @@ void configure(RuntimeConfig cfg) {
   if (cfg.devices.size() > 16) fail("[devices] at most 16 devices, got ", cfg.devices.size());
   if (cfg.devices[0].device != Device::cpu()) fail("[devices] the first device must be cpu");
   for (const DeviceModel& m : cfg.devices) (void)allocator_for(m.device);
+  // Sim devices' capacities: the listed ones as given, the others unlimited.
+  for (int i = 0; i < kMaxSimDevices; ++i) allocator_for({DeviceKind::sim, i}).set_capacity(0, "");
+  for (const DeviceModel& m : cfg.devices)
+    if (m.device.kind == DeviceKind::sim && m.memory_bytes > 0)
+      allocator_for(m.device).set_capacity(
+          m.memory_bytes, "--devices " + m.device.str() + ":mem=" + format_bytes(m.memory_bytes));
   config_slot() = std::move(cfg);
   g_heterogeneous = config_slot().devices.size() > 1;
   clear_plan_cache();

@@ -121,6 +121,7 @@ void run_node(Node* n, bool release_graph, Device dev = Device::cpu(), double sl
   int64_t t0 = timed ? now_ns() : 0;
   ++g_in_node;
   try {
+    AllocationSiteScope site(n->prim->name());  // names the op in an out-of-memory error
     if (placed) {
       n->device = dev;
       AllocationDeviceScope alloc(dev);

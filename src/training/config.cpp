@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "hetrain/base/byte_size.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/training/trainer.h"
@@ -154,6 +155,9 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
            " (4 per core, at least 64), got ", n);
     c.threads = static_cast<int>(n);
   }
+  else if (key == "memory-budget")
+    c.memory_budget = parse_byte_size(
+        v, "[train] " + origin + (origin.starts_with("flag") ? "" : ": 'memory-budget'"));
   else if (key == "grad-accum") c.grad_accum = i();
   else if (key == "bucket-mb") c.bucket_mb = d();
   else if (key == "comm-timeout") c.comm_timeout = d();
@@ -286,6 +290,7 @@ void validate(const TrainConfig& c) {
     fail("[train] threads must be between 0 (one per core) and ", max_threads(), ", got ",
          c.threads);
   if (c.dropout < 0 || c.dropout >= 1) fail("[train] dropout must be in [0, 1)");
+  if (c.memory_budget < 0) fail("[train] memory-budget must be >= 0 bytes (0: no limit)");
   if (c.grad_accum < 1) fail("[train] grad-accum must be >= 1, got ", c.grad_accum);
   if (c.batch_size % c.grad_accum != 0)
     fail("[train] batch-size ", c.batch_size, " is not divisible by grad-accum ", c.grad_accum,

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "hetrain/base/byte_size.h"
 #include "hetrain/base/cpu_time.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/file_output.h"
@@ -67,6 +68,31 @@ struct Data {
   bool language = false;
 };
 
+/// The CPU allocator's capacity while a run lasts: cfg.memory_budget, lifted again on exit.
+class MemoryBudgetScope {
+ public:
+  explicit MemoryBudgetScope(int64_t bytes) {
+    host_allocator().set_capacity(bytes, "--memory-budget " + format_bytes(bytes));
+  }
+  ~MemoryBudgetScope() { host_allocator().set_capacity(0, ""); }
+  MemoryBudgetScope(const MemoryBudgetScope&) = delete;
+  MemoryBudgetScope& operator=(const MemoryBudgetScope&) = delete;
+};
+
+/// The host allocator's live and reserved bytes: their difference is what the cache holds
+/// (fragmentation: rounding and blocks cached for sizes not asked for again).
+nlohmann::json memory_json(const MemoryStats& s) {
+  auto frag = [](int64_t live, int64_t reserved) {
+    return reserved > 0 ? 1.0 - static_cast<double>(live) / static_cast<double>(reserved) : 0.0;
+  };
+  return {{"live_bytes", s.current_total},
+          {"reserved_bytes", s.reserved},
+          {"peak_live_bytes", s.peak_total},
+          {"peak_reserved_bytes", s.peak_reserved},
+          {"fragmentation", frag(s.current_total, s.reserved)},
+          {"peak_fragmentation", frag(s.peak_total, s.peak_reserved)}};
+}
+
 Data load_data(const TrainConfig& c) {
   Data d;
   if (c.model == "gpt") {
@@ -112,9 +138,13 @@ std::pair<double, double> evaluate(nn::Module& model, const data::Dataset& ds, i
   model.eval();
   double loss_sum = 0;
   int64_t count = 0, correct = 0, batches = 0;
-  for (const data::Batch& b : data::DataLoader::all_batches(ds, batch)) {
+  // One batch at a time: the whole set made up front held every batch's memory at once.
+  for (int64_t begin = 0; begin < ds.size(); begin += batch) {
     if (max_batches > 0 && batches >= max_batches) break;
     ++batches;
+    std::vector<int64_t> indices;
+    for (int64_t i = begin; i < std::min(ds.size(), begin + batch); ++i) indices.push_back(i);
+    const data::Batch b = ds.make_batch(indices);
     Tensor logits = model.forward(b.inputs);
     Tensor loss = loss_of(logits, b.targets, language);
     int64_t n = b.targets.numel();
@@ -559,6 +589,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
 TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
                   distributed::Communicator& comm) {
   validate(cfg);
+  MemoryBudgetScope budget(cfg.memory_budget);
   const int world = comm.size();
   const bool leader = comm.rank() == 0;  // the one voice: prints, logs, checkpoints
   const int64_t micro_batches = world * cfg.grad_accum;
@@ -716,6 +747,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
           rec["loss_scale"] = scaler->get_scale();
           rec["skipped_steps"] = scaler->skipped_steps();
         }
+        rec["memory"] = memory_json(host_allocator().stats());
         jlog.write(rec);
       }
       interval_start = Clock::now();
@@ -799,7 +831,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
                           {"grad_accum", cfg.grad_accum},
                           {"comm_s", r.comm_s},
                           {"exposed_comm_s", r.exposed_comm_s},
-                          {"ranks_identical", r.ranks_identical}};
+                          {"ranks_identical", r.ranks_identical},
+                          {"memory", memory_json(stats)}};
     if (r.peak_rss_growth_bytes >= 0) fin["peak_rss_growth_bytes"] = r.peak_rss_growth_bytes;
     // GPU memory: the peak of each CUDA device's allocator over the run (all tags).
     for (const runtime::DeviceModel& m : runtime::config().devices)
@@ -824,6 +857,7 @@ void run_synthetic_steps(const TrainConfig& cfg, int64_t steps,
                          const ModelFactory& make_model) {
   validate(cfg);
   if (steps < 1) fail("[train] synthetic steps must be >= 1, got ", steps);
+  MemoryBudgetScope budget(cfg.memory_budget);
   Generator init_gen(cfg.seed), dropout_gen(cfg.seed + 1);
   std::shared_ptr<nn::Module> model =
       make_model ? make_model(cfg) : build_model(cfg, init_gen, dropout_gen);

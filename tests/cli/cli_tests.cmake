@@ -121,3 +121,6 @@ add_test(NAME interop.onnx_node_suite_pypi
 set_tests_properties(interop.onnx_node_suite_pypi PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
 # Reliability (docs/RELIABILITY.md): checkpoints, output files, bad input.
 include(${CMAKE_CURRENT_LIST_DIR}/reliability.cmake)
+# Issue 23: the CPU allocator's capacity (--memory-budget) and the memory records of the log.
+add_test(NAME cli.memory_budget COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/memory_budget.sh ${HT})
+set_tests_properties(cli.memory_budget PROPERTIES TIMEOUT 300)

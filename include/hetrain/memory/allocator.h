@@ -7,9 +7,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
+#include "hetrain/base/dtype.h"
+#include "hetrain/base/error.h"
+#include "hetrain/base/shape.h"
 #include "hetrain/memory/device.h"
 
 namespace hetrain {
@@ -30,11 +35,37 @@ struct MemoryStats {
   int64_t current_total = 0;
   int64_t peak_total = 0;
   int64_t reserved = 0;  // bytes held by the allocator, cached blocks included
+  int64_t peak_reserved = 0;
   int64_t allocations = 0;
   int64_t cache_hits = 0;
 };
 
 class Allocator;
+
+/// Hetrain's out-of-memory error: an allocation would pass a device's capacity (the CPU's
+/// --memory-budget, a sim device's mem=, a GPU's memory). The message names the device, the
+/// request, the live bytes by tag and the largest tensors alive.
+class OutOfMemoryError : public Error {
+ public:
+  explicit OutOfMemoryError(const std::string& what) : Error(what) {}
+};
+
+/// What this thread is allocating, for out-of-memory reports: the op whose kernel runs (set
+/// by the executor) and the array's shape and dtype (set by Array::allocate). Restored on
+/// scope exit. The op name must outlive the scope (Primitive::name() strings do).
+class AllocationSiteScope {
+ public:
+  explicit AllocationSiteScope(const char* op);
+  AllocationSiteScope(const Shape* shape, Dtype dtype);
+  ~AllocationSiteScope();
+  AllocationSiteScope(const AllocationSiteScope&) = delete;
+  AllocationSiteScope& operator=(const AllocationSiteScope&) = delete;
+
+ private:
+  const char* prev_op_;
+  const Shape* prev_shape_;
+  Dtype prev_dtype_;
+};
 
 /// Observes every change of an allocator's counters (the profiler's memory timeline). Called
 /// with the allocator's lock held, on the thread that allocated or freed: it must be quick
@@ -82,11 +113,18 @@ class Allocator {
   virtual void empty_cache() = 0;
   /// Installs an observer of the counters (nullptr removes it; off by default). Not owned.
   virtual void set_observer(MemoryObserver* obs) = 0;
+  /// Limits the live bytes (bytes asked for by the buffers alive) to `bytes` (0: no limit):
+  /// an allocation that would pass it throws OutOfMemoryError. `origin` says where the limit
+  /// came from, for the message ("--memory-budget"). Cached blocks are given back to the
+  /// system first when the reserved bytes would pass it. Default: throws (no limit here).
+  virtual void set_capacity(int64_t bytes, const std::string& origin);
+  /// The limit set by set_capacity (0: none).
+  virtual int64_t capacity() const { return 0; }
 
  protected:
   friend class Buffer;
   virtual void release(void* ptr, size_t bytes, size_t capacity, MemoryTag tag) = 0;
-  virtual void retag(size_t bytes, MemoryTag from, MemoryTag to) = 0;
+  virtual void retag(void* ptr, size_t bytes, MemoryTag from, MemoryTag to) = 0;
 };
 
 /// Host memory: 64-byte aligned blocks, cached by rounded size so a training loop that
@@ -103,17 +141,37 @@ class HostAllocator final : public Allocator {
   void reset_peak() override;
   void empty_cache() override;
   void set_observer(MemoryObserver* obs) override;
+  void set_capacity(int64_t bytes, const std::string& origin) override;
+  int64_t capacity() const override;
 
  private:
+  /// A buffer alive, for out-of-memory reports.
+  struct LiveBlock {
+    size_t bytes = 0;
+    MemoryTag tag = MemoryTag::activations;
+    const char* op = nullptr;
+    Dtype dtype = Dtype::f32;
+    uint8_t ndim = 0;  // dims kept: up to kMaxDims (more: marked "...")
+    static constexpr int kMaxDims = 6;
+    std::array<int64_t, kMaxDims> dims{};
+  };
   void release(void* ptr, size_t bytes, size_t capacity, MemoryTag tag) override;
-  void retag(size_t bytes, MemoryTag from, MemoryTag to) override;
+  void retag(void* ptr, size_t bytes, MemoryTag from, MemoryTag to) override;
   void count(MemoryTag tag, int64_t delta);
+  /// Caller holds mu_: frees cached blocks (largest first) until `cap` more bytes fit in the
+  /// capacity or the cache is empty.
+  void trim_cache_for(size_t cap);
+  /// Caller holds mu_: the out-of-memory message for a request of `bytes` with tag.
+  std::string oom_message(size_t bytes, MemoryTag tag) const;
 
   Device device_;
   mutable std::mutex mu_;
   std::multimap<size_t, void*> cache_;
+  std::unordered_map<void*, LiveBlock> live_;
   MemoryStats stats_;
   MemoryObserver* observer_ = nullptr;
+  int64_t capacity_ = 0;
+  std::string capacity_origin_;
 };
 
 HostAllocator& host_allocator();

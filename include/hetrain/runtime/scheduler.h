@@ -34,6 +34,9 @@ struct DeviceModel {
   /// > 0: the device's workers run on this machine's cores, this many, shared with every other
   /// device that sets it (the CPU and sim devices beside it); 0: hardware of its own.
   int host_cores = 0;
+  /// Sim devices: the capacity of the device's memory node in bytes (sim:N:mem=64MiB; 0: no
+  /// limit). Its allocator enforces it: passing it is an OutOfMemoryError.
+  int64_t memory_bytes = 0;
   double ridge() const { return gflops / gbps; }  // FLOP/byte where compute-bound begins
 };
 
@@ -42,8 +45,9 @@ enum class PlacementPolicy : uint8_t { pinned, density, heft };
 PlacementPolicy parse_placement(const std::string& s);
 const char* placement_name(PlacementPolicy p);
 
-/// Parses a device list: "cpu,sim:0,sim:1@4" (sim:N@S runs kernels S times slower than on one
-/// CPU core; S >= 1). The CPU must be listed first, names are unique. An unknown or absent
+/// Parses a device list: "cpu,sim:0,sim:1@4,sim:2:mem=64MiB" (sim:N@S runs kernels S times
+/// slower than on one CPU core, S >= 1; sim:N:mem=SIZE gives its memory node a capacity, a size
+/// as parse_byte_size reads it; both may be given, in either order). The CPU must be listed first, names are unique. An unknown or absent
 /// device is an error naming it and listing the devices this build has.
 std::vector<DeviceModel> parse_devices(const std::string& list);
 /// The devices this build can run nodes on ("cpu, sim:0 .. sim:7").

@@ -38,6 +38,9 @@ struct TrainConfig {
   int64_t warmup = 0;
   uint64_t seed = 0;
   int threads = 0;  // 0: every CPU of the process's affinity mask
+  // memory: the CPU allocator's capacity in bytes (0: no limit); passing it is an
+  // OutOfMemoryError naming the request and what is alive
+  int64_t memory_budget = 0;
   // data parallelism and accumulation: a step is grad_accum micro-batches on each of the
   // world's ranks, batch_size examples in all (the global batch)
   int64_t grad_accum = 1;

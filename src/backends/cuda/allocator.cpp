@@ -69,6 +69,7 @@ class CudaAllocator final : public Allocator {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.peak = stats_.current;
     stats_.peak_total = stats_.current_total;
+    stats_.peak_reserved = stats_.reserved;
   }
   void empty_cache() override {
     std::multimap<size_t, void*> blocks;
@@ -98,7 +99,7 @@ class CudaAllocator final : public Allocator {
     count(tag, -static_cast<int64_t>(bytes));
     cache_.emplace(capacity, ptr);
   }
-  void retag(size_t bytes, MemoryTag from, MemoryTag to) override {
+  void retag(void* /*ptr*/, size_t bytes, MemoryTag from, MemoryTag to) override {
     std::lock_guard<std::mutex> lk(mu_);
     count(from, -static_cast<int64_t>(bytes));
     count(to, static_cast<int64_t>(bytes));
@@ -132,6 +133,7 @@ class CudaAllocator final : public Allocator {
     HT_CUDA_CHECK(e);
     std::lock_guard<std::mutex> lk(mu_);
     stats_.reserved += static_cast<int64_t>(cap);
+    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
     return p;
   }
 
@@ -148,7 +150,7 @@ class CudaAllocator final : public Allocator {
          << mib(s.current[static_cast<size_t>(t)]);
     os << "), reserved " << mib(s.reserved) << "; the device has "
        << mib(static_cast<int64_t>(free_b)) << " free of " << mib(static_cast<int64_t>(total_b));
-    throw Error(os.str());
+    throw OutOfMemoryError(os.str());
   }
 
   int index_;
