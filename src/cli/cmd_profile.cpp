@@ -19,7 +19,8 @@
 namespace hetrain::cli {
 
 namespace {
-const char* const kSettingFlags[] = {"data", "batch-size", "seed", "threads", "memory-budget"};
+const char* const kSettingFlags[] = {"data", "batch-size", "seed", "threads", "memory-budget",
+                                     "recompute"};
 
 }  // namespace
 
@@ -42,6 +43,7 @@ int cmd_profile(const Args& args) {
       .option("seed", "N", "seed for initialisation, shuffling and dropout")
       .option("threads", "N", "worker threads (0: every core)")
       .option("memory-budget", "BYTES", "the CPU allocator's capacity (see 'hetrain train --help')")
+      .option("recompute", "MODE", "none, selective, full or auto (see 'hetrain train --help')")
       .option("trace", "FILE",
               "write a Chrome trace JSON (open in https://ui.perfetto.dev or chrome://tracing): "
               "one track per worker thread, a step event around its nodes, FLOPs/bytes/shapes "

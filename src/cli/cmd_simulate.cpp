@@ -23,7 +23,7 @@ namespace hetrain::cli {
 namespace {
 const char* const kModelFlags[] = {"batch-size", "optimizer", "seed",   "threads", "hidden",
                                    "widths",     "blocks",    "layers", "heads",   "width",
-                                   "context",    "dropout",   "clip",    "memory-budget"};
+                                   "context",    "dropout",   "clip",    "memory-budget", "recompute"};
 
 /// Sim devices modelled as catalog hardware: its f32 rate at its GEMM efficiency, its memory
 /// bandwidth and its PCIe link.
@@ -131,6 +131,7 @@ int cmd_simulate(const Args& args) {
       .option("seed", "N", "seed for initialisation")
       .option("threads", "N", "CPU worker threads (0: every core)")
       .option("memory-budget", "BYTES", "the CPU allocator's capacity (see 'hetrain train --help')")
+      .option("recompute", "MODE", "none, selective, full or auto (see 'hetrain train --help')")
       .option("hidden", "LIST", "mlp hidden sizes")
       .option("widths", "LIST", "cnn stage widths")
       .option("blocks", "N", "cnn residual blocks per stage")

@@ -19,6 +19,7 @@
 #include "hetrain/planning/calibration.h"
 #include "hetrain/runtime/perf_model.h"
 #include "hetrain/runtime/scheduler.h"
+#include "hetrain/training/memory_plan.h"
 #include "hetrain/training/trainer.h"
 
 namespace hetrain::cli {
@@ -33,7 +34,7 @@ const char* const kSettingFlags[] = {
     "widths",   "blocks",  "layers",   "heads",      "width",     "context",      "dropout",
     "precision", "grad-scaler", "loss-scale", "loss-scale-growth-interval", "loss-scale-floor",
     "grad-accum", "bucket-mb", "comm-timeout",
-    "divergence-factor", "divergence-steps", "memory-budget"};
+    "divergence-factor", "divergence-steps", "memory-budget", "recompute"};
 // clang-format on
 // The run as a record of the planner's measured-runs file (docs/PLANNING.md): the model as
 // the planner describes it (IDX image sets are 28x28 grey images in 10 classes).
@@ -163,6 +164,11 @@ int cmd_train(const Args& args) {
       .option("memory-budget", "BYTES",
               "the CPU allocator's capacity (2GiB, 512MiB, bytes): passing it stops the run "
               "with an out-of-memory error naming the request and the largest tensors alive")
+      .option("recompute", "MODE",
+              "activation checkpointing: none, selective (replay cheap nodes: elementwise, "
+              "dropout, norms), full (keep only segment inputs) or auto (segments that fit "
+              "--memory-budget at the least replayed work); results are bitwise those of none",
+              "none")
       .option("placement", "POLICY",
               "where unpinned nodes run: pinned (first device), density (roofline + transfer "
               "cost) or heft (earliest finish time)",
@@ -199,6 +205,9 @@ int cmd_train(const Args& args) {
       .option("divergence-steps", "N",
               "stop with an error after N steps in a row skipped for inf/NaN gradients (0: never)",
               "100")
+      .flag("dry-run",
+            "predict one training step's peak memory by tag from its graph (with --recompute's "
+            "plan; auto chooses one for --memory-budget), print it and exit: nothing is trained")
       .flag("no-progress", "no live progress bar, even on a terminal")
       .flag("json", "print the final result as JSON on stdout")
       .flag("no-record",
@@ -244,6 +253,10 @@ int cmd_train(const Args& args) {
   }
   cfg.progress = !p.get_flag("no-progress");
   training::validate(cfg);
+  if (p.get_flag("dry-run")) {
+    training::dry_run(cfg, stdout);
+    return 0;
+  }
   const std::optional<distributed::Fault> fault = distributed::fault_from_env();
   // Under mpirun: one rank of a data-parallel job; otherwise a world of one.
   std::unique_ptr<distributed::Communicator> comm =

@@ -9,14 +9,12 @@
 #include "hetrain/graph/autocast.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/graph/primitive.h"
+#include "hetrain/graph/recompute.h"
 #include "hetrain/runtime/eval.h"
 
 namespace hetrain {
 
-namespace {
-
-/// Post-order of the nodes reachable from roots through producers (inputs first).
-std::vector<std::shared_ptr<Node>> topo_order(const std::vector<Tensor>& roots) {
+std::vector<std::shared_ptr<Node>> graph_order(const std::vector<Tensor>& roots) {
   std::vector<std::shared_ptr<Node>> order;
   std::unordered_set<Node*> seen;
   std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack;
@@ -37,14 +35,18 @@ std::vector<std::shared_ptr<Node>> topo_order(const std::vector<Tensor>& roots) 
   return order;
 }
 
+namespace {
+
 /// acc + g, or g where nothing was accumulated yet.
 Tensor accumulate(const Tensor& acc, const Tensor& g) { return acc.defined() ? add(acc, g) : g; }
 
 /// Reverse-mode sweep. relevant(n) says whether cotangents should flow into node n. Returns
-/// the cotangent of every output slot reached.
+/// the cotangent of every output slot reached. With a replay, each vjp reads the forward
+/// values through it (activation checkpointing); cotangents still flow to the forward nodes.
 std::unordered_map<Node*, std::vector<Tensor>> backprop(
     const std::vector<Tensor>& outputs, const std::vector<Tensor>& cotangents,
-    const std::vector<std::shared_ptr<Node>>& order, const std::unordered_set<Node*>& relevant) {
+    const std::vector<std::shared_ptr<Node>>& order, const std::unordered_set<Node*>& relevant,
+    ForwardReplay* replay = nullptr) {
   // Each gradient runs in the dtype its forward ran in: no autocast while building them.
   amp::Autocast no_autocast(amp::Precision::fp32);
   std::unordered_map<Node*, std::vector<Tensor>> cot;
@@ -80,8 +82,17 @@ std::unordered_map<Node*, std::vector<Tensor>> backprop(
     for (size_t i = 0; i < n->outs.size(); ++i) outs.emplace_back(*it, static_cast<int>(i));
     std::vector<Tensor> cts = found->second;
     cts.resize(n->outs.size());
-    std::vector<Tensor> primals = n->inputs;
-    std::vector<Tensor> grads = n->prim->vjp(primals, outs, cts, argnums);
+    const std::vector<Tensor>& primals = n->inputs;
+    std::vector<Tensor> values = primals;
+    if (replay && replay->active()) {
+      // The forward values this vjp reads: kept, or replayed once the backward gets here.
+      Tensor trigger;
+      for (const Tensor& c : cts)
+        if (c.defined() && !trigger.defined()) trigger = c;
+      for (Tensor& v : values) v = replay->value(v, trigger);
+      for (Tensor& o : outs) o = replay->value(o, trigger);
+    }
+    std::vector<Tensor> grads = n->prim->vjp(values, outs, cts, argnums);
     HT_ASSERT(grads.size() == argnums.size());
     for (size_t j = 0; j < argnums.size(); ++j) {
       const Tensor& in = primals[static_cast<size_t>(argnums[j])];
@@ -102,7 +113,7 @@ std::unordered_map<Node*, std::vector<Tensor>> backprop(
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& wrt,
                          const std::vector<Tensor>& cotangents) {
-  auto order = topo_order(outputs);
+  auto order = graph_order(outputs);
   std::unordered_set<Node*> targets;
   for (const auto& w : wrt) {
     if (!w.defined()) fail("[grad] a wrt tensor is undefined");
@@ -140,13 +151,23 @@ std::pair<Tensor, std::vector<Tensor>> value_and_grad(const TensorFn& f,
   return {value, grad({value}, leaves)};
 }
 
-void backward(const Tensor& output, const Tensor& cotangent) {
+namespace {
+/// backward()'s graph: the gradient of each leaf that requires grad (not yet accumulated into
+/// its .grad), under this thread's recompute policy. The forward order and cotangents it used
+/// are gone when it returns, so the graph is held as backward() will hold it.
+struct LeafGradients {
+  std::vector<Node*> leaves;
+  std::vector<Tensor> grads;
+  std::vector<std::weak_ptr<Node>> forward;  // the nodes behind output
+};
+
+LeafGradients leaf_gradients(const Tensor& output, const Tensor& cotangent) {
   if (!output.defined()) fail("[backward] undefined tensor");
   if (!output.requires_grad())
     fail(
         "[backward] the tensor does not require grad: no leaf it depends on was marked with "
         "requires_grad_()");
-  auto order = topo_order({output});
+  auto order = graph_order({output});
   std::unordered_set<Node*> relevant;
   for (const auto& n : order) {
     if (n->requires_grad) relevant.insert(n.get());
@@ -155,20 +176,18 @@ void backward(const Tensor& output, const Tensor& cotangent) {
   std::unordered_map<Node*, std::vector<Tensor>> cot;
   {
     NoGradScope no_grad;
-    cot = backprop({output}, {cotangent}, order, relevant);
+    // Activation checkpointing: the policy of this thread's RecomputeScope.
+    ForwardReplay replay(order, RecomputeScope::current());
+    cot = backprop({output}, {cotangent}, order, relevant, &replay);
   }
-  std::vector<Tensor> targets{output};
-  std::vector<Node*> leaf_nodes;
+  LeafGradients r;
   for (const auto& np : order) {
     Node* n = np.get();
     if (!n->leaf_requires_grad) continue;
     auto it = cot.find(n);
     if (it == cot.end() || !it->second[0].defined()) continue;
-    Tensor g = it->second[0];
-    NoGradScope no_grad;
-    n->grad = n->grad.defined() ? add(n->grad, g) : g;
-    targets.push_back(n->grad);
-    leaf_nodes.push_back(n);
+    r.leaves.push_back(n);
+    r.grads.push_back(it->second[0]);
   }
   // Evaluated forward nodes forget their producers now: what the gradient graph needs it
   // references directly, so each activation is freed after its last backward use.
@@ -181,8 +200,34 @@ void backward(const Tensor& output, const Tensor& cotangent) {
   // Nothing here may hold a node during the evaluation: the sweep's order would keep every
   // forward output, and the cotangent map every intermediate gradient, until it returns.
   cot.clear();
-  std::vector<std::weak_ptr<Node>> graph(order.begin(), order.end());
-  order.clear();
+  r.forward.assign(order.begin(), order.end());
+  return r;
+}
+}  // namespace
+
+std::vector<Tensor> gradient_graph(const Tensor& output, const Tensor& cotangent) {
+  LeafGradients lg = leaf_gradients(output, cotangent);
+  std::vector<Tensor> targets{output};
+  NoGradScope no_grad;
+  for (size_t i = 0; i < lg.leaves.size(); ++i) {
+    const Tensor& acc = lg.leaves[i]->grad;
+    targets.push_back(acc.defined() ? add(acc, lg.grads[i]) : lg.grads[i]);
+  }
+  return targets;
+}
+
+void backward(const Tensor& output, const Tensor& cotangent) {
+  LeafGradients lg = leaf_gradients(output, cotangent);
+  std::vector<Tensor> targets{output};
+  std::vector<Node*>& leaf_nodes = lg.leaves;
+  for (size_t i = 0; i < leaf_nodes.size(); ++i) {
+    Node* n = leaf_nodes[i];
+    NoGradScope no_grad;
+    n->grad = n->grad.defined() ? add(n->grad, lg.grads[i]) : lg.grads[i];
+    targets.push_back(n->grad);
+  }
+  lg.grads.clear();
+  std::vector<std::weak_ptr<Node>> graph = std::move(lg.forward);
   eval(targets, /*release_graph=*/true);
   // Gradients are accounted as such; a gradient that aliases another buffer gets its own.
   for (Node* n : leaf_nodes) {

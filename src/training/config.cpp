@@ -9,6 +9,7 @@
 #include "hetrain/base/byte_size.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
+#include "hetrain/graph/recompute.h"
 #include "hetrain/training/trainer.h"
 
 namespace hetrain::training {
@@ -158,7 +159,10 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
   else if (key == "memory-budget")
     c.memory_budget = parse_byte_size(
         v, "[train] " + origin + (origin.starts_with("flag") ? "" : ": 'memory-budget'"));
-  else if (key == "grad-accum") c.grad_accum = i();
+  else if (key == "recompute") {
+    parse_recompute(v, "[train] " + origin);  // checks the name
+    c.recompute = v;
+  } else if (key == "grad-accum") c.grad_accum = i();
   else if (key == "bucket-mb") c.bucket_mb = d();
   else if (key == "comm-timeout") c.comm_timeout = d();
   else if (key == "precision") {
@@ -290,6 +294,7 @@ void validate(const TrainConfig& c) {
     fail("[train] threads must be between 0 (one per core) and ", max_threads(), ", got ",
          c.threads);
   if (c.dropout < 0 || c.dropout >= 1) fail("[train] dropout must be in [0, 1)");
+  parse_recompute(c.recompute, "[train] recompute");
   if (c.memory_budget < 0) fail("[train] memory-budget must be >= 0 bytes (0: no limit)");
   if (c.grad_accum < 1) fail("[train] grad-accum must be >= 1, got ", c.grad_accum);
   if (c.batch_size % c.grad_accum != 0)

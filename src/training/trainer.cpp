@@ -27,6 +27,7 @@
 #include "hetrain/distributed/communicator.h"
 #include "hetrain/distributed/grad_reducer.h"
 #include "hetrain/graph/autodiff.h"
+#include "hetrain/graph/recompute.h"
 #include "hetrain/interop/safetensors.h"
 #include "hetrain/memory/allocator.h"
 #include "hetrain/memory/process_memory.h"
@@ -39,6 +40,7 @@
 #include "hetrain/training/nn.h"
 #include "hetrain/training/optim.h"
 #include "training/data_parallel.h"
+#include "training/step.h"
 
 namespace hetrain::training {
 
@@ -124,11 +126,15 @@ std::shared_ptr<nn::Module> build_model(const TrainConfig& c, Generator& init, G
   return std::make_shared<nn::Gpt>(g, init);
 }
 
+}  // namespace
+
 Tensor loss_of(const Tensor& logits, const Tensor& targets, bool language) {
   if (!language) return cross_entropy(logits, targets);
   const int64_t V = logits.shape().back();
   return cross_entropy(reshape(logits, {-1, V}), reshape(targets, {-1}));
 }
+
+namespace {
 
 /// Mean loss (and accuracy) over the evaluation set, in eval mode, without gradients.
 std::pair<double, double> evaluate(nn::Module& model, const data::Dataset& ds, int64_t batch,
@@ -161,7 +167,8 @@ std::pair<double, double> evaluate(nn::Module& model, const data::Dataset& ds, i
           count ? static_cast<double>(correct) / static_cast<double>(count) : 0.0};
 }
 
-/// The optimizer train() uses for cfg.
+}  // namespace
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Module& model) {
   optim::NamedParams params = model.named_parameters();
   // Weight decay applies to matrices and convolutions, not to biases and norm scales.
@@ -173,20 +180,54 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Mod
       optim::SgdOptions{.lr = cfg.lr, .momentum = cfg.momentum, .weight_decay = cfg.weight_decay});
 }
 
-struct StepOutcome {
-  double loss = 0;  // the mean over every rank's micro-batches
-  distributed::ReduceTimes times;
-};
+data::Batch synthetic_batch(const TrainConfig& cfg) {
+  data::Batch batch;
+  if (cfg.model == "gpt") {
+    batch.inputs = zeros({cfg.batch_size, cfg.context}, Dtype::i64).eval();
+    batch.targets = zeros({cfg.batch_size, cfg.context}, Dtype::i64).eval();
+  } else {
+    batch.inputs = zeros({cfg.batch_size, 1, 28, 28}).eval();
+    batch.targets = zeros({cfg.batch_size}, Dtype::i64).eval();
+  }
+  return batch;
+}
 
-/// One step: for each micro-batch forward (under the configured autocast), backward (of the
-/// scaled loss with a grad scaler), running statistics and (with a reducer) accumulation into
-/// the gradient buckets; then the reduction over the ranks, unscale, clipping, update (skipped
-/// and counted by the scaler when a gradient is inf/NaN), scale update. Without a reducer there
-/// is one micro-batch and one rank. `step` names the step in errors.
+StepShape step_shape(const TrainConfig& cfg, const optim::Optimizer& opt) {
+  return {.state_slots = cfg.optimizer == "adamw" ? 2 : (cfg.momentum > 0 ? 1 : 0),
+          .clip = cfg.clip > 0,
+          .state_allocated = opt.steps() > 0};
+}
+
+RecomputeState recompute_state(const TrainConfig& cfg, bool announce) {
+  RecomputeState r;
+  r.policy.mode = parse_recompute(cfg.recompute, "[train] recompute");
+  r.announce = announce;
+  return r;
+}
+
+namespace {
+/// The policy of this backward: auto plans at its first backward.
+const RecomputePolicy& step_policy(RecomputeState& rs, const Tensor& root, const TrainConfig& cfg,
+                                   const optim::Optimizer& opt) {
+  if (rs.policy.mode != RecomputeMode::automatic || rs.planned) return rs.policy;
+  rs.plan = plan_recompute(root, cfg.memory_budget, step_shape(cfg, opt));
+  rs.policy = rs.plan.policy;
+  rs.planned = true;
+  if (rs.announce)
+    std::fprintf(stderr, "recompute auto (%s): %s\n",
+                 cfg.memory_budget > 0
+                     ? ("budget " + format_bytes(cfg.memory_budget)).c_str()
+                     : "no --memory-budget: the least peak",
+                 rs.plan.summary().c_str());
+  return rs.policy;
+}
+}  // namespace
+
 StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
                        const std::vector<data::Batch>& micro, const TrainConfig& cfg,
                        bool language, amp::GradScaler* scaler, int64_t step,
-                       distributed::GradReducer* reducer, distributed::Communicator& comm) {
+                       distributed::GradReducer* reducer, distributed::Communicator& comm,
+                       RecomputeState& recompute) {
   HT_ASSERT(reducer || (micro.size() == 1 && comm.size() == 1));
   std::vector<Tensor> losses;
   for (size_t k = 0; k < micro.size(); ++k) {
@@ -202,7 +243,13 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
       comm.set_context({step, "gradient reduction"});
       reducer->overlap_next_backward(k == 0);
     }
-    (scaler ? scaler->scale(loss) : loss).backward();
+    {
+      const Tensor root = scaler ? scaler->scale(loss) : loss;
+      const RecomputePolicy& policy = step_policy(recompute, root, cfg, opt);
+      if (recompute.before_backward) recompute.before_backward(root, policy);
+      RecomputeScope rc(policy);
+      root.backward();
+    }
     std::vector<Tensor> buffers;
     for (auto& [n, b] : model.named_buffers()) buffers.push_back(*b);
     eval(buffers);
@@ -236,6 +283,8 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
   }
   return out;
 }
+
+namespace {
 
 std::string fmt_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "--";
@@ -684,6 +733,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
   int64_t interval_overlapped = 0;
   std::vector<double> step_seconds;
   Divergence divergence(cfg);
+  RecomputeState recompute = recompute_state(cfg, leader);
   model->train();
   // Kernel times are recorded (when on) for steps 3 to 22 only: enough to calibrate the
   // performance models, without the first steps' warm-up or the cost in every step.
@@ -698,7 +748,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
     const int64_t skipped_before = scaler ? scaler->skipped_steps() : 0;
     const std::vector<data::Batch> micro = loader.next_micro();
     const StepOutcome outcome = train_step(*model, *opt, micro, cfg, data.language, scaler_ptr,
-                                           step, reducer ? &*reducer : nullptr, comm);
+                                           step, reducer ? &*reducer : nullptr, comm, recompute);
     last_loss = outcome.loss;
     interval_comm += outcome.times.comm_s;
     interval_exposed += outcome.times.exposed_comm_s;
@@ -864,18 +914,12 @@ void run_synthetic_steps(const TrainConfig& cfg, int64_t steps,
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, *model);
   const bool language = cfg.model == "gpt";
   // The shapes a real batch has; the values do not change the work.
-  data::Batch batch;
-  if (language) {
-    batch.inputs = zeros({cfg.batch_size, cfg.context}, Dtype::i64).eval();
-    batch.targets = zeros({cfg.batch_size, cfg.context}, Dtype::i64).eval();
-  } else {
-    batch.inputs = zeros({cfg.batch_size, 1, 28, 28}).eval();
-    batch.targets = zeros({cfg.batch_size}, Dtype::i64).eval();
-  }
+  const data::Batch batch = synthetic_batch(cfg);
   model->train();
   std::unique_ptr<distributed::Communicator> local = distributed::make_local_communicator();
+  RecomputeState recompute = recompute_state(cfg, false);
   for (int64_t s = 0; s < steps; ++s) {
-    train_step(*model, *opt, {batch}, cfg, language, nullptr, s, nullptr, *local);
+    train_step(*model, *opt, {batch}, cfg, language, nullptr, s, nullptr, *local, recompute);
     if (after_step) after_step(s);
   }
 }

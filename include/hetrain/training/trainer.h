@@ -41,6 +41,9 @@ struct TrainConfig {
   // memory: the CPU allocator's capacity in bytes (0: no limit); passing it is an
   // OutOfMemoryError naming the request and what is alive
   int64_t memory_budget = 0;
+  // activation checkpointing (graph/recompute.h): none | selective | full | auto (auto fits
+  // memory_budget at the least replayed work)
+  std::string recompute = "none";
   // data parallelism and accumulation: a step is grad_accum micro-batches on each of the
   // world's ranks, batch_size examples in all (the global batch)
   int64_t grad_accum = 1;
