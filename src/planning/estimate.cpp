@@ -47,6 +47,7 @@ std::string Strategy::describe() const {
   std::ostringstream os;
   os << "tp=" << tp << " pp=" << pp << " zero=" << zero << " offload=" << to_string(offload)
      << " recompute=" << to_string(recompute) << " micro-batch=" << micro_batch;
+  if (virtual_stages > 1) os << " virtual-stages=" << virtual_stages;
   if (tp > 1 && !sequence_parallel) os << " no-sp";
   return os.str();
 }
@@ -238,6 +239,7 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
   int dp0 = gpus / tpp;
   bool likely_ok = gpus >= 1 && s.tp >= 1 && s.pp >= 1 && gpus % tpp == 0 && s.zero >= 0 &&
                    s.zero <= 3 && s.micro_batch >= 1 && !(s.pp > 1 && s.zero >= 2) &&
+                   s.virtual_stages >= 1 && (s.virtual_stages == 1 || s.pp > 1) &&
                    (s.offload == Offload::none || (s.zero >= 1 && hw.pcie_gen > 0)) &&
                    (s.offload != Offload::optimizer_params || s.zero == 3) &&
                    (hw.peak_tflops(job.precision) > 0 || job.achieved_tflops ||
@@ -245,7 +247,8 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
                    dp0 > 0 &&
                    job.global_batch % (static_cast<int64_t>(dp0) * s.micro_batch) == 0 &&
                    (m.is_transformer()
-                        ? m.tf.heads % s.tp == 0 && m.tf.kv_heads % s.tp == 0 && s.pp <= m.tf.layers
+                        ? m.tf.heads % s.tp == 0 && m.tf.kv_heads % s.tp == 0 &&
+                              static_cast<int64_t>(s.pp) * s.virtual_stages <= m.tf.layers
                         : s.tp == 1 && s.pp == 1);
   if (likely_ok) return "";
   std::ostringstream os;
@@ -257,6 +260,9 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
   }
   if (s.zero < 0 || s.zero > 3) return "--zero expects 0, 1, 2 or 3";
   if (s.micro_batch < 1) return "--micro-batch must be at least 1";
+  if (s.virtual_stages < 1) return "--virtual-stages must be at least 1";
+  if (s.virtual_stages > 1 && s.pp == 1)
+    return "--virtual-stages > 1 interleaves pipeline stages: needs --pp > 1";
   if (!m.is_transformer() && (s.tp > 1 || s.pp > 1))
     return "conv nets are planned with data parallelism only (--tp 1 --pp 1)";
   if (m.is_transformer()) {
@@ -270,6 +276,11 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
     }
     if (s.pp > m.tf.layers) {
       os << "--pp " << s.pp << " exceeds the " << m.tf.layers << " layers";
+      return os.str();
+    }
+    if (static_cast<int64_t>(s.pp) * s.virtual_stages > m.tf.layers) {
+      os << "--pp " << s.pp << " x --virtual-stages " << s.virtual_stages << " exceeds the "
+         << m.tf.layers << " layers (each chunk needs one)";
       return os.str();
     }
   }
@@ -490,7 +501,11 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
     double first_extra = (tf.dropout ? sbh : 0) / sp_div;
     double last_extra =
         tf.lm_head ? 4.0 * tf.seq * st.micro_batch * static_cast<double>(tf.vocab) / st.tp : 0;
-    double first = lps * layer * m_in_flight + first_extra;
+    // The interleaved schedule's warm-up keeps more micro-batches in flight on the first
+    // stage: (1 + (p - 1) / (p v)) times the 1F1B's (Korthikanti et al. 2022, section 4.2.3).
+    const double v = st.virtual_stages;
+    const double interleave = v > 1 ? 1 + (st.pp - 1) / (st.pp * v) : 1;
+    double first = lps * layer * m_in_flight * interleave + first_extra;
     double last = lps * layer + last_extra;
     mem.activations = st.pp == 1 ? lps * layer + first_extra + last_extra : std::max(first, last);
     if (st.recompute == Recompute::full)  // one layer's activations while it is recomputed
@@ -569,14 +584,18 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
       double n = act / (st.sequence_parallel ? st.tp : 1);
       int span = st.tp * st.pp;
       double bw = span <= gpn ? hw.intra_bw() : hw.inter_bw();  // one path per send
-      pp_mb = 2 * (alpha_for(span) + n / bw);
+      // Each of a device's chunks sends its activation forward and its gradient back.
+      pp_mb = 2 * st.virtual_stages * (alpha_for(span) + n / bw);
     }
   }
   T.tp_comm = mbs * tp_mb;
   T.pp_comm = mbs * pp_mb;
   double t_mb = compute_mb + tp_mb + pp_mb;
-  T.bubble = (st.pp - 1) * t_mb;
-  double pipeline = (mbs + st.pp - 1) * t_mb;
+  // Fill and drain: p - 1 micro-batch times, divided by the chunks per device when the
+  // schedule is interleaved (Narayanan et al. 2021, section 2.2.2).
+  const double fill = static_cast<double>(st.pp - 1) / st.virtual_stages;
+  T.bubble = fill * t_mb;
+  double pipeline = (mbs + fill) * t_mb;
 
   if (p.dp > 1) {
     int span = st.tp * p.dp;  // tensor-parallel ranks innermost, data-parallel next

@@ -19,6 +19,7 @@ json to_json(const Plan& p) {
                    {"recompute", to_string(s.recompute)},
                    {"micro_batch", s.micro_batch},
                    {"micro_batches_per_step", p.micro_batches},
+                   {"virtual_stages", s.virtual_stages},
                    {"sequence_parallel", s.sequence_parallel}};
   j["params"] = p.params;
   j["flops_per_step"] = p.flops_per_step;

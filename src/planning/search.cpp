@@ -78,6 +78,9 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
   std::vector<int> pps =
       opt.pp ? std::vector<int>{*opt.pp} : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
   std::vector<int> zeros = opt.zero ? std::vector<int>{*opt.zero} : std::vector<int>{0, 1, 2, 3};
+  // Interleaved schedules only with a pipeline; 1 (plain 1F1B) is always a candidate.
+  const std::vector<int> vss = opt.virtual_stages ? std::vector<int>{*opt.virtual_stages}
+                                                  : std::vector<int>{1, 2, 4, 8};
   std::vector<Offload> offs = opt.offload ? std::vector<Offload>{*opt.offload}
                                           : std::vector<Offload>{Offload::none, Offload::optimizer,
                                                                  Offload::optimizer_params};
@@ -126,6 +129,8 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
         if (!opt.tp && (tp > hw->gpus_per_node || tp > n)) continue;
         for (int pp : pps) {
           if (!opt.pp && tp * pp > n) break;
+          for (int vs : vss) {
+          if (pp == 1 && vs > 1 && !opt.virtual_stages) break;
           for (int z : zeros) {
             int dp = n % (tp * pp) == 0 ? n / (tp * pp) : 0;
             for (int64_t mb : mbs) {
@@ -143,7 +148,7 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
                     continue;
                   Strategy s;
                   s.tp = tp, s.pp = pp, s.zero = z, s.offload = off, s.recompute = rc;
-                  s.micro_batch = mb;
+                  s.micro_batch = mb, s.virtual_stages = vs;
                   std::string problem = detail::strategy_problem(job, *hw, n, s);
                   if (!problem.empty()) {
                     if (o.first_problem.empty()) o.first_problem = problem;
@@ -171,6 +176,7 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
               // Memory grows with the micro-batch: if nothing fits now, nothing larger will.
               if (evaluated_here && !fitted_here) break;
             }
+          }
           }
         }
       }
@@ -281,7 +287,8 @@ namespace {
 
 int changed_dimensions(const Strategy& a, const Strategy& b) {
   return (a.tp != b.tp) + (a.pp != b.pp) + (a.zero != b.zero) + (a.offload != b.offload) +
-         (a.recompute != b.recompute) + (a.micro_batch != b.micro_batch);
+         (a.recompute != b.recompute) + (a.micro_batch != b.micro_batch) +
+         (a.virtual_stages != b.virtual_stages);
 }
 
 template <class T>
@@ -303,6 +310,7 @@ std::string strategy_changes(const Strategy& from, const Strategy& to) {
   item("offload", to_string(from.offload), to_string(to.offload));
   item("recompute", to_string(from.recompute), to_string(to.recompute));
   item("micro-batch", std::to_string(from.micro_batch), std::to_string(to.micro_batch));
+  item("virtual-stages", std::to_string(from.virtual_stages), std::to_string(to.virtual_stages));
   return os.str();
 }
 
@@ -321,10 +329,11 @@ std::optional<Plan> nearest_fitting(const Job& job, const Hardware& hw, int gpus
       for (int z = 0; z <= 3; ++z)
         for (Offload off : {Offload::none, Offload::optimizer, Offload::optimizer_params})
           for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
-            for (int64_t mb : mbs) {
+            for (int64_t mb : mbs)
+              for (int vs : {s.virtual_stages, 1}) {
               Strategy c = s;
               c.tp = tp, c.pp = pp, c.zero = z, c.offload = off, c.recompute = rc;
-              c.micro_batch = mb;
+              c.micro_batch = mb, c.virtual_stages = vs;
               const int d = changed_dimensions(s, c);
               if (d > best_d || !detail::strategy_problem(job, hw, gpus, c).empty()) continue;
               Plan p = detail::evaluate_unchecked(job, hw, gpus, c, &cache);

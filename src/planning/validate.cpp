@@ -146,6 +146,14 @@ PublishedRun run_from(const json& e, const std::string& file, size_t index) {
     if (s.contains("offload")) r.offload = offload_from_string(s.value("offload", ""));
     if (s.contains("recompute")) r.recompute = recompute_from_string(s.value("recompute", ""));
     if (s.contains("micro_batch")) r.micro_batch = count(s, "micro_batch", sw);
+    const std::string schedule = s.value("schedule", std::string("1f1b"));
+    if (schedule != "1f1b" && schedule != "interleaved")
+      fail("[plan] ", sw, ": 'schedule' must be \"1f1b\" or \"interleaved\", got '", schedule,
+           "'");
+    if (schedule == "interleaved")
+      r.virtual_stages = s.contains("virtual_stages")
+                             ? std::optional<int>(static_cast<int>(count(s, "virtual_stages", sw)))
+                             : std::nullopt;
   }
   const json rep = e.value("reported", json());
   if (!rep.is_object()) fail("[plan] ", where, ": 'reported' must be an object");
@@ -165,8 +173,9 @@ Hardware hardware_for(const PublishedRun& r, const Catalog& cat, const Efficienc
 
 // The published strategy; open dimensions searched for the fastest plan that fits.
 Plan predict_plan(const PublishedRun& r, const Hardware& hw) {
-  if (r.tp && r.pp && r.zero && r.offload && r.recompute && r.micro_batch) {
+  if (r.tp && r.pp && r.zero && r.offload && r.recompute && r.micro_batch && r.virtual_stages) {
     Strategy s;
+    s.virtual_stages = *r.virtual_stages;
     s.tp = *r.tp, s.pp = *r.pp, s.zero = *r.zero, s.offload = *r.offload;
     s.recompute = *r.recompute, s.micro_batch = *r.micro_batch;
     return evaluate(r.job, hw, r.gpus, s);
@@ -181,6 +190,7 @@ Plan predict_plan(const PublishedRun& r, const Hardware& hw) {
   o.max_gpus = r.gpus;
   o.tp = r.tp, o.pp = r.pp, o.zero = r.zero, o.offload = r.offload, o.recompute = r.recompute;
   o.micro_batch = r.micro_batch;
+  o.virtual_stages = r.virtual_stages;
   o.top = 1;
   SearchResult res = search(r.job, one, o);
   if (res.plans.empty())

@@ -36,7 +36,9 @@ TEST(PlanValidate, PublishedRunsTableCoversScalesAndHardware) {
   }
   EXPECT_LT(lo, 200e6);
   EXPECT_GT(hi, 900e9);
-  EXPECT_TRUE(hardware.count("a100-80gb-sxm") && hardware.count("h100-sxm"));
+  // V100, A100, H100 and TPU, as the issue asks.
+  EXPECT_TRUE(hardware.count("v100-sxm2-32gb") && hardware.count("a100-80gb-sxm") &&
+              hardware.count("h100-sxm") && hardware.count("tpu-v3"));
   EXPECT_EQ(splits.size(), 2u);
   // The model shapes are the published ones: Megatron-LM's 1T model and GPT-2 small.
   auto by_id = [&](const std::string& id) {
@@ -48,6 +50,10 @@ TEST(PlanValidate, PublishedRunsTableCoversScalesAndHardware) {
   EXPECT_EQ(by_id("llama-65b").job.model.params(), 65'285'660'672);  // as the llama-65b preset
   EXPECT_EQ(by_id("megatron-gpt-1.7b").split, "train");
   EXPECT_EQ(by_id("llama-65b").split, "held-out");
+  // Llama 3's published interleaved schedule: its virtual stages are searched (not published).
+  EXPECT_FALSE(by_id("llama3-405b-8192").virtual_stages.has_value());
+  EXPECT_EQ(by_id("megatron-gpt-1008b").virtual_stages, 1);
+  EXPECT_EQ(by_id("megatron2019-gpt-8.3b").job.model.params() / 100'000'000, 83);
 }
 
 TEST(PlanValidate, CatalogEfficiencyModelIsTheFitOnTheTrainRuns) {

@@ -26,6 +26,10 @@ struct Strategy {
   Recompute recompute = Recompute::none;
   int64_t micro_batch = 1;
   bool sequence_parallel = true;  // Megatron-style, only meaningful with tp > 1
+  /// Interleaved 1F1B pipeline schedule (Narayanan et al. 2021, section 2.2.2): each device
+  /// holds this many non-adjacent chunks of its layers; the bubble is divided by it, the
+  /// point-to-point traffic multiplied. 1: the plain 1F1B schedule. Needs pp > 1.
+  int virtual_stages = 1;
   std::string describe() const;
 };
 
@@ -123,7 +127,7 @@ struct SearchOptions {
   std::vector<std::string> hardware;  // candidates (empty: the whole catalog)
   std::vector<int> gpus;              // candidates (empty: 1, 2, 4, 8, 16, 24, 32, 48, ...)
   int max_gpus = 4096;
-  std::optional<int> tp, pp, zero;
+  std::optional<int> tp, pp, zero, virtual_stages;
   std::optional<Offload> offload;
   std::optional<Recompute> recompute;
   std::optional<int64_t> micro_batch;
@@ -146,7 +150,7 @@ struct SearchResult {
 SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions& opt);
 
 /// The plan that fits on `gpus` x `hw` nearest to strategy `s`: fewest strategy dimensions
-/// changed (tp, pp, ZeRO stage, offload, recompute, micro-batch), then the shortest training
+/// changed (tp, pp, virtual stages, ZeRO stage, offload, recompute, micro-batch), then the shortest training
 /// time. Empty when nothing fits on that many devices.
 std::optional<Plan> nearest_fitting(const Job& job, const Hardware& hw, int gpus,
                                     const Strategy& s);

@@ -30,6 +30,9 @@ struct PublishedRun {
   std::optional<Offload> offload;
   std::optional<Recompute> recompute;
   std::optional<int64_t> micro_batch;
+  /// Pipeline schedule: "1f1b" (the default: virtual stages 1) or "interleaved" (virtual
+  /// stages as published in 'virtual_stages', else searched).
+  std::optional<int> virtual_stages = 1;
   ReportedMetric metric = ReportedMetric::achieved_tflops_per_gpu;
   double reported = 0;
   bool train() const { return split == "train"; }
