@@ -161,7 +161,8 @@ struct LeafGradients {
   std::vector<std::weak_ptr<Node>> forward;  // the nodes behind output
 };
 
-LeafGradients leaf_gradients(const Tensor& output, const Tensor& cotangent) {
+LeafGradients leaf_gradients(const Tensor& output, const Tensor& cotangent,
+                             const std::vector<Tensor>& with) {
   if (!output.defined()) fail("[backward] undefined tensor");
   if (!output.requires_grad())
     fail(
@@ -177,7 +178,15 @@ LeafGradients leaf_gradients(const Tensor& output, const Tensor& cotangent) {
   {
     NoGradScope no_grad;
     // Activation checkpointing: the policy of this thread's RecomputeScope.
-    ForwardReplay replay(order, RecomputeScope::current());
+    // The nodes only `with` needs (the running statistics' updates) read the forward too.
+    std::vector<std::shared_ptr<Node>> also;
+    if (!with.empty()) {
+      std::unordered_set<const Node*> in_order;
+      for (const auto& n : order) in_order.insert(n.get());
+      for (auto& n : graph_order(with))
+        if (!in_order.count(n.get())) also.push_back(std::move(n));
+    }
+    ForwardReplay replay(order, RecomputeScope::current(), also);
     cot = backprop({output}, {cotangent}, order, relevant, &replay);
   }
   LeafGradients r;
@@ -205,19 +214,23 @@ LeafGradients leaf_gradients(const Tensor& output, const Tensor& cotangent) {
 }
 }  // namespace
 
-std::vector<Tensor> gradient_graph(const Tensor& output, const Tensor& cotangent) {
-  LeafGradients lg = leaf_gradients(output, cotangent);
+std::vector<Tensor> gradient_graph(const Tensor& output, const Tensor& cotangent,
+                                   const std::vector<Tensor>& with) {
+  LeafGradients lg = leaf_gradients(output, cotangent, with);
   std::vector<Tensor> targets{output};
   NoGradScope no_grad;
   for (size_t i = 0; i < lg.leaves.size(); ++i) {
     const Tensor& acc = lg.leaves[i]->grad;
     targets.push_back(acc.defined() ? add(acc, lg.grads[i]) : lg.grads[i]);
   }
+  targets.insert(targets.end(), with.begin(), with.end());
   return targets;
 }
 
-void backward(const Tensor& output, const Tensor& cotangent) {
-  LeafGradients lg = leaf_gradients(output, cotangent);
+void backward(const Tensor& output, const Tensor& cotangent) { backward(output, cotangent, {}); }
+
+void backward(const Tensor& output, const Tensor& cotangent, const std::vector<Tensor>& with) {
+  LeafGradients lg = leaf_gradients(output, cotangent, with);
   std::vector<Tensor> targets{output};
   std::vector<Node*>& leaf_nodes = lg.leaves;
   for (size_t i = 0; i < leaf_nodes.size(); ++i) {
@@ -228,6 +241,7 @@ void backward(const Tensor& output, const Tensor& cotangent) {
   }
   lg.grads.clear();
   std::vector<std::weak_ptr<Node>> graph = std::move(lg.forward);
+  targets.insert(targets.end(), with.begin(), with.end());
   eval(targets, /*release_graph=*/true);
   // Gradients are accounted as such; a gradient that aliases another buffer gets its own.
   for (Node* n : leaf_nodes) {

@@ -197,7 +197,8 @@ ForwardUnits forward_units(const std::vector<std::shared_ptr<Node>>& topo) {
 }
 
 ForwardReplay::ForwardReplay(const std::vector<std::shared_ptr<Node>>& topo,
-                             const RecomputePolicy& policy) {
+                             const RecomputePolicy& policy,
+                             const std::vector<std::shared_ptr<Node>>& also) {
   if (policy.mode == RecomputeMode::none) return;
   const ForwardUnits u = forward_units(topo);
   if (policy.mode == RecomputeMode::selective)
@@ -209,6 +210,10 @@ ForwardReplay::ForwardReplay(const std::vector<std::shared_ptr<Node>>& topo,
   // would only hold them twice. References: topo's own, then forward consumers' inputs.
   std::unordered_map<const Node*, long> inside;
   for (const auto& n : topo) {
+    ++inside[n.get()];
+    for (const Tensor& t : n->inputs) ++inside[t.node()];
+  }
+  for (const auto& n : also) {
     ++inside[n.get()];
     for (const Tensor& t : n->inputs) ++inside[t.node()];
   }

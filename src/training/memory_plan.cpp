@@ -35,9 +35,9 @@ StepMemory predict_step_memory(const Tensor& loss, const RecomputePolicy& policy
     std::vector<Tensor> targets;
     {
       RecomputeScope rc(policy);
-      targets = gradient_graph(loss);
+      targets = gradient_graph(loss, {}, shape.with);
     }
-    for (size_t i = 1; i < targets.size(); ++i)
+    for (size_t i = 1; i + shape.with.size() < targets.size(); ++i)
       m.parameter_bytes += targets[i].numel() * static_cast<int64_t>(dtype_size(targets[i].dtype()));
     m.backward = runtime::predict_eval_memory(targets);
   }
@@ -60,7 +60,6 @@ StepMemory predict_step_memory(const Tensor& loss, const RecomputePolicy& policy
   m.peak[kParams] = std::max(m.peak[kParams], b.end[kParams] + p);
   m.peak[kState] = std::max(m.peak[kState], b.end[kState] + extra + state);
   m.peak_total = std::max(m.peak_total, end_total + p + state);
-  (void)kActs;
   return m;
 }
 
@@ -161,13 +160,20 @@ RecomputePlan plan_recompute(const Tensor& loss, int64_t budget, const StepShape
     const StepMemory m = predict_step_memory(loss, k.policy, shape);
     smallest = std::min(smallest, m.peak_total);
     const bool fits = budget <= 0 || m.peak_total <= budget;
+    // Ties (the update's peak can hide the activations') go to fewer FLOPs, then fewer
+    // activations.
+    const auto acts = [](const StepMemory& x) { return x.peak[kActs]; };
+    const bool tie_flops = have && k.flops == best.replayed_flops;
     bool better = !have;
     if (have && budget > 0)
       better = fits && (k.flops < best.replayed_flops ||
-                        (k.flops == best.replayed_flops && m.peak_total < best.memory.peak_total));
+                        (tie_flops && (m.peak_total < best.memory.peak_total ||
+                                       (m.peak_total == best.memory.peak_total &&
+                                        acts(m) < acts(best.memory)))));
     else if (have)
       better = m.peak_total < best.memory.peak_total ||
-               (m.peak_total == best.memory.peak_total && k.flops < best.replayed_flops);
+               (m.peak_total == best.memory.peak_total &&
+                (k.flops < best.replayed_flops || (tie_flops && acts(m) < acts(best.memory))));
     if (!have && budget > 0) better = fits;
     if (better) {
       have = true;
@@ -242,7 +248,7 @@ std::vector<StepMemoryCheck> check_step_memory(const TrainConfig& cfg, int64_t s
   for (int64_t s = 0; s < steps; ++s) {
     StepMemoryCheck c;
     rs.before_backward = [&](const Tensor& root, const RecomputePolicy& p) {
-      c.predicted = predict_step_memory(root, p, step_shape(cfg, *run.opt));
+      c.predicted = predict_step_memory(root, p, step_shape(cfg, *run.opt, *run.model));
       host_allocator().reset_peak();  // measured from here, as predicted
     };
     train_step(*run.model, *run.opt, {run.batch}, cfg, cfg.model == "gpt", nullptr, s, nullptr,
@@ -264,7 +270,7 @@ StepMemory dry_run(const TrainConfig& cfg, std::FILE* out) {
     amp::Autocast autocast(amp::precision_from_name(cfg.precision));
     loss = loss_of(run.model->forward(run.batch.inputs), run.batch.targets, cfg.model == "gpt");
   }
-  StepShape shape = step_shape(cfg, *run.opt);
+  StepShape shape = step_shape(cfg, *run.opt, *run.model);
   RecomputePolicy policy;
   policy.mode = parse_recompute(cfg.recompute, "[train] recompute");
   std::string plan_line;
@@ -291,8 +297,12 @@ StepMemory dry_run(const TrainConfig& cfg, std::FILE* out) {
                  format_bytes(m.peak[static_cast<size_t>(t)]).c_str());
   std::fprintf(out, "%-18s %14s %14s\n", "total", format_bytes(m.start_total).c_str(),
                format_bytes(m.peak_total).c_str());
-  std::fprintf(out, "forward + backward: %lld nodes; peak total %lld bytes\n",
-               static_cast<long long>(m.backward.nodes), static_cast<long long>(m.peak_total));
+  std::fprintf(out, "forward + backward: %lld nodes, peak total %s, live after it %s\n",
+               static_cast<long long>(m.backward.nodes),
+               format_bytes(m.backward.peak_total).c_str(),
+               format_bytes(std::accumulate(m.backward.end.begin(), m.backward.end.end(),
+                                            int64_t{0})).c_str());
+  std::fprintf(out, "peak total %lld bytes\n", static_cast<long long>(m.peak_total));
   if (!plan_line.empty()) std::fprintf(out, "%s\n", plan_line.c_str());
   return m;
 }

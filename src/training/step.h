@@ -25,7 +25,7 @@ Tensor loss_of(const Tensor& logits, const Tensor& targets, bool language);
 data::Batch synthetic_batch(const TrainConfig& cfg);
 
 /// What the step does besides its graph, for the memory model.
-StepShape step_shape(const TrainConfig& cfg, const optim::Optimizer& opt);
+StepShape step_shape(const TrainConfig& cfg, const optim::Optimizer& opt, nn::Module& model);
 
 /// The activation-checkpointing policy of a run's steps: auto's plan is made at the first
 /// backward, from that step's graph, and kept (later steps have the same structure).

@@ -192,10 +192,13 @@ data::Batch synthetic_batch(const TrainConfig& cfg) {
   return batch;
 }
 
-StepShape step_shape(const TrainConfig& cfg, const optim::Optimizer& opt) {
-  return {.state_slots = cfg.optimizer == "adamw" ? 2 : (cfg.momentum > 0 ? 1 : 0),
-          .clip = cfg.clip > 0,
-          .state_allocated = opt.steps() > 0};
+StepShape step_shape(const TrainConfig& cfg, const optim::Optimizer& opt, nn::Module& model) {
+  StepShape s{.state_slots = cfg.optimizer == "adamw" ? 2 : (cfg.momentum > 0 ? 1 : 0),
+              .clip = cfg.clip > 0,
+              .state_allocated = opt.steps() > 0,
+              .with = {}};
+  for (auto& [n, b] : model.named_buffers()) s.with.push_back(*b);
+  return s;
 }
 
 RecomputeState recompute_state(const TrainConfig& cfg, bool announce) {
@@ -208,9 +211,9 @@ RecomputeState recompute_state(const TrainConfig& cfg, bool announce) {
 namespace {
 /// The policy of this backward: auto plans at its first backward.
 const RecomputePolicy& step_policy(RecomputeState& rs, const Tensor& root, const TrainConfig& cfg,
-                                   const optim::Optimizer& opt) {
+                                   const optim::Optimizer& opt, nn::Module& model) {
   if (rs.policy.mode != RecomputeMode::automatic || rs.planned) return rs.policy;
-  rs.plan = plan_recompute(root, cfg.memory_budget, step_shape(cfg, opt));
+  rs.plan = plan_recompute(root, cfg.memory_budget, step_shape(cfg, opt, model));
   rs.policy = rs.plan.policy;
   rs.planned = true;
   if (rs.announce)
@@ -245,14 +248,14 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
     }
     {
       const Tensor root = scaler ? scaler->scale(loss) : loss;
-      const RecomputePolicy& policy = step_policy(recompute, root, cfg, opt);
+      const RecomputePolicy& policy = step_policy(recompute, root, cfg, opt, model);
       if (recompute.before_backward) recompute.before_backward(root, policy);
       RecomputeScope rc(policy);
-      root.backward();
+      // The running statistics in the same eval: what they read goes once they have run.
+      std::vector<Tensor> buffers;
+      for (auto& [n, b] : model.named_buffers()) buffers.push_back(*b);
+      hetrain::backward(root, Tensor(), buffers);
     }
-    std::vector<Tensor> buffers;
-    for (auto& [n, b] : model.named_buffers()) buffers.push_back(*b);
-    eval(buffers);
     for (auto& [n, b] : model.named_buffers()) *b = b->detach();
     if (reducer) reducer->accumulate(k == 0);
     losses.push_back(loss);

@@ -27,11 +27,16 @@ std::pair<Tensor, std::vector<Tensor>> value_and_grad(const TensorFn& f,
 /// PyTorch's loss.backward(): accumulates into .grad of leaves that require grad, evaluates
 /// the gradients together with output, then frees the graph behind output.
 void backward(const Tensor& output, const Tensor& cotangent = {});
+/// The same, evaluating `with` (values the step needs anyway: BatchNorm's running statistics)
+/// in the same eval, so what they read is let go as soon as they have run instead of being held
+/// through the backward.
+void backward(const Tensor& output, const Tensor& cotangent, const std::vector<Tensor>& with);
 
 /// What backward(output) evaluates, built and not run, with no .grad touched: output, then for
 /// each leaf that requires grad its .grad plus the new gradient, under this thread's
 /// RecomputeScope. For the memory model (runtime/memory_model.h) and recompute planning; the
 /// forward graph is left as backward() would find it.
-std::vector<Tensor> gradient_graph(const Tensor& output, const Tensor& cotangent = {});
+std::vector<Tensor> gradient_graph(const Tensor& output, const Tensor& cotangent = {},
+                                   const std::vector<Tensor>& with = {});
 
 }  // namespace hetrain

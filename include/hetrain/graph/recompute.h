@@ -78,7 +78,10 @@ ForwardUnits forward_units(const std::vector<std::shared_ptr<Node>>& topo);
 /// else a replayed copy that runs after `trigger` (the cotangent that reaches t's consumer).
 class ForwardReplay {
  public:
-  ForwardReplay(const std::vector<std::shared_ptr<Node>>& topo, const RecomputePolicy& policy);
+  /// `also`: other nodes evaluated with the backward (their reads of the forward are not
+  /// "held outside the graph").
+  ForwardReplay(const std::vector<std::shared_ptr<Node>>& topo, const RecomputePolicy& policy,
+                const std::vector<std::shared_ptr<Node>>& also = {});
   bool active() const { return !replay_.empty(); }
   Tensor value(const Tensor& t, const Tensor& trigger);
   /// Nodes replayed so far (clones made).

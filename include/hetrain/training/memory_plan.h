@@ -28,6 +28,7 @@ struct StepShape {
   int state_slots = 2;         // optimizer state tensors per parameter: adamw 2, sgd 1 or 0
   bool clip = false;           // gradient clipping (the scaled gradients are new buffers)
   bool state_allocated = false;  // the optimizer state already lives in the allocator
+  std::vector<Tensor> with;      // evaluated with the backward (BatchNorm running statistics)
 };
 
 struct StepMemory {
