@@ -265,6 +265,10 @@ int cmd_plan(const Args& args) {
           "training tokens (images for a conv net), e.g. 300e9, 1.4T (default: 20 per parameter)")
       .option("global-batch", "B", "samples per optimizer step (default: ~1M tokens; 1024 images)")
       .option("micro-batch", "b", "samples per device per micro-step (searched when not given)")
+      .option("recompute-layers", "k",
+              "with --recompute full: recompute only k of a device's layers, the others keep "
+              "their activations (0 or not given: all; a search tries a quarter, half and "
+              "three quarters when it is open)")
       .option("virtual-stages", "v",
               "interleaved pipeline schedule: layer chunks per device, bubble / v (needs --pp > 1; "
               "a fixed plan without it runs plain 1F1B, a search tries 1, 2, 4, 8)")
@@ -479,6 +483,10 @@ int cmd_plan(const Args& args) {
   if (p.given("offload")) s.offload = offload_from_string(p.get("offload"));
   if (p.given("recompute")) s.recompute = recompute_from_string(p.get("recompute"));
   if (p.given("micro-batch")) s.micro_batch = positive_int(p, "micro-batch");
+  if (p.given("recompute-layers")) {
+    const std::string k = p.get("recompute-layers");
+    s.recompute_layers = k == "0" ? 0 : static_cast<int>(positive_int(p, "recompute-layers", kMaxDevices));
+  }
   if (p.given("virtual-stages"))
     s.virtual_stages = static_cast<int>(positive_int(p, "virtual-stages", kMaxDevices));
   s.sequence_parallel = !p.get_flag("no-sequence-parallel");
@@ -524,6 +532,7 @@ int cmd_plan(const Args& args) {
   if (p.given("recompute")) opt.recompute = s.recompute;
   if (p.given("micro-batch")) opt.micro_batch = s.micro_batch;
   if (p.given("virtual-stages")) opt.virtual_stages = s.virtual_stages;
+  if (p.given("recompute-layers")) opt.recompute_layers = s.recompute_layers;
   if (p.given("budget")) opt.budget_usd = parse_count(p.get("budget"), "--budget");
   if (p.given("deadline")) {
     opt.deadline_days = p.get_double("deadline");

@@ -43,10 +43,18 @@ Offload offload_from_string(const std::string& s) {
   fail("[plan] --offload expects none|optimizer|optimizer+params, got '", s, "'");
 }
 
+double Strategy::recompute_share(int64_t layers) const {
+  if (recompute != Recompute::full || recompute_layers <= 0) return 1;
+  const double lps = std::ceil(static_cast<double>(layers) / pp);
+  return std::min(recompute_layers / lps, 1.0);
+}
+
 std::string Strategy::describe() const {
   std::ostringstream os;
   os << "tp=" << tp << " pp=" << pp << " zero=" << zero << " offload=" << to_string(offload)
      << " recompute=" << to_string(recompute) << " micro-batch=" << micro_batch;
+  if (recompute == Recompute::full && recompute_layers > 0)
+    os << " recompute-layers=" << recompute_layers;
   if (virtual_stages > 1) os << " virtual-stages=" << virtual_stages;
   if (tp > 1 && !sequence_parallel) os << " no-sp";
   return os.str();
@@ -240,6 +248,10 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
   bool likely_ok = gpus >= 1 && s.tp >= 1 && s.pp >= 1 && gpus % tpp == 0 && s.zero >= 0 &&
                    s.zero <= 3 && s.micro_batch >= 1 && !(s.pp > 1 && s.zero >= 2) &&
                    s.virtual_stages >= 1 && (s.virtual_stages == 1 || s.pp > 1) &&
+                   (s.recompute_layers == 0 ||
+                    (s.recompute_layers > 0 && s.recompute == Recompute::full &&
+                     m.is_transformer() &&
+                     s.recompute_layers < (m.tf.layers + s.pp - 1) / s.pp)) &&
                    (s.offload == Offload::none || (s.zero >= 1 && hw.pcie_gen > 0)) &&
                    (s.offload != Offload::optimizer_params || s.zero == 3) &&
                    (hw.peak_tflops(job.precision) > 0 || job.achieved_tflops ||
@@ -261,6 +273,16 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
   if (s.zero < 0 || s.zero > 3) return "--zero expects 0, 1, 2 or 3";
   if (s.micro_batch < 1) return "--micro-batch must be at least 1";
   if (s.virtual_stages < 1) return "--virtual-stages must be at least 1";
+  if (s.recompute_layers < 0) return "--recompute-layers must be at least 0 (0: every layer)";
+  if (s.recompute_layers > 0 && s.recompute != Recompute::full)
+    return "--recompute-layers recomputes some layers in full: needs --recompute full";
+  if (s.recompute_layers > 0 && !m.is_transformer())
+    return "--recompute-layers applies to transformers";
+  if (s.recompute_layers > 0 && s.recompute_layers >= (m.tf.layers + s.pp - 1) / s.pp) {
+    os << "--recompute-layers " << s.recompute_layers << " is not fewer than the "
+       << (m.tf.layers + s.pp - 1) / s.pp << " layers per device (0 recomputes every layer)";
+    return os.str();
+  }
   if (s.virtual_stages > 1 && s.pp == 1)
     return "--virtual-stages > 1 interleaves pipeline stages: needs --pp > 1";
   if (!m.is_transformer() && (s.tp > 1 || s.pp > 1))
@@ -413,7 +435,7 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
   }
   c.fwd = lps * layer_fwd + logits + loss;
   c.bwd = lps * (mm_b + core_bwd + ew_b + 2 * fixed / 3) + logits_b + loss;
-  if (s.recompute == Recompute::full) c.recompute = lps * layer_fwd;
+  if (s.recompute == Recompute::full) c.recompute = lps * s.recompute_share(tf.layers) * layer_fwd;
   // A fused kernel recomputes its scores in its own backward already.
   if (s.recompute == Recompute::selective && !fused) c.recompute = lps * core;
   c.fwd *= hw.compute_scale, c.bwd *= hw.compute_scale, c.recompute *= hw.compute_scale;
@@ -495,6 +517,14 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
                                : st.recompute;
     double layer = act_scale * transformer_layer_activation_bytes(
                                    tf, st.micro_batch, st.tp, st.sequence_parallel, kept);
+    // Some layers recomputed: the others keep what they keep without recompute.
+    const double share = st.recompute_share(tf.layers);
+    if (share < 1) {
+      const Recompute none = job.fused_attention ? Recompute::selective : Recompute::none;
+      layer = share * layer + (1 - share) * act_scale * transformer_layer_activation_bytes(
+                                                            tf, st.micro_batch, st.tp,
+                                                            st.sequence_parallel, none);
+    }
     double sbh = static_cast<double>(tf.seq) * st.micro_batch * tf.hidden;
     double sp_div = st.sequence_parallel ? st.tp : 1;
     // Embedding output dropout mask (first stage); fp32 logits for the loss (last stage).
@@ -525,7 +555,8 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
 
   // ---- FLOPs ----
   double fwd = m.forward_flops_per_sample();
-  double rc = st.recompute == Recompute::full        ? fwd
+  double rc = st.recompute == Recompute::full
+                  ? (m.is_transformer() ? st.recompute_share(m.tf.layers) : 1) * fwd
               : st.recompute == Recompute::selective ? m.attention_core_flops_per_sample()
                                                      : 0;
   double B = static_cast<double>(job.global_batch);
@@ -544,11 +575,17 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
     c.bwd = 2 * c.fwd;
     c.recompute = per_dev * rc / rate;
   } else if (cache) {
+    // Cached with every layer recomputed; recomputing some scales the recompute time.
     auto key = std::make_tuple(st.tp, st.pp, st.micro_batch, static_cast<int>(st.recompute),
                                st.sequence_parallel);
     auto it = cache->find(key);
-    if (it == cache->end()) it = cache->emplace(key, stage_compute(job, hw, st)).first;
+    if (it == cache->end()) {
+      Strategy all = st;
+      all.recompute_layers = 0;
+      it = cache->emplace(key, stage_compute(job, hw, all)).first;
+    }
     c = it->second;
+    if (m.is_transformer()) c.recompute *= st.recompute_share(m.tf.layers);
   } else {
     c = stage_compute(job, hw, st);
   }
@@ -577,7 +614,7 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
     if (st.tp > 1) {
       // Two all-reduces (or reduce-scatter + all-gather pairs with sequence parallelism,
       // the same bytes) forward, two backward, two more when the forward is recomputed.
-      double count = 4 + (st.recompute == Recompute::full ? 2 : 0);
+      double count = 4 + (st.recompute == Recompute::full ? 2 * st.recompute_share(tf.layers) : 0);
       tp_mb = lps * count * allreduce_time(act, st.tp, bw_for(st.tp), alpha_for(st.tp));
     }
     if (st.pp > 1) {

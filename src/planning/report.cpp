@@ -20,6 +20,7 @@ json to_json(const Plan& p) {
                    {"micro_batch", s.micro_batch},
                    {"micro_batches_per_step", p.micro_batches},
                    {"virtual_stages", s.virtual_stages},
+                   {"recompute_layers", s.recompute_layers},
                    {"sequence_parallel", s.sequence_parallel}};
   j["params"] = p.params;
   j["flops_per_step"] = p.flops_per_step;

@@ -92,6 +92,26 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
   } else {
     rcs = {Recompute::none, Recompute::full};
   }
+  // A fixed count of recomputed layers applies to full recompute; left open, the fewest
+  // layers that fit are found below from the memory of recomputing none and all of them.
+  struct RecomputeChoice {
+    Recompute rc;
+    int layers;
+  };
+  std::vector<RecomputeChoice> rcos;
+  for (Recompute rc : rcs)
+    rcos.push_back({rc, rc == Recompute::full ? opt.recompute_layers.value_or(0) : 0});
+  const bool open_layers = !opt.recompute_layers && m.is_transformer();
+  // Memory is linear in the share of layers recomputed: the fewest of a device's layers whose
+  // full recompute brings `keep` (none recomputed) within capacity, given `all` (every one).
+  auto fewest_layers = [&](const Plan& keep, const Plan& all, int pp) {
+    const int lps = static_cast<int>((m.tf.layers + pp - 1) / pp);
+    const double saved = keep.memory.total - all.memory.total;
+    if (saved <= 0) return 0;
+    const double need = (keep.memory.total - keep.memory.capacity) / saved;
+    const int k = static_cast<int>(std::ceil(lps * need - 1e-9));
+    return k >= 1 && k < lps ? k : 0;
+  };
   std::vector<int64_t> mbs = opt.micro_batch ? std::vector<int64_t>{*opt.micro_batch}
                                              : std::vector<int64_t>{1, 2, 4, 8, 16, 32};
 
@@ -138,7 +158,8 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
               // after it (more recompute, more offload) are dominated and skipped.
               bool fitted_without_offload_or_recompute = false;
               bool evaluated_here = false, fitted_here = false;
-              for (Recompute rc : rcs) {
+              for (const RecomputeChoice& rco : rcos) {
+                const Recompute rc = rco.rc;
                 if (fitted_without_offload_or_recompute) break;
                 for (Offload off : offs) {
                   // With one data-parallel rank ZeRO shards nothing; keep the stages that
@@ -148,7 +169,7 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
                     continue;
                   Strategy s;
                   s.tp = tp, s.pp = pp, s.zero = z, s.offload = off, s.recompute = rc;
-                  s.micro_batch = mb, s.virtual_stages = vs;
+                  s.micro_batch = mb, s.virtual_stages = vs, s.recompute_layers = rco.layers;
                   std::string problem = detail::strategy_problem(job, *hw, n, s);
                   if (!problem.empty()) {
                     if (o.first_problem.empty()) o.first_problem = problem;
@@ -167,8 +188,26 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
                     continue;
                   }
                   fitted_here = true;
-                  if (rc == rcs.front() && off == offs.front())
+                  if (&rco == &rcos.front() && off == offs.front())
                     fitted_without_offload_or_recompute = true;
+                  if (rc == Recompute::full && s.recompute_layers == 0 && open_layers) {
+                    // Recomputing every layer fits: recompute only as many as needed.
+                    Strategy keep = s;
+                    keep.recompute = job.fused_attention ? Recompute::selective : Recompute::none;
+                    const Plan pk = detail::evaluate_unchecked(job, *hw, n, keep, &cache);
+                    ++r.evaluated;
+                    Strategy some = s;
+                    some.recompute_layers = pk.fits ? 0 : fewest_layers(pk, p, pp);
+                    for (int tries = 0; some.recompute_layers > 0 && tries < 2; ++tries) {
+                      Plan ps = detail::evaluate_unchecked(job, *hw, n, some, &cache);
+                      ++r.evaluated;
+                      if (ps.fits) {
+                        consider(o, std::move(ps), n);
+                        break;
+                      }
+                      if (++some.recompute_layers >= (m.tf.layers + pp - 1) / pp) break;
+                    }
+                  }
                   consider(o, std::move(p), n);
                   break;  // a fitting plan: more offload for this recompute is dominated
                 }
@@ -288,7 +327,7 @@ namespace {
 int changed_dimensions(const Strategy& a, const Strategy& b) {
   return (a.tp != b.tp) + (a.pp != b.pp) + (a.zero != b.zero) + (a.offload != b.offload) +
          (a.recompute != b.recompute) + (a.micro_batch != b.micro_batch) +
-         (a.virtual_stages != b.virtual_stages);
+         (a.virtual_stages != b.virtual_stages) + (a.recompute_layers != b.recompute_layers);
 }
 
 template <class T>
@@ -311,6 +350,8 @@ std::string strategy_changes(const Strategy& from, const Strategy& to) {
   item("recompute", to_string(from.recompute), to_string(to.recompute));
   item("micro-batch", std::to_string(from.micro_batch), std::to_string(to.micro_batch));
   item("virtual-stages", std::to_string(from.virtual_stages), std::to_string(to.virtual_stages));
+  item("recompute-layers", std::to_string(from.recompute_layers),
+       std::to_string(to.recompute_layers));
   return os.str();
 }
 
@@ -334,6 +375,7 @@ std::optional<Plan> nearest_fitting(const Job& job, const Hardware& hw, int gpus
               Strategy c = s;
               c.tp = tp, c.pp = pp, c.zero = z, c.offload = off, c.recompute = rc;
               c.micro_batch = mb, c.virtual_stages = vs;
+              c.recompute_layers = rc == Recompute::full ? s.recompute_layers : 0;
               const int d = changed_dimensions(s, c);
               if (d > best_d || !detail::strategy_problem(job, hw, gpus, c).empty()) continue;
               Plan p = detail::evaluate_unchecked(job, hw, gpus, c, &cache);

@@ -146,6 +146,11 @@ PublishedRun run_from(const json& e, const std::string& file, size_t index) {
     if (s.contains("offload")) r.offload = offload_from_string(s.value("offload", ""));
     if (s.contains("recompute")) r.recompute = recompute_from_string(s.value("recompute", ""));
     if (s.contains("micro_batch")) r.micro_batch = count(s, "micro_batch", sw);
+    if (s.contains("recompute_layers")) {
+      if (!s["recompute_layers"].is_number_integer() || s["recompute_layers"].get<int>() < 0)
+        fail("[plan] ", sw, ": 'recompute_layers' must be a whole number >= 0 (0: every layer)");
+      r.recompute_layers = s["recompute_layers"].get<int>();
+    }
     const std::string schedule = s.value("schedule", std::string("1f1b"));
     if (schedule != "1f1b" && schedule != "interleaved")
       fail("[plan] ", sw, ": 'schedule' must be \"1f1b\" or \"interleaved\", got '", schedule,
@@ -176,6 +181,7 @@ Plan predict_plan(const PublishedRun& r, const Hardware& hw) {
   if (r.tp && r.pp && r.zero && r.offload && r.recompute && r.micro_batch && r.virtual_stages) {
     Strategy s;
     s.virtual_stages = *r.virtual_stages;
+    s.recompute_layers = r.recompute_layers.value_or(0);
     s.tp = *r.tp, s.pp = *r.pp, s.zero = *r.zero, s.offload = *r.offload;
     s.recompute = *r.recompute, s.micro_batch = *r.micro_batch;
     return evaluate(r.job, hw, r.gpus, s);
@@ -191,6 +197,8 @@ Plan predict_plan(const PublishedRun& r, const Hardware& hw) {
   o.tp = r.tp, o.pp = r.pp, o.zero = r.zero, o.offload = r.offload, o.recompute = r.recompute;
   o.micro_batch = r.micro_batch;
   o.virtual_stages = r.virtual_stages;
+  // A published recompute mode without a layer count is every layer; an open one is searched.
+  if (r.recompute || r.recompute_layers) o.recompute_layers = r.recompute_layers.value_or(0);
   o.top = 1;
   SearchResult res = search(r.job, one, o);
   if (res.plans.empty())

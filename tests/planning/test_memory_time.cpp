@@ -168,6 +168,66 @@ TEST(PlanTime, InterleavedScheduleDividesTheBubble) {
   EXPECT_THROW(evaluate(j, hw, 1024, s), Error);
 }
 
+TEST(PlanTime, RecomputingSomeLayersInterpolatesMemoryAndTime) {
+  // Full recompute of k of a device's L layers (Megatron-LM's --recompute-num-layers): the
+  // recomputed forward is k/L of full recompute's, two tensor-parallel all-reduces per
+  // recomputed layer, and the activations are k layers' full-recompute bytes plus L - k layers'
+  // kept bytes.
+  Job j = gpt3_job();
+  const Hardware& hw = catalog().get("a100-80gb-sxm");
+  Strategy s;
+  s.tp = 8, s.pp = 8, s.recompute = Recompute::full;  // 96 / 8 = 12 layers per device
+  Plan all = evaluate(j, hw, 1024, s);
+  s.recompute_layers = 3;
+  Plan some = evaluate(j, hw, 1024, s);
+  s.recompute_layers = 0, s.recompute = Recompute::selective;
+  Plan none = evaluate(j, hw, 1024, s);  // with a fused kernel, what no recompute keeps
+  EXPECT_NEAR(some.time.recompute, all.time.recompute / 4, 1e-9 * all.time.recompute);
+  const double tp_mb_all = all.time.tp_comm, tp_mb_none = none.time.tp_comm;
+  EXPECT_NEAR(some.time.tp_comm, tp_mb_none + (tp_mb_all - tp_mb_none) / 4, 1e-9 * tp_mb_all);
+  const double share = 0.25;
+  EXPECT_NEAR(some.memory.activations - all.memory.activations,
+              (1 - share) * (none.memory.activations - all.memory.activations),
+              1e-6 * none.memory.activations);
+  EXPECT_NEAR(some.flops_per_step - none.model_flops_per_step,
+              share * (all.flops_per_step - all.model_flops_per_step),
+              1e-9 * all.flops_per_step);
+  // Not fewer than the layers, and only with full recompute.
+  s.recompute = Recompute::full, s.recompute_layers = 12;
+  EXPECT_THROW(evaluate(j, hw, 1024, s), Error);
+  s.recompute = Recompute::selective, s.recompute_layers = 3;
+  EXPECT_THROW(evaluate(j, hw, 1024, s), Error);
+}
+
+TEST(PlanSearch, RecomputesTheFewestLayersThatFit) {
+  // Full recompute with the layer count left open: the search keeps the fewest recomputed
+  // layers that fit (one fewer does not), which is faster than recomputing all of them.
+  Job j = gpt3_job();
+  const Hardware& hw = catalog().get("a100-80gb-sxm");
+  SearchOptions o;
+  o.hardware = {"a100-80gb-sxm"};
+  o.gpus = {1024};
+  o.tp = 8, o.pp = 16, o.zero = 1, o.virtual_stages = 1, o.micro_batch = 8;
+  o.offload = Offload::none, o.recompute = Recompute::full;
+  SearchResult r = search(j, catalog(), o);
+  ASSERT_FALSE(r.plans.empty());
+  const Plan& best = r.plans.front();
+  const int k = best.strategy.recompute_layers;
+  ASSERT_GT(k, 0);
+  ASSERT_LT(k, 6);  // 96 layers / 16 stages
+  EXPECT_TRUE(best.fits);
+  Strategy s = best.strategy;
+  s.recompute_layers = 0;
+  EXPECT_LT(best.train_days, evaluate(j, hw, 1024, s).train_days);
+  s.recompute_layers = k - 1;
+  if (k > 1) {
+    EXPECT_FALSE(evaluate(j, hw, 1024, s).fits);
+  } else {
+    s.recompute = Recompute::selective, s.recompute_layers = 0;
+    EXPECT_FALSE(evaluate(j, hw, 1024, s).fits);
+  }
+}
+
 TEST(PlanSearch, InterleavingIsSearchedWithAPipeline) {
   // Left open, the virtual stages are searched with the other dimensions: with pp fixed at
   // 16 the best GPT-3 plan interleaves, and it is faster than the best plain 1F1B plan.

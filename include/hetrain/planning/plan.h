@@ -30,6 +30,12 @@ struct Strategy {
   /// holds this many non-adjacent chunks of its layers; the bubble is divided by it, the
   /// point-to-point traffic multiplied. 1: the plain 1F1B schedule. Needs pp > 1.
   int virtual_stages = 1;
+  /// With full recompute: how many of a device's layers are recomputed, the others keeping
+  /// their activations (Megatron-LM's --recompute-method block --recompute-num-layers).
+  /// 0: every layer. Needs recompute full and fewer than the device's layers.
+  int recompute_layers = 0;
+  /// Share of a device's layers whose forward is recomputed under full recompute (1 for all).
+  double recompute_share(int64_t layers) const;
   std::string describe() const;
 };
 
@@ -127,7 +133,7 @@ struct SearchOptions {
   std::vector<std::string> hardware;  // candidates (empty: the whole catalog)
   std::vector<int> gpus;              // candidates (empty: 1, 2, 4, 8, 16, 24, 32, 48, ...)
   int max_gpus = 4096;
-  std::optional<int> tp, pp, zero, virtual_stages;
+  std::optional<int> tp, pp, zero, virtual_stages, recompute_layers;
   std::optional<Offload> offload;
   std::optional<Recompute> recompute;
   std::optional<int64_t> micro_batch;
@@ -150,7 +156,7 @@ struct SearchResult {
 SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions& opt);
 
 /// The plan that fits on `gpus` x `hw` nearest to strategy `s`: fewest strategy dimensions
-/// changed (tp, pp, virtual stages, ZeRO stage, offload, recompute, micro-batch), then the shortest training
+/// changed (tp, pp, virtual stages, ZeRO stage, recomputed layers, offload, recompute, micro-batch), then the shortest training
 /// time. Empty when nothing fits on that many devices.
 std::optional<Plan> nearest_fitting(const Job& job, const Hardware& hw, int gpus,
                                     const Strategy& s);

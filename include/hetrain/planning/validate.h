@@ -33,6 +33,9 @@ struct PublishedRun {
   /// Pipeline schedule: "1f1b" (the default: virtual stages 1) or "interleaved" (virtual
   /// stages as published in 'virtual_stages', else searched).
   std::optional<int> virtual_stages = 1;
+  /// Layers per device recomputed under full recompute ('recompute_layers'; 0: all). When the
+  /// row gives recompute without it, every layer; when recompute is open, searched.
+  std::optional<int> recompute_layers;
   ReportedMetric metric = ReportedMetric::achieved_tflops_per_gpu;
   double reported = 0;
   bool train() const { return split == "train"; }
