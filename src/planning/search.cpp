@@ -78,9 +78,10 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
   std::vector<int> pps =
       opt.pp ? std::vector<int>{*opt.pp} : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
   std::vector<int> zeros = opt.zero ? std::vector<int>{*opt.zero} : std::vector<int>{0, 1, 2, 3};
-  // Interleaved schedules only with a pipeline; 1 (plain 1F1B) is always a candidate.
-  const std::vector<int> vss = opt.virtual_stages ? std::vector<int>{*opt.virtual_stages}
-                                                  : std::vector<int>{1, 2, 4, 8};
+  // Interleaved schedules: given, every plan uses it; open, each plain 1F1B plan that fits
+  // with a pipeline is tried again with 2, 4 and 8 chunks per device (its recompute and
+  // offload kept): the interleave only adds memory, so the first that does not fit ends it.
+  const int base_vs = opt.virtual_stages.value_or(1);
   std::vector<Offload> offs = opt.offload ? std::vector<Offload>{*opt.offload}
                                           : std::vector<Offload>{Offload::none, Offload::optimizer,
                                                                  Offload::optimizer_params};
@@ -142,6 +143,38 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
   for (const Hardware* hw : hws) {
     HardwareOutcome o;
     detail::StageComputeCache cache;
+    // Recomputing every layer fits (`all`, plan `pa`): also recompute only as many as needed.
+    auto fewest = [&](HardwareOutcome& out, const Strategy& all, const Plan& pa, int n) {
+      if (all.recompute != Recompute::full || all.recompute_layers != 0 || !open_layers) return;
+      Strategy keep = all;
+      keep.recompute = job.fused_attention ? Recompute::selective : Recompute::none;
+      const Plan pk = detail::evaluate_unchecked(job, *hw, n, keep, &cache);
+      ++r.evaluated;
+      Strategy some = all;
+      some.recompute_layers = pk.fits ? 0 : fewest_layers(pk, pa, all.pp);
+      for (int tries = 0; some.recompute_layers > 0 && tries < 2; ++tries) {
+        Plan ps = detail::evaluate_unchecked(job, *hw, n, some, &cache);
+        ++r.evaluated;
+        if (ps.fits) {
+          consider(out, std::move(ps), n);
+          return;
+        }
+        if (++some.recompute_layers >= (m.tf.layers + all.pp - 1) / all.pp) return;
+      }
+    };
+    auto interleave = [&](HardwareOutcome& out, const Strategy& base, int n) {
+      if (opt.virtual_stages || base.pp == 1) return;
+      for (int v : {2, 4, 8}) {
+        Strategy sv = base;
+        sv.virtual_stages = v;
+        if (!detail::strategy_problem(job, *hw, n, sv).empty()) return;
+        Plan pv = detail::evaluate_unchecked(job, *hw, n, sv, &cache);
+        ++r.evaluated;
+        if (!pv.fits) return;
+        fewest(out, sv, pv, n);
+        consider(out, std::move(pv), n);
+      }
+    };
     for (int n : counts) {
       // Whole nodes, unless the count was given.
       if (opt.gpus.empty() && n > hw->gpus_per_node && n % hw->gpus_per_node != 0) continue;
@@ -149,8 +182,6 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
         if (!opt.tp && (tp > hw->gpus_per_node || tp > n)) continue;
         for (int pp : pps) {
           if (!opt.pp && tp * pp > n) break;
-          for (int vs : vss) {
-          if (pp == 1 && vs > 1 && !opt.virtual_stages) break;
           for (int z : zeros) {
             int dp = n % (tp * pp) == 0 ? n / (tp * pp) : 0;
             for (int64_t mb : mbs) {
@@ -169,7 +200,7 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
                     continue;
                   Strategy s;
                   s.tp = tp, s.pp = pp, s.zero = z, s.offload = off, s.recompute = rc;
-                  s.micro_batch = mb, s.virtual_stages = vs, s.recompute_layers = rco.layers;
+                  s.micro_batch = mb, s.virtual_stages = base_vs, s.recompute_layers = rco.layers;
                   std::string problem = detail::strategy_problem(job, *hw, n, s);
                   if (!problem.empty()) {
                     if (o.first_problem.empty()) o.first_problem = problem;
@@ -190,24 +221,8 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
                   fitted_here = true;
                   if (&rco == &rcos.front() && off == offs.front())
                     fitted_without_offload_or_recompute = true;
-                  if (rc == Recompute::full && s.recompute_layers == 0 && open_layers) {
-                    // Recomputing every layer fits: recompute only as many as needed.
-                    Strategy keep = s;
-                    keep.recompute = job.fused_attention ? Recompute::selective : Recompute::none;
-                    const Plan pk = detail::evaluate_unchecked(job, *hw, n, keep, &cache);
-                    ++r.evaluated;
-                    Strategy some = s;
-                    some.recompute_layers = pk.fits ? 0 : fewest_layers(pk, p, pp);
-                    for (int tries = 0; some.recompute_layers > 0 && tries < 2; ++tries) {
-                      Plan ps = detail::evaluate_unchecked(job, *hw, n, some, &cache);
-                      ++r.evaluated;
-                      if (ps.fits) {
-                        consider(o, std::move(ps), n);
-                        break;
-                      }
-                      if (++some.recompute_layers >= (m.tf.layers + pp - 1) / pp) break;
-                    }
-                  }
+                  fewest(o, s, p, n);
+                  interleave(o, s, n);
                   consider(o, std::move(p), n);
                   break;  // a fitting plan: more offload for this recompute is dominated
                 }
@@ -215,7 +230,6 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
               // Memory grows with the micro-batch: if nothing fits now, nothing larger will.
               if (evaluated_here && !fitted_here) break;
             }
-          }
           }
         }
       }
