@@ -10,7 +10,6 @@
 #include "hetrain/graph/ops.h"
 #include "hetrain/graph/primitive.h"
 #include "hetrain/graph/recompute.h"
-#include "hetrain/runtime/eval.h"
 
 namespace hetrain {
 

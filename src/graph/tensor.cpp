@@ -7,7 +7,6 @@
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/graph/primitive.h"
-#include "hetrain/runtime/eval.h"
 
 namespace hetrain {
 

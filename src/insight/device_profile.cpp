@@ -96,7 +96,7 @@ void measure_peaks(DeviceProfile& p, bool quick) {
   }
 }
 
-// How hetrain::matmul runs a dtype on this CPU (src/backends/cpu/matmul.cpp).
+// How hetrain::matmul runs a dtype on this CPU (src/backends/cpu/eval_matmul.cpp).
 std::string gemm_path(Dtype dt) {
   const std::string sgemm = cpu::sgemm_path() == cpu::SgemmPath::openblas
                                 ? "OpenBLAS " + cpu::openblas_core_name() + " sgemm"

@@ -122,6 +122,12 @@ class DeviceScope {
   bool prev_active_;
 };
 
+/// Evaluates all targets (one traversal, shared subgraphs run once). Nodes that no gradient
+/// needs forget their producers once run; with release_graph every node does (backward(),
+/// which frees the graph anyway, uses it so activations go at their last use). Declared here,
+/// where tensors ask for their values; defined by the runtime (its executor).
+void eval(const std::vector<Tensor>& targets, bool release_graph = false);
+
 /// Builds a node of prim over inputs; infers output shapes (which checks the arguments).
 std::vector<Tensor> make_node(std::shared_ptr<Primitive> prim, std::vector<Tensor> inputs);
 Tensor make_node1(std::shared_ptr<Primitive> prim, std::vector<Tensor> inputs);

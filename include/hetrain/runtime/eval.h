@@ -9,10 +9,8 @@
 
 namespace hetrain {
 
-/// Evaluates all targets (one traversal, shared subgraphs run once). Nodes that no gradient
-/// needs forget their producers once run; with release_graph every node does (backward(),
-/// which frees the graph anyway, uses it so activations go at their last use).
-void eval(const std::vector<Tensor>& targets, bool release_graph = false);
+// eval(targets, release_graph), the executor's entry point, is declared with Tensor
+// (hetrain/graph/tensor.h): a tensor asks for its value there, and the runtime defines it.
 
 struct ExecutorStats {
   int64_t nodes_run = 0;

@@ -4,8 +4,8 @@
 
 #include <type_traits>
 
+#include "backends/cpu/copy.h"
 #include "backends/cpu/gemm.h"
-#include "graph/prims/elementwise.h"
 #include "hetrain/memory/array.h"
 
 namespace hetrain::cpu {

@@ -1,7 +1,7 @@
 // Branch-free math the compiler can vectorise (std::exp is a library call it cannot), plus
 // row reductions with several partial accumulators (vectorisable without -ffast-math).
 // Loops calling vexp vectorise only where GCC may if-convert float compares: compile them
-// with -fno-trapping-math (see the pragma in nn.cpp).
+// with -fno-trapping-math (see the pragma in eval_nn.cpp).
 #pragma once
 
 #include <algorithm>

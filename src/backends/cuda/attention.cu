@@ -1,5 +1,5 @@
 // Fused scaled-dot-product attention, flash-attention-2 style, with the semantics of
-// backends/cpu/attention.cpp (arithmetic in f32, f64 for f64; no atomics, deterministic):
+// backends/cpu/eval_attention.cpp (arithmetic in f32, f64 for f64; no atomics, deterministic):
 //  - forward: a block owns kB query rows of one batch-head, walks the key/value tiles (kB keys
 //    each) through shared memory with an online softmax and saves the row logsumexp;
 //  - backward: D = rowsum(dO * O) per query row (a warp per row); dq by blocks of query rows

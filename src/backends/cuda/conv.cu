@@ -1,6 +1,6 @@
 // Convolution and pooling kernels over contiguous NCHW planes: im2col and its adjoint col2im
 // (the GEMMs are cuBLASLt's, see conv.cpp), max and average pooling forward and backward.
-// Semantics follow backends/cpu/conv.cpp; the backward kernels gather (a thread per input
+// Semantics follow backends/cpu/eval_conv.cpp; the backward kernels gather (a thread per input
 // pixel sums the outputs that read it, in output order), so they need no atomics and give
 // the same sums on every run.
 #include "backends/cuda/device.cuh"

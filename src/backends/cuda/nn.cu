@@ -1,6 +1,6 @@
 // Neural-network kernels: softmax/log_softmax, layer_norm/rms_norm forward and backward,
 // the fused cross-entropy forward and backward, take/index_add (embedding forward and
-// backward) and the fused AdamW step. Semantics follow backends/cpu/nn.cpp, index.cpp and
+// backward) and the fused AdamW step. Semantics follow backends/cpu/eval_nn.cpp, eval_index.cpp and
 // optim.cpp; sums accumulate in f32 (f64 for f64).
 #include "backends/cuda/device.cuh"
 

@@ -1,5 +1,5 @@
 // Batch norm over (N, H, W) of contiguous NCHW arrays with batch statistics, forward and
-// backward (semantics of backends/cpu/norm2d.cpp). Each channel's M = N * HW values are split
+// backward (semantics of backends/cpu/eval_norm2d.cpp). Each channel's M = N * HW values are split
 // into chunks; a block reduces one (channel, chunk) pair with block_sum, then a thread per
 // channel adds that channel's chunk sums in order (deterministic) and computes the channel's
 // scalars in f64, as the CPU kernel does; a last elementwise pass writes y or dx. Sums in f32

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "backends/cpu/copy.h"  // copy_strided, contiguous_array
 #include "hetrain/graph/ops.h"
 #include "hetrain/graph/primitive.h"
 
@@ -384,11 +385,6 @@ class Cast final : public Primitive {
   Dtype to_;
 };
 
-/// Copies x's (possibly strided) elements into out (contiguous), converting dtype. Used by
-/// kernels that need contiguous inputs.
-void copy_strided(const Array& x, Array& out);
-/// A contiguous array with x's values (x itself, shared, when already contiguous).
-Array contiguous_array(const Array& x);
 
 /// g where x > 0, else 0 (ReluGradOp): the gradient through a relu, from its input or, as
 /// relu(x) > 0 exactly where x > 0, from its output.

@@ -1,6 +1,6 @@
 // Neural-network primitives: softmax, normalisation, indexing (take/gather and their
 // scatter-add adjoints) and the fused cross-entropy. Builders live in ops_nn.cpp and
-// ops_index.cpp; CPU kernels in backends/cpu/nn.cpp and backends/cpu/index.cpp.
+// ops_index.cpp; CPU kernels in backends/cpu/eval_nn.cpp and backends/cpu/eval_index.cpp.
 #pragma once
 
 #include <optional>

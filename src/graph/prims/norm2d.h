@@ -1,5 +1,5 @@
 // Fused batch normalisation over (N, H, W) of NCHW tensors with batch statistics (training mode).
-// Builder in ops_norm2d.cpp, CPU kernels in backends/cpu/norm2d.cpp.
+// Builder in ops_norm2d.cpp, CPU kernels in backends/cpu/eval_norm2d.cpp.
 #pragma once
 
 #include <cmath>

@@ -1,5 +1,5 @@
 // Fused optimizer updates: one pass over a parameter and its state instead of a dozen
-// elementwise nodes. Builders in ops_optim.cpp; CPU kernels in backends/cpu/optim.cpp.
+// elementwise nodes. Builders in ops_optim.cpp; CPU kernels in backends/cpu/eval_optim.cpp.
 #pragma once
 
 #include "hetrain/graph/ops.h"

@@ -248,58 +248,6 @@ void Where::eval_cpu(const std::vector<const Array*>& in, const std::vector<Arra
   });
 }
 
-void copy_strided(const Array& x, Array& y) {
-  dispatch_all(x.dtype, "cast", [&]<class S>() {
-    dispatch_all(y.dtype, "cast", [&]<class D>() {
-      const S* sp = x.data<S>();
-      D* dp = y.data<D>();
-      for_each_run<2>(x.shape, {&y.strides, &x.strides}, kElementwiseGrain,
-                      [&](const std::array<int64_t, 2>& pos, const std::array<int64_t, 2>& step,
-                          int64_t len) {
-                        D* o = dp + pos[0];
-                        const S* a = sp + pos[1];
-                        if constexpr (std::is_same_v<S, D>) {
-                          if (step[0] == 1 && step[1] == 1) {
-                            std::memcpy(o, a, static_cast<size_t>(len) * sizeof(S));
-                            return;
-                          }
-                        }
-                        // f16 <-> f32 (the casts of fp16 autocast): F16C where available.
-                        if constexpr (std::is_same_v<S, Half> && std::is_same_v<D, float>) {
-                          if (step[0] == 1 && step[1] == 1) {
-                            cpu::f16_to_f32(&a->bits, o, len);
-                            return;
-                          }
-                        }
-                        if constexpr (std::is_same_v<S, float> && std::is_same_v<D, Half>) {
-                          if (step[0] == 1 && step[1] == 1) {
-                            cpu::f32_to_f16(a, &o->bits, len);
-                            return;
-                          }
-                        }
-                        for (int64_t i = 0; i < len; ++i) {
-                          if constexpr (std::is_same_v<D, bool>) {
-                            o[i * step[0]] = to_compute(a[i * step[1]]) != 0;
-                          } else {
-                            o[i * step[0]] = from_compute<D>(to_compute(a[i * step[1]]));
-                          }
-                        }
-                      });
-    });
-  });
-}
-
-Array contiguous_array(const Array& x) {
-  if (x.contiguous()) return x;
-  Array c;
-  c.shape = x.shape;
-  c.dtype = x.dtype;
-  c.tag = MemoryTag::workspace;
-  c.allocate();
-  copy_strided(x, c);
-  return c;
-}
-
 void Cast::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
   if (!out[0]->has_data()) out[0]->allocate();
   copy_strided(*in[0], *out[0]);

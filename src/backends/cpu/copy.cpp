@@ -1,0 +1,68 @@
+// Strided copies with dtype conversion: the kernel under casts, contiguous copies and the
+// compute-dtype buffers of other kernels. Graph-free.
+#include "backends/cpu/copy.h"
+
+#include <cstring>
+
+#include "backends/cpu/strided.h"
+#include "backends/cpu/vec.h"
+#include "hetrain/base/dispatch.h"
+
+namespace hetrain {
+
+using cpu::for_each_run;
+using cpu::kElementwiseGrain;
+
+void copy_strided(const Array& x, Array& y) {
+  dispatch_all(x.dtype, "cast", [&]<class S>() {
+    dispatch_all(y.dtype, "cast", [&]<class D>() {
+      const S* sp = x.data<S>();
+      D* dp = y.data<D>();
+      for_each_run<2>(x.shape, {&y.strides, &x.strides}, kElementwiseGrain,
+                      [&](const std::array<int64_t, 2>& pos, const std::array<int64_t, 2>& step,
+                          int64_t len) {
+                        D* o = dp + pos[0];
+                        const S* a = sp + pos[1];
+                        if constexpr (std::is_same_v<S, D>) {
+                          if (step[0] == 1 && step[1] == 1) {
+                            std::memcpy(o, a, static_cast<size_t>(len) * sizeof(S));
+                            return;
+                          }
+                        }
+                        // f16 <-> f32 (the casts of fp16 autocast): F16C where available.
+                        if constexpr (std::is_same_v<S, Half> && std::is_same_v<D, float>) {
+                          if (step[0] == 1 && step[1] == 1) {
+                            cpu::f16_to_f32(&a->bits, o, len);
+                            return;
+                          }
+                        }
+                        if constexpr (std::is_same_v<S, float> && std::is_same_v<D, Half>) {
+                          if (step[0] == 1 && step[1] == 1) {
+                            cpu::f32_to_f16(a, &o->bits, len);
+                            return;
+                          }
+                        }
+                        for (int64_t i = 0; i < len; ++i) {
+                          if constexpr (std::is_same_v<D, bool>) {
+                            o[i * step[0]] = to_compute(a[i * step[1]]) != 0;
+                          } else {
+                            o[i * step[0]] = from_compute<D>(to_compute(a[i * step[1]]));
+                          }
+                        }
+                      });
+    });
+  });
+}
+
+Array contiguous_array(const Array& x) {
+  if (x.contiguous()) return x;
+  Array c;
+  c.shape = x.shape;
+  c.dtype = x.dtype;
+  c.tag = MemoryTag::workspace;
+  c.allocate();
+  copy_strided(x, c);
+  return c;
+}
+
+}  // namespace hetrain
