@@ -33,7 +33,7 @@ const char* const kSettingFlags[] = {
     "momentum", "clip",    "schedule", "warmup",     "log-every", "eval-batches", "hidden",
     "widths",   "blocks",  "layers",   "heads",      "width",     "context",      "dropout",
     "precision", "grad-scaler", "loss-scale", "loss-scale-growth-interval", "loss-scale-floor",
-    "grad-accum", "bucket-mb", "comm-timeout",
+    "grad-accum", "bucket-mb", "comm-timeout", "zero",
     "divergence-factor", "divergence-steps", "memory-budget", "recompute"};
 // clang-format on
 // The run as a record of the planner's measured-runs file (docs/PLANNING.md): the model as
@@ -136,6 +136,10 @@ int cmd_train(const Args& args) {
               "1")
       .option("bucket-mb", "X",
               "under mpirun: MiB of gradients per reduction bucket (the first: 1 MiB)", "25")
+      .option("zero", "S",
+              "ZeRO stage: 0 replicates the optimizer state, 1 shards it over the ranks, 2 "
+              "also shards the reduced gradients (every stage gives the same bits)",
+              "0")
       .option("comm-timeout", "S",
               "under mpirun: abort the job when a collective takes longer than S seconds, "
               "naming the step, the collective and the missing ranks (0: no limit)",

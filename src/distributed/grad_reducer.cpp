@@ -50,7 +50,7 @@ HostGrad host_values(const Tensor& g) {
 }  // namespace
 
 GradReducer::GradReducer(std::vector<Tensor*> params, Communicator& comm, BucketOptions opt)
-    : params_(std::move(params)), comm_(comm) {
+    : params_(std::move(params)), comm_(comm), opt_(opt) {
   if (!(opt.bucket_mb > 0) || !(opt.first_bucket_mb > 0))
     fail("[ddp] bucket sizes must be positive, got --bucket-mb ", opt.bucket_mb,
          " (first bucket ", opt.first_bucket_mb, " MiB)");
@@ -79,10 +79,11 @@ GradReducer::GradReducer(std::vector<Tensor*> params, Communicator& comm, Bucket
     b.offsets.push_back(b.numel);
     b.numel += n;
   }
+  const int64_t mult = opt.shard_multiple;
   for (Bucket& b : buckets_) {
-    b.shard = (b.numel + world - 1) / world;
-    b.acc = host_f32(b.shard * world, MemoryTag::gradients);
-    b.recv = host_f32(b.shard * world, MemoryTag::gradients);
+    b.shard = ((b.numel + world - 1) / world + mult - 1) / mult * mult;
+    if (opt.keep_buffers) b.acc = host_f32(b.shard * world, MemoryTag::gradients);
+    else b.shard_grad = host_f32(b.shard, MemoryTag::gradients);
     bucket_params_.push_back(b.params);
   }
   missing_.assign(buckets_.size(), 0);
@@ -92,8 +93,28 @@ GradReducer::~GradReducer() {
   if (watching_) remove_node_observer(this);
 }
 
+// Without keep_buffers the full buffer exists only during a step (a communication buffer).
+void GradReducer::ensure_acc(Bucket& b) {
+  if (!b.acc.has_data()) b.acc = host_f32(b.shard * comm_.size(), MemoryTag::communication);
+}
+
+const Array& GradReducer::reduced_bucket(size_t b) const {
+  HT_ASSERT(opt_.gather && buckets_[b].acc.has_data());
+  return buckets_[b].acc;
+}
+
+Array GradReducer::reduced_shard(size_t b) const {
+  const Bucket& bk = buckets_[b];
+  if (!opt_.keep_buffers) return bk.shard_grad;
+  Array a = bk.acc;
+  a.shape = {bk.shard};
+  a.offset += comm_.rank() * bk.shard;
+  return a;
+}
+
 void GradReducer::add_values(size_t k, const float* data) {
   Bucket& b = buckets_[bucket_of_[k]];
+  ensure_acc(b);
   float* dst = b.acc.data<float>() + b.offsets[slot_of_[k]];
   const int64_t n = params_[k]->numel();
   if (!had_grad_[k]) {
@@ -160,6 +181,8 @@ void GradReducer::start_ready_buckets() {
   CollectiveContext ctx = comm_.context();
   while (next_start_ < buckets_.size() && missing_[next_start_] == 0) {
     Bucket& b = buckets_[next_start_];
+    ensure_acc(b);
+    if (!b.recv.has_data()) b.recv = host_f32(b.shard * comm_.size(), MemoryTag::communication);
     // Parameters without a gradient here add zeros to the other ranks' sums.
     for (size_t s = 0; s < b.params.size(); ++s)
       if (!had_grad_[b.params[s]])
@@ -233,30 +256,48 @@ ReduceTimes GradReducer::reduce(int64_t divisor) {
   const float d = static_cast<float>(divisor);
   ReduceTimes t;
   t.overlapped_buckets = overlapped_;
+  if (!started_any_) first_start_ = Clock::now();
   start_ready_buckets();
   HT_ASSERT(next_start_ == buckets_.size());
   sum_exchanged(true, &t.exposed_comm_s);
-  std::vector<WorkPtr> gather(buckets_.size());
-  CollectiveContext ctx = comm_.context();
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    Bucket& b = buckets_[i];
+  for (Bucket& b : buckets_) {
     float* out = b.acc.data<float>() + me * b.shard;
     for (int64_t j = 0; j < b.shard; ++j) out[j] = out[j] / d;
-    ctx.what = "all_gather of gradient bucket " + std::to_string(i);
-    comm_.set_context(ctx);
-    // The gathered shards land in recv (acc is the send buffer).
-    gather[i] = comm_.iall_gather(out, b.recv.raw(), b.shard, Dtype::f32);
   }
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    const auto w0 = Clock::now();
-    gather[i]->wait();
-    t.exposed_comm_s += seconds_since(w0);
+  if (opt_.gather) {
+    // Each rank's shard, copied out (MPI's buffers may not overlap), gathered into acc.
+    std::vector<WorkPtr> gather(buckets_.size());
+    std::vector<Array> mine(buckets_.size());
+    CollectiveContext ctx = comm_.context();
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      Bucket& b = buckets_[i];
+      mine[i] = host_f32(b.shard, MemoryTag::communication);
+      std::memcpy(mine[i].raw(), b.acc.data<float>() + me * b.shard,
+                  static_cast<size_t>(b.shard) * sizeof(float));
+      ctx.what = "all_gather of gradient bucket " + std::to_string(i);
+      comm_.set_context(ctx);
+      gather[i] = comm_.iall_gather(mine[i].raw(), b.acc.raw(), b.shard, Dtype::f32);
+    }
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      const auto w0 = Clock::now();
+      gather[i]->wait();
+      t.exposed_comm_s += seconds_since(w0);
+    }
   }
   t.comm_s = seconds_since(first_start_);
+  for (Bucket& b : buckets_) {
+    b.recv = Array{};  // the exchange's buffer lives only during the step
+    if (opt_.keep_buffers) continue;
+    std::memcpy(b.shard_grad.raw(), b.acc.data<float>() + me * b.shard,
+                static_cast<size_t>(b.shard) * sizeof(float));
+    b.acc = Array{};
+  }
+  if (!opt_.install_grads) return t;
+  HT_ASSERT(opt_.gather);
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!had_grad_[k]) continue;
     const Bucket& b = buckets_[bucket_of_[k]];
-    params_[k]->set_grad(from_blob(b.recv.data<float>() + b.offsets[slot_of_[k]],
+    params_[k]->set_grad(from_blob(b.acc.data<float>() + b.offsets[slot_of_[k]],
                                    params_[k]->shape(), Dtype::f32));
   }
   return t;

@@ -24,6 +24,7 @@ std::string_view memory_tag_name(MemoryTag t) {
     case MemoryTag::optimizer_state: return "optimizer_state";
     case MemoryTag::activations: return "activations";
     case MemoryTag::workspace: return "workspace";
+    case MemoryTag::communication: return "communication";
   }
   return "?";
 }

@@ -74,4 +74,35 @@ double global_mean_loss(distributed::Communicator& comm, const std::vector<doubl
   return s / static_cast<double>(all.size());
 }
 
+nlohmann::json rank_memory(distributed::Communicator& comm, const MemoryStats& stats,
+                           const std::array<int64_t, kNumMemoryTags>* at_update) {
+  const size_t n = 2 * kNumMemoryTags + 1;
+  std::vector<int64_t> mine(n, 0), all(n * static_cast<size_t>(comm.size()));
+  for (size_t t = 0; t < kNumMemoryTags; ++t) {
+    mine[t] = stats.peak[t];
+    if (at_update) mine[kNumMemoryTags + t] = (*at_update)[t];
+  }
+  mine[n - 1] = stats.peak_total;
+  comm.set_context({-1, "all_gather of the ranks' memory statistics"});
+  comm.all_gather(mine.data(), all.data(), static_cast<int64_t>(n), Dtype::i64);
+  nlohmann::json out = nlohmann::json::array();
+  for (int r = 0; r < comm.size(); ++r) {
+    const int64_t* v = all.data() + static_cast<size_t>(r) * n;
+    nlohmann::json peak = nlohmann::json::object(), states = nlohmann::json::object();
+    for (size_t t = 0; t < kNumMemoryTags; ++t) {
+      const std::string tag(memory_tag_name(static_cast<MemoryTag>(t)));
+      peak[tag] = v[t];
+      states[tag] = v[kNumMemoryTags + t];
+    }
+    peak["total"] = v[n - 1];
+    nlohmann::json rec = {{"rank", r}, {"peak_bytes", peak}};
+    if (at_update) {
+      states["model_states"] = v[kNumMemoryTags + 0] + v[kNumMemoryTags + 1] + v[kNumMemoryTags + 2];
+      rec["at_update_bytes"] = states;
+    }
+    out.push_back(rec);
+  }
+  return out;
+}
+
 }  // namespace hetrain::training

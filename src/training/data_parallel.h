@@ -2,10 +2,13 @@
 // agreement checks and global logged numbers over a Communicator.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "hetrain/distributed/communicator.h"
+#include "hetrain/memory/allocator.h"
 #include "hetrain/training/nn.h"
 
 namespace hetrain::training {
@@ -24,5 +27,11 @@ bool parameters_identical(nn::Module& model, distributed::Communicator& comm);
 /// The mean of all ranks' micro-batch losses, summed in global micro-batch order (rank-major:
 /// rank r's micro-batch k is number r * K + k) exactly as one process summing them in order.
 double global_mean_loss(distributed::Communicator& comm, const std::vector<double>& local);
+
+/// Every rank's host memory by tag, for the log (all ranks call it): per rank its peak bytes
+/// by tag over the run and, with at_update (the sharded optimizer's model states), the bytes
+/// by tag live when the optimizer updated.
+nlohmann::json rank_memory(distributed::Communicator& comm, const MemoryStats& stats,
+                           const std::array<int64_t, kNumMemoryTags>* at_update);
 
 }  // namespace hetrain::training

@@ -38,6 +38,12 @@ void Optimizer::zero_grad() {
   for (auto& [n, p] : params_) p->zero_grad();
 }
 
+double Optimizer::clip_grad_norm(double max_norm) {
+  std::vector<Tensor*> ps;
+  for (auto& [n, p] : params_) ps.push_back(p);
+  return optim::clip_grad_norm(ps, max_norm);
+}
+
 Tensor& Optimizer::slot(const std::string& name, size_t i) {
   auto& v = state_[name];
   if (v.size() < params_.size()) v.resize(params_.size());

@@ -20,6 +20,9 @@ namespace hetrain::training {
 
 /// The optimizer train() uses for cfg.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Module& model);
+/// The same over given parameters (a sharded optimizer's shards).
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg,
+                                                 const optim::NamedParams& params);
 Tensor loss_of(const Tensor& logits, const Tensor& targets, bool language);
 /// A batch of the preset's shapes (zeros): the work of a real one, no dataset read.
 data::Batch synthetic_batch(const TrainConfig& cfg);

@@ -26,6 +26,7 @@
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/distributed/communicator.h"
 #include "hetrain/distributed/grad_reducer.h"
+#include "hetrain/distributed/sharded_optimizer.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/recompute.h"
 #include "hetrain/interop/safetensors.h"
@@ -169,8 +170,10 @@ std::pair<double, double> evaluate(nn::Module& model, const data::Dataset& ds, i
 
 }  // namespace
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Module& model) {
-  optim::NamedParams params = model.named_parameters();
+/// The optimizer train() uses for cfg, over the given parameters (the model's, or a sharded
+/// optimizer's shards).
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg,
+                                                 const optim::NamedParams& params) {
   // Weight decay applies to matrices and convolutions, not to biases and norm scales.
   if (cfg.optimizer == "adamw")
     return std::make_unique<optim::AdamW>(
@@ -178,6 +181,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Mod
   return std::make_unique<optim::SGD>(
       params,
       optim::SgdOptions{.lr = cfg.lr, .momentum = cfg.momentum, .weight_decay = cfg.weight_decay});
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Module& model) {
+  return make_optimizer(cfg, model.named_parameters());
 }
 
 data::Batch synthetic_batch(const TrainConfig& cfg) {
@@ -263,7 +270,7 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
   StepOutcome out;
   if (reducer) out.times = reducer->reduce(static_cast<int64_t>(micro.size()) * comm.size());
   if (scaler) scaler->unscale(opt);  // clipping sees the true gradients
-  if (cfg.clip > 0) optim::clip_grad_norm(model.parameters(), cfg.clip);
+  if (cfg.clip > 0) opt.clip_grad_norm(cfg.clip);
   if (scaler)
     scaler->step(opt);  // skipped (and counted) when a gradient is inf/NaN
   else
@@ -346,12 +353,15 @@ struct ResumeState {
   int64_t data_examples = 0;                // training examples: the data order depends on it
 };
 
+/// opt_state: opt.state_dict(), which every rank computes (a sharded optimizer gathers it).
 void save_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
-                     const TrainConfig& cfg, const ResumeState& st) {
+                     const std::map<std::string, Tensor>& opt_state, const TrainConfig& cfg,
+                     bool leader, const ResumeState& st) {
+  if (!leader) return;  // the others only took part in gathering opt_state
   checkpoint::Part weights{"model", {}, {{"format", "pt"}, {"step", std::to_string(st.step)}}};
   for (auto& [n, t] : model.state_dict()) weights.tensors.emplace_back(n, t);
   checkpoint::Part state{"train_state", {}, {}};
-  for (auto& [n, t] : opt.state_dict()) state.tensors.emplace_back(n, t);
+  for (auto& [n, t] : opt_state) state.tensors.emplace_back(n, t);
   state.metadata = {
       {"format", "hetrain-train-state"},
       {"version", "1"},
@@ -667,7 +677,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
   default_generator().set_state(cfg.seed + 1, 0);  // dropout draws from the default generator
   broadcast_model(*model, comm);
 
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, *model);
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, model->named_parameters());
 
   const amp::Precision precision = amp::precision_from_name(cfg.precision);
   std::optional<amp::GradScaler> scaler;
@@ -683,9 +693,10 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
   const int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * loader.batches_per_epoch();
   check_agree(comm, total, "the number of steps");
   std::optional<distributed::GradReducer> reducer;
-  if (micro_batches > 1)
+  if (micro_batches > 1 || cfg.zero > 0)
     reducer.emplace(model->parameters(), comm,
-                    distributed::BucketOptions{.bucket_mb = cfg.bucket_mb, .first_bucket_mb = 1});
+                    distributed::ShardedOptimizer::bucket_options(static_cast<int>(cfg.zero),
+                                                                 cfg.bucket_mb));
   optim::LrSchedule sched{.kind = cfg.schedule,
                           .base_lr = cfg.lr,
                           .warmup_steps = cfg.warmup,
@@ -705,6 +716,18 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
     if (leader)
       std::fprintf(stderr, "resumed from %s at step %lld\n", cfg.resume_dir.c_str(),
                    static_cast<long long>(step));
+  }
+  distributed::ShardedOptimizer* sharded = nullptr;
+  if (reducer) {
+    // Flat buffers, this rank's shard of the optimizer state (taken from opt: a checkpoint's).
+    if (cfg.zero > 0 && scaler)
+      fail("[train] --zero ", cfg.zero, " with fp16's dynamic loss scaling is not implemented "
+           "(the overflow check would see one shard); use --zero 0, bf16 or --grad-scaler off");
+    auto so = std::make_unique<distributed::ShardedOptimizer>(
+        model->named_parameters(), *reducer, comm, static_cast<int>(cfg.zero),
+        [&](const optim::NamedParams& p) { return make_optimizer(cfg, p); }, opt.get());
+    sharded = so.get();
+    opt = std::move(so);
   }
   if (leader) {
     std::string par;
@@ -812,10 +835,10 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
       interval_comm = interval_exposed = 0;
       interval_overlapped = 0;
     }
-    if (leader && !cfg.save_dir.empty() && cfg.save_every > 0 && step % cfg.save_every == 0 &&
-        step < total)
-      save_checkpoint(cfg.save_dir + "/step-" + std::to_string(step), *model, *opt, cfg,
-                      {step, loader.epoch(), loader.position(), micro_batches,
+    if (!cfg.save_dir.empty() && cfg.save_every > 0 && step % cfg.save_every == 0 &&
+        step < total && (leader || sharded))
+      save_checkpoint(cfg.save_dir + "/step-" + std::to_string(step), *model, *opt,
+                      opt->state_dict(), cfg, leader, {step, loader.epoch(), loader.position(), micro_batches,
                        default_generator().seed(), default_generator().offset(), scaler_ptr,
                        data.train->size()});
   }
@@ -849,6 +872,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
         stats.peak[static_cast<size_t>(t)];
   r.peak_memory_bytes["total"] = stats.peak_total;
   r.peak_rss_growth_bytes = rss_grown.value_or(-1);
+  const nlohmann::json ranks_memory =
+      rank_memory(comm, stats, sharded ? &sharded->model_state_bytes() : nullptr);
 
   // Only rank 0 reports the test numbers; the others skip the evaluation.
   auto [tl, acc] = cfg.final_eval && leader ? evaluate(*model, *data.test, cfg.batch_size, data.language,
@@ -861,8 +886,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
     r.test_loss = tl;
     r.test_accuracy = acc;
   }
-  if (leader && !cfg.save_dir.empty())
-    save_checkpoint(cfg.save_dir, *model, *opt, cfg,
+  if (!cfg.save_dir.empty() && (leader || sharded))
+    save_checkpoint(cfg.save_dir, *model, *opt, opt->state_dict(), cfg, leader,
                     {step, loader.epoch(), loader.position(), micro_batches,
                      default_generator().seed(), default_generator().offset(), scaler_ptr,
                      data.train->size()});
@@ -886,6 +911,11 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
                           {"exposed_comm_s", r.exposed_comm_s},
                           {"ranks_identical", r.ranks_identical},
                           {"memory", memory_json(stats)}};
+    fin["rank_memory"] = ranks_memory;
+    if (sharded) {
+      fin["zero"] = sharded->stage();
+      fin["zero_padding_elements"] = sharded->padding();
+    }
     if (r.peak_rss_growth_bytes >= 0) fin["peak_rss_growth_bytes"] = r.peak_rss_growth_bytes;
     // GPU memory: the peak of each CUDA device's allocator over the run (all tags).
     for (const runtime::DeviceModel& m : runtime::config().devices)
@@ -914,7 +944,7 @@ void run_synthetic_steps(const TrainConfig& cfg, int64_t steps,
   Generator init_gen(cfg.seed), dropout_gen(cfg.seed + 1);
   std::shared_ptr<nn::Module> model =
       make_model ? make_model(cfg) : build_model(cfg, init_gen, dropout_gen);
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, *model);
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, model->named_parameters());
   const bool language = cfg.model == "gpt";
   // The shapes a real batch has; the values do not change the work.
   const data::Batch batch = synthetic_batch(cfg);

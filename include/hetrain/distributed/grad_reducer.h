@@ -41,6 +41,12 @@ namespace hetrain::distributed {
 struct BucketOptions {
   double bucket_mb = 25;       // MiB of f32 gradients per bucket
   double first_bucket_mb = 1;  // the first bucket (the last parameters), reduced soonest
+  // The ZeRO layouts (distributed/sharded_optimizer.h).
+  bool gather = true;         // all-gather the reduced shards (false: a rank keeps its shard)
+  bool keep_buffers = true;   // each bucket's full gradient buffer lives between steps (false:
+                              // allocated for the step, the reduced shard copied out, freed)
+  bool install_grads = true;  // reduce() sets the parameters' .grad (copies)
+  int64_t shard_multiple = 1;  // shards are padded to a multiple of this many elements
 };
 
 /// Time spent on the reductions of one step.
@@ -72,6 +78,19 @@ class GradReducer final : private NodeObserver {
 
   /// Bucket b's parameters (indices into params, in the bucket's order).
   const std::vector<std::vector<size_t>>& buckets() const { return bucket_params_; }
+  /// The flat layout: bucket b holds numel elements (its parameters at their offsets) padded
+  /// to shard * world; rank r owns elements [r * shard, (r + 1) * shard).
+  int64_t bucket_numel(size_t b) const { return buckets_[b].numel; }
+  int64_t bucket_shard(size_t b) const { return buckets_[b].shard; }
+  size_t bucket_of(size_t param) const { return bucket_of_[param]; }
+  int64_t offset_of(size_t param) const { return buckets_[bucket_of_[param]].offsets[slot_of_[param]]; }
+  /// Whether parameter k had a gradient on this rank in the last step.
+  bool received_gradient(size_t k) const { return had_grad_[k]; }
+  /// After reduce(): the whole reduced bucket (with gather) and this rank's shard of it. The
+  /// memory stays valid between steps (keep_buffers, or the shard without it).
+  const Array& reduced_bucket(size_t b) const;
+  /// This rank's shard as an array (shard elements) and its offset in the array's buffer.
+  Array reduced_shard(size_t b) const;
 
  private:
   struct Bucket {
@@ -79,7 +98,9 @@ class GradReducer final : private NodeObserver {
     std::vector<int64_t> offsets;
     int64_t numel = 0, shard = 0;  // shard: ceil(numel / world) elements per rank
     Array acc, recv;               // acc: shard * world elements; recv: the same
+    Array shard_grad;              // without keep_buffers: the reduced shard (shard elements)
   };
+  void ensure_acc(Bucket& b);
   void add_grad(size_t param, bool first);
   void add_values(size_t param, const float* data);
   void on_node(const Node& node, int64_t start_ns, int64_t end_ns) override;
@@ -90,6 +111,7 @@ class GradReducer final : private NodeObserver {
 
   std::vector<Tensor*> params_;
   Communicator& comm_;
+  BucketOptions opt_;
   std::vector<Bucket> buckets_;
   std::vector<std::vector<size_t>> bucket_params_;
   std::vector<size_t> bucket_of_, slot_of_;  // per parameter

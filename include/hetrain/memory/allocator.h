@@ -25,8 +25,9 @@ enum class MemoryTag : uint8_t {
   optimizer_state,
   activations,
   workspace,
+  communication,  // buffers of collectives (gradient exchange, gathers)
 };
-inline constexpr int kNumMemoryTags = 5;
+inline constexpr int kNumMemoryTags = 6;
 std::string_view memory_tag_name(MemoryTag t);
 
 struct MemoryStats {

@@ -21,15 +21,20 @@ class Optimizer {
   /// Updates every parameter that has a gradient.
   virtual void step() = 0;
   virtual const char* name() const = 0;
-  void zero_grad();
+  /// Clears the gradients (a sharded optimizer points them at its buffers again).
+  virtual void zero_grad();
+  /// Scales the gradients so their global L2 norm is at most max_norm; returns the norm
+  /// before (clip_grad_norm below over params(); a sharded optimizer sums its shards).
+  virtual double clip_grad_norm(double max_norm);
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
   int64_t steps() const { return steps_; }
   /// The parameters this optimizer updates, with their names.
   const NamedParams& params() const { return params_; }
   /// Per-parameter state ("exp_avg.<param>", ...) and the step count, for checkpoints.
-  std::map<std::string, Tensor> state_dict() const;
-  void load_state_dict(const std::map<std::string, Tensor>& state, int64_t steps);
+  /// (A sharded optimizer gathers its shards: every rank must call it.)
+  virtual std::map<std::string, Tensor> state_dict() const;
+  virtual void load_state_dict(const std::map<std::string, Tensor>& state, int64_t steps);
 
  protected:
   /// state_[slot][param index]; an undefined tensor until first used.

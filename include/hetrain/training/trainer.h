@@ -48,6 +48,9 @@ struct TrainConfig {
   // world's ranks, batch_size examples in all (the global batch)
   int64_t grad_accum = 1;
   double bucket_mb = 25;       // gradient bucket size (the first bucket: at most 1 MiB)
+  // ZeRO stage of the sharded optimizer (distributed/sharded_optimizer.h): 0 replicates the
+  // optimizer state, 1 shards it, 2 also shards the reduced gradients
+  int64_t zero = 0;
   double comm_timeout = 600;   // seconds a collective may take before the job is aborted
   // mixed precision (graph/autocast.h, training/amp.h)
   std::string precision = "fp32";    // fp32 | bf16 | fp16

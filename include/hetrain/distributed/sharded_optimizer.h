@@ -1,0 +1,89 @@
+// ZeRO stages 0-2 over the GradReducer's flat bucket layout: one mechanism, the stage a policy.
+//
+//   GradReducer reducer(model.parameters(), comm, ShardedOptimizer::bucket_options(stage, 25));
+//   ShardedOptimizer opt(model.named_parameters(), reducer, comm, stage, make_adamw, &loaded);
+//   ... forward/backward, reducer.accumulate(), reducer.reduce(N * K) ...
+//   opt.clip_grad_norm(1.0);   // fixed chunks, summed in a fixed order
+//   opt.step();                // this rank's shard, then the updated shards all-gathered
+//   opt.zero_grad();
+//
+// The model's parameters become views into contiguous flat buffers, one per gradient bucket
+// (the bucket's parameters at their offsets, padded to shard * N elements). The optimizer
+// works on one "shard parameter" per bucket, a view of the elements this rank owns, with the
+// reduced gradients as its gradient:
+//   stage 0  every rank owns the whole bucket; gradients all-gathered (plain data parallel);
+//   stage 1  rank r owns elements [r * shard, (r + 1) * shard) and keeps their optimizer state;
+//            the full gradient buffer stays (it accumulates the micro-batches);
+//   stage 2  as 1, and the full gradient buffer exists only during the step: a rank keeps
+//            only its shard of the reduced gradients.
+// After the update the owned shards are all-gathered into the flat parameters. Every
+// optimizer update is elementwise, so each element sees the same operations in every stage;
+// the global norm for clipping is the sum of fixed chunks of kNormChunk elements (shards are
+// padded to a multiple of it), each chunk's squares summed in f64 in element order and the
+// chunks in (bucket, position) order: the same number in every stage and at every rank count.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hetrain/distributed/communicator.h"
+#include "hetrain/distributed/grad_reducer.h"
+#include "hetrain/memory/allocator.h"
+#include "hetrain/training/optim.h"
+
+namespace hetrain::distributed {
+
+/// Elements per chunk of the clipping norm.
+inline constexpr int64_t kNormChunk = 1024;
+
+/// The optimizer that updates the shard parameters (AdamW, SGD: any elementwise update).
+using OptimizerFactory =
+    std::function<std::unique_ptr<optim::Optimizer>(optim::NamedParams params)>;
+
+class ShardedOptimizer final : public optim::Optimizer {
+ public:
+  /// The reducer's options for a stage (bucket sizes in MiB as GradReducer's).
+  static BucketOptions bucket_options(int stage, double bucket_mb, double first_bucket_mb = 1);
+
+  /// params: the model's named parameters, in the order the reducer was given them. loaded:
+  /// an optimizer over the same parameters whose state (a checkpoint's) is taken over, or null.
+  ShardedOptimizer(optim::NamedParams params, GradReducer& reducer, Communicator& comm, int stage,
+                   const OptimizerFactory& make, const optim::Optimizer* loaded);
+  ~ShardedOptimizer() override;
+
+  void step() override;
+  const char* name() const override { return inner_->name(); }
+  void zero_grad() override;
+  double clip_grad_norm(double max_norm) override;
+  /// Per model parameter ("exp_avg.<param>", ...), gathered from every rank's shard.
+  std::map<std::string, Tensor> state_dict() const override;
+  void load_state_dict(const std::map<std::string, Tensor>& state, int64_t steps) override;
+
+  int stage() const { return stage_; }
+  /// Bytes by memory tag live on this rank just before an optimizer update (the model states'
+  /// moment), the largest seen since construction.
+  const std::array<int64_t, kNumMemoryTags>& model_state_bytes() const { return at_update_; }
+  /// Elements of padding in the flat buffers (all buckets, shard * N - numel).
+  int64_t padding() const;
+
+ private:
+  void attach_grads();
+  // The element range of bucket b this rank updates.
+  int64_t own_begin(size_t b) const;
+  int64_t own_count(size_t b) const;
+
+  optim::NamedParams model_params_;
+  GradReducer& reducer_;
+  Communicator& comm_;
+  int stage_;
+  std::vector<Array> flat_;    // per bucket: the parameters, shard * N elements
+  std::vector<Tensor> shard_;  // per bucket: the view this rank updates
+  std::unique_ptr<optim::Optimizer> inner_;
+  std::array<int64_t, kNumMemoryTags> at_update_{};
+};
+
+}  // namespace hetrain::distributed

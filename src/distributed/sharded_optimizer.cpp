@@ -1,0 +1,321 @@
+// ShardedOptimizer: ZeRO stages 0-2 on flat bucket buffers.
+#include "hetrain/distributed/sharded_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "hetrain/base/error.h"
+#include "hetrain/base/thread_pool.h"
+#include "hetrain/graph/ops.h"
+#include "hetrain/runtime/eval.h"
+
+namespace hetrain::distributed {
+
+namespace {
+
+Array host_f32(int64_t n, MemoryTag tag) {
+  Array a;
+  a.shape = {n};
+  a.dtype = Dtype::f32;
+  a.tag = tag;
+  a.allocate();
+  if (n > 0) std::memset(a.raw(), 0, a.nbytes());
+  return a;
+}
+
+/// A leaf tensor over elements [off, off + numel(shape)) of a flat f32 array (no copy).
+Tensor view_leaf(const Array& flat, int64_t off, const Shape& shape, bool requires_grad) {
+  Array a;
+  a.shape = shape;
+  a.dtype = Dtype::f32;
+  a.tag = flat.tag;
+  a.view_of(flat, contiguous_strides(shape), flat.offset + off);
+  Tensor t = make_leaf(std::move(a));
+  if (requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+/// A tensor's values as contiguous host f32 (copied only when they are not already so).
+struct HostValues {
+  Tensor holder;
+  std::vector<float> copy;
+  const float* data = nullptr;
+};
+HostValues host_values(const Tensor& t) {
+  HostValues h;
+  t.eval();
+  const Array& a = t.array();
+  if (a.dtype == Dtype::f32 && a.contiguous() && a.device().kind == DeviceKind::cpu) {
+    h.holder = t;
+    h.data = a.data<float>();
+  } else {
+    h.copy = t.to_vector<float>();
+    h.data = h.copy.data();
+  }
+  return h;
+}
+
+std::string shard_name(size_t b) { return "zero_bucket_" + std::to_string(b); }
+
+}  // namespace
+
+BucketOptions ShardedOptimizer::bucket_options(int stage, double bucket_mb,
+                                               double first_bucket_mb) {
+  if (stage < 0 || stage > 2) fail("[zero] stage must be 0, 1 or 2, got ", stage);
+  BucketOptions o;
+  o.bucket_mb = bucket_mb;
+  o.first_bucket_mb = first_bucket_mb;
+  o.gather = stage == 0;
+  o.keep_buffers = stage < 2;
+  o.install_grads = false;
+  // Shards hold whole norm chunks, so a rank's chunks are the same as stage 0's.
+  o.shard_multiple = stage == 0 ? 1 : kNormChunk;
+  return o;
+}
+
+ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reducer,
+                                   Communicator& comm, int stage, const OptimizerFactory& make,
+                                   const optim::Optimizer* loaded)
+    : Optimizer({}, 0.0),
+      model_params_(std::move(params)),
+      reducer_(reducer),
+      comm_(comm),
+      stage_(stage) {
+  if (stage < 0 || stage > 2) fail("[zero] stage must be 0, 1 or 2, got ", stage);
+  const size_t nb = reducer.buckets().size();
+  // The parameters move into the flat buffers and become views of them.
+  flat_.resize(nb);
+  for (size_t b = 0; b < nb; ++b)
+    flat_[b] = host_f32(reducer.bucket_shard(b) * comm.size(), MemoryTag::parameters);
+  for (size_t k = 0; k < model_params_.size(); ++k) {
+    Tensor& p = *model_params_[k].second;
+    if (p.dtype() != Dtype::f32)
+      fail("[zero] parameter '", model_params_[k].first, "' is ", dtype_name(p.dtype()),
+           "; the sharded optimizer needs f32 parameters");
+    const HostValues v = host_values(p);
+    const size_t b = reducer.bucket_of(k);
+    const int64_t off = reducer.offset_of(k);
+    std::memcpy(flat_[b].data<float>() + off, v.data, static_cast<size_t>(p.numel()) * 4);
+    p = view_leaf(flat_[b], off, p.shape(), true);
+  }
+  shard_.resize(nb);
+  optim::NamedParams shard_params;
+  for (size_t b = 0; b < nb; ++b) {
+    shard_[b] = view_leaf(flat_[b], own_begin(b), {own_count(b)}, true);
+    shard_params.emplace_back(shard_name(b), &shard_[b]);
+  }
+  inner_ = make(shard_params);
+  params_ = shard_params;
+  lr_ = inner_->lr();
+  if (loaded) {
+    lr_ = loaded->lr();
+    load_state_dict(loaded->state_dict(), loaded->steps());
+  }
+  attach_grads();
+}
+
+ShardedOptimizer::~ShardedOptimizer() = default;
+
+int64_t ShardedOptimizer::own_begin(size_t b) const {
+  return stage_ == 0 ? 0 : comm_.rank() * reducer_.bucket_shard(b);
+}
+
+int64_t ShardedOptimizer::own_count(size_t b) const {
+  return stage_ == 0 ? reducer_.bucket_shard(b) * comm_.size() : reducer_.bucket_shard(b);
+}
+
+int64_t ShardedOptimizer::padding() const {
+  int64_t pad = 0;
+  for (size_t b = 0; b < flat_.size(); ++b)
+    pad += reducer_.bucket_shard(b) * comm_.size() - reducer_.bucket_numel(b);
+  return pad;
+}
+
+void ShardedOptimizer::attach_grads() {
+  for (size_t b = 0; b < shard_.size(); ++b) {
+    Array g = stage_ == 0 ? reducer_.reduced_bucket(b) : reducer_.reduced_shard(b);
+    shard_[b].set_grad(make_leaf(std::move(g)));
+  }
+}
+
+void ShardedOptimizer::zero_grad() {
+  for (Tensor& s : shard_) s.zero_grad();
+  attach_grads();
+}
+
+double ShardedOptimizer::clip_grad_norm(double max_norm) {
+  NoGradScope ng;
+  // This rank's chunks, bucket by bucket in element order.
+  std::vector<double> partial;
+  std::vector<size_t> base(shard_.size());
+  for (size_t b = 0; b < shard_.size(); ++b) {
+    base[b] = partial.size();
+    const int64_t n = own_count(b), chunks = (n + kNormChunk - 1) / kNormChunk;
+    partial.resize(partial.size() + static_cast<size_t>(chunks), 0.0);
+    const Tensor g = shard_[b].grad();
+    if (!g.defined()) continue;
+    const HostValues v = host_values(g);
+    double* out = partial.data() + base[b];
+    const float* x = v.data;
+    parallel_for(chunks, 1, [=](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c) {
+        double s = 0;
+        const int64_t end = std::min(n, (c + 1) * kNormChunk);
+        for (int64_t i = c * kNormChunk; i < end; ++i)
+          s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+        out[c] = s;
+      }
+    });
+  }
+  // The chunks in (bucket, position) order: under stages 1-2 rank r's chunks of a bucket come
+  // after rank r-1's, which is where stage 0 has them.
+  double total = 0;
+  const int world = comm_.size();
+  if (stage_ == 0 || world == 1) {
+    for (double s : partial) total += s;
+  } else {
+    std::vector<double> all(partial.size() * static_cast<size_t>(world));
+    CollectiveContext ctx = comm_.context();
+    ctx.what = "all_gather of the gradient norm's chunks";
+    comm_.set_context(ctx);
+    comm_.all_gather(partial.data(), all.data(), static_cast<int64_t>(partial.size()), Dtype::f64);
+    for (size_t b = 0; b < shard_.size(); ++b) {
+      const size_t count = (b + 1 < shard_.size() ? base[b + 1] : partial.size()) - base[b];
+      for (int r = 0; r < world; ++r)
+        for (size_t c = 0; c < count; ++c) total += all[r * partial.size() + base[b] + c];
+    }
+  }
+  const double norm = std::sqrt(total);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    // In place on the reduced gradients (a copy only for gradients elsewhere, e.g. unscaled).
+    const float c = static_cast<float>(coef);
+    for (Tensor& s : shard_) {
+      const Tensor g = s.grad();
+      if (!g.defined()) continue;
+      g.eval();
+      const Array& a = g.array();
+      if (a.dtype == Dtype::f32 && a.contiguous() && a.device().kind == DeviceKind::cpu) {
+        float* x = a.data<float>();
+        parallel_for(a.numel(), 1 << 14, [=](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i) x[i] = x[i] * c;
+        });
+      } else {
+        std::vector<float> v = g.to_vector<float>();
+        for (float& x : v) x = x * c;
+        s.set_grad(from_vector(v, g.shape()).eval());
+      }
+    }
+  }
+  return norm;
+}
+
+void ShardedOptimizer::step() {
+  for (size_t k = 0; k < model_params_.size(); ++k)
+    if (!reducer_.received_gradient(k))
+      fail("[zero] parameter '", model_params_[k].first,
+           "' received no gradient in this step; the sharded optimizer updates whole buckets "
+           "and needs a gradient for every parameter");
+  // The model states' moment: parameters, reduced gradients and optimizer state all live.
+  const MemoryStats st = host_allocator().stats();
+  for (size_t t = 0; t < at_update_.size(); ++t)
+    at_update_[t] = std::max(at_update_[t], st.current[t]);
+  inner_->set_lr(lr_);
+  inner_->step();
+  // The updated shards into the flat parameters (every rank's, gathered).
+  std::vector<HostValues> values(shard_.size());
+  std::vector<WorkPtr> works(shard_.size());
+  CollectiveContext ctx = comm_.context();
+  for (size_t b = 0; b < shard_.size(); ++b) {
+    values[b] = host_values(shard_[b]);
+    if (stage_ == 0) {
+      std::memcpy(flat_[b].raw(), values[b].data, static_cast<size_t>(own_count(b)) * 4);
+      continue;
+    }
+    ctx.what = "all_gather of parameter bucket " + std::to_string(b);
+    comm_.set_context(ctx);
+    works[b] = comm_.iall_gather(values[b].data, flat_[b].raw(), own_count(b), Dtype::f32);
+  }
+  for (size_t b = 0; b < shard_.size(); ++b) {
+    if (works[b]) works[b]->wait();
+    shard_[b] = view_leaf(flat_[b], own_begin(b), {own_count(b)}, true);
+  }
+  ++steps_;
+}
+
+std::map<std::string, Tensor> ShardedOptimizer::state_dict() const {
+  std::map<std::string, Tensor> out;
+  const int world = comm_.size();
+  for (const auto& [key, t] : inner_->state_dict()) {
+    const std::string slot = key.substr(0, key.find('.'));
+    const std::string bname = key.substr(key.find('.') + 1);
+    size_t b = 0;
+    while (b < shard_.size() && shard_name(b) != bname) ++b;
+    HT_ASSERT(b < shard_.size());
+    const HostValues v = host_values(t);
+    std::vector<float> full(static_cast<size_t>(reducer_.bucket_shard(b) * world));
+    if (stage_ == 0) {
+      std::memcpy(full.data(), v.data, full.size() * 4);
+    } else {
+      CollectiveContext ctx = comm_.context();
+      ctx.what = "all_gather of optimizer state " + key;
+      comm_.set_context(ctx);
+      comm_.all_gather(v.data, full.data(), own_count(b), Dtype::f32);
+    }
+    for (size_t k : reducer_.buckets()[b]) {
+      const Tensor& p = *model_params_[k].second;
+      out[slot + "." + model_params_[k].first] =
+          from_blob(full.data() + reducer_.offset_of(k), p.shape(), Dtype::f32).eval();
+    }
+  }
+  return out;
+}
+
+void ShardedOptimizer::load_state_dict(const std::map<std::string, Tensor>& state, int64_t steps) {
+  const int world = comm_.size();
+  // slot -> per bucket: the full flat state and how many of its parameters were given.
+  std::map<std::string, std::vector<std::vector<float>>> full;
+  std::map<std::string, std::vector<size_t>> given;
+  for (const auto& [key, t] : state) {
+    const auto dot = key.find('.');
+    if (dot == std::string::npos) fail("[optimizer] bad state entry '", key, "'");
+    const std::string slot = key.substr(0, dot), pname = key.substr(dot + 1);
+    size_t k = 0;
+    while (k < model_params_.size() && model_params_[k].first != pname) ++k;
+    if (k == model_params_.size())
+      fail("[optimizer] state entry '", key, "' names no parameter of this model");
+    const Tensor& p = *model_params_[k].second;
+    if (t.shape() != p.shape() || t.dtype() != Dtype::f32)
+      fail("[optimizer] state entry '", key, "' is ", dtype_name(t.dtype()), " ",
+           shape_str(t.shape()), " but the parameter is f32 ", shape_str(p.shape()));
+    auto& slot_full = full[slot];
+    auto& slot_given = given[slot];
+    if (slot_full.empty()) {
+      slot_full.resize(shard_.size());
+      slot_given.assign(shard_.size(), 0);
+      for (size_t b = 0; b < shard_.size(); ++b)
+        slot_full[b].assign(static_cast<size_t>(reducer_.bucket_shard(b) * world), 0.0f);
+    }
+    const size_t b = reducer_.bucket_of(k);
+    const HostValues v = host_values(t);
+    std::memcpy(slot_full[b].data() + reducer_.offset_of(k), v.data,
+                static_cast<size_t>(p.numel()) * 4);
+    ++slot_given[b];
+  }
+  std::map<std::string, Tensor> inner;
+  for (const auto& [slot, buckets] : full)
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      const size_t n = given[slot][b];
+      if (n == 0) continue;
+      if (n != reducer_.buckets()[b].size())
+        fail("[optimizer] state '", slot, "' covers ", n, " of the ", reducer_.buckets()[b].size(),
+             " parameters of gradient bucket ", b, "; the sharded optimizer needs all or none");
+      inner[slot + "." + shard_name(b)] =
+          from_blob(buckets[b].data() + own_begin(b), {own_count(b)}, Dtype::f32).eval();
+    }
+  inner_->load_state_dict(inner, steps);
+  steps_ = steps;
+}
+
+}  // namespace hetrain::distributed

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# ZeRO stages 1 and 2 against stage 0: `mpirun -np NP hetrain train --zero S ARGS` must write
+# model and training-state files (optimizer state gathered per parameter) byte-identical to
+# --zero 0, log the same losses, and every rank's model-state bytes, read from the allocator
+# when the optimizer updates, must equal the formulas with P = parameters + stated padding:
+#   stage 0: 4P + 4P + 8P,  stage 1: 4P + 4P + 8P/N,  stage 2: 4P + 4P/N + 8P/N.
+# Usage: zero_equal.sh HETRAIN NP ARGS...
+set -euo pipefail
+ht=$1 np=$2
+shift 2
+here=$(cd "$(dirname "$0")" && pwd)
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+export XDG_CACHE_HOME=$dir/cache
+common=(train --no-progress --no-record --threads 1 --log-every 5 "$@")
+run() {  # run NAME ARGS...
+  local name=$1
+  shift
+  bash "$here/mpirun.sh" "$np" 200 "$ht" "${common[@]}" "$@" --save "$dir/$name" \
+    --json-log "$dir/$name.jsonl" > "$dir/$name.out" 2>&1 || { cat "$dir/$name.out"; exit 1; }
+}
+run z0 --zero 0
+run z1 --zero 1
+run z2 --zero 2 --save-every 10
+# The stage-2 checkpoint of step 10 (optimizer state gathered from the shards) resumed under
+# stage 1: the shards are cut again from it, and the run ends where stage 0 does.
+run resumed --zero 1 --resume "$dir/z2/step-10"
+status=0
+for f in model.1.safetensors train_state.1.safetensors; do
+  cmp "$dir/z0/$f" "$dir/resumed/$f" && echo "resumed at step 10 (zero 2 -> 1): $f identical" \
+    || { echo "FAIL: $f differs after resuming zero 2's step-10 checkpoint under zero 1"; status=1; }
+done
+losses() { grep -o '"loss":[^,]*' "$1"; }
+for z in 1 2; do
+  for f in model.1.safetensors train_state.1.safetensors checkpoint.json; do
+    if cmp "$dir/z0/$f" "$dir/z$z/$f"; then
+      echo "zero $z: $f identical to zero 0 ($(stat -c %s "$dir/z$z/$f") bytes)"
+    else
+      echo "FAIL: $f differs between --zero 0 and --zero $z at -np $np"
+      status=1
+    fi
+  done
+  if [[ "$(losses "$dir/z0.jsonl")" != "$(losses "$dir/z$z.jsonl")" ]]; then
+    echo "FAIL: logged losses differ between --zero 0 and --zero $z"
+    paste <(losses "$dir/z0.jsonl") <(losses "$dir/z$z.jsonl")
+    status=1
+  fi
+done
+# The formulas, per rank, from the final record's rank_memory (python3's standard library).
+python3 - "$dir" "$np" <<'EOF' || status=1
+import json, struct, sys
+d, n = sys.argv[1], int(sys.argv[2])
+with open(f"{d}/z0/model.1.safetensors", "rb") as f:
+    head = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+psi = 0
+for k, v in head.items():
+    if k != "__metadata__":
+        c = 1
+        for s in v["shape"]:
+            c *= s
+        psi += c
+ok = True
+for z in (0, 1, 2):
+    fin = [json.loads(l) for l in open(f"{d}/z{z}.jsonl") if '"final"' in l][0]
+    p = psi + fin["zero_padding_elements"]
+    want = {0: (4 * p, 4 * p, 8 * p), 1: (4 * p, 4 * p, 8 * p // n),
+            2: (4 * p, 4 * p // n, 8 * p // n)}[z]
+    if len(fin["rank_memory"]) != n:
+        print(f"FAIL: zero {z}: rank_memory has {len(fin['rank_memory'])} ranks, not {n}")
+        ok = False
+    for r in fin["rank_memory"]:
+        a = r["at_update_bytes"]
+        got = (a["parameters"], a["gradients"], a["optimizer_state"])
+        line = (f"zero {z} rank {r['rank']}: params/grads/optimizer {got} bytes, formula {want} "
+                f"(psi {psi}, padding {fin['zero_padding_elements']})")
+        print(("" if got == want else "FAIL: ") + line)
+        ok = ok and got == want
+sys.exit(0 if ok else 1)
+EOF
+[[ $status == 0 ]] && echo "ZeRO -np $np: stages 1 and 2 equal stage 0"
+exit $status

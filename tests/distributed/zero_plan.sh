@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The planner's model states against the allocator's: for gpt-mini under `mpirun -np NP hetrain
+# train --zero S`, every rank's parameters + gradients + optimizer state live at the update
+# (rank_memory in the log) must be within 3% of `hetrain plan --hardware local --gpus NP --zero S
+# --precision fp32` for the same model (weights + gradients + optimizer per device).
+# Usage: zero_plan.sh HETRAIN NP
+set -euo pipefail
+ht=$1 np=$2
+here=$(cd "$(dirname "$0")" && pwd)
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+export XDG_CACHE_HOME=$dir/cache
+# (Two steps: the optimizer state exists from the first update on.)
+# Hardware 'local' is this machine's device profile (the memory figures do not depend on it).
+"$ht" bench --quick --threads 1 > "$dir/bench.out" 2>&1 || { cat "$dir/bench.out"; exit 1; }
+status=0
+for z in 0 1 2; do
+  bash "$here/mpirun.sh" "$np" 200 "$ht" train --preset gpt-mini --steps 2 --batch-size 8 \
+    --eval-batches 1 --threads 1 --no-progress --no-record --zero "$z" \
+    --json-log "$dir/z$z.jsonl" > "$dir/z$z.out" 2>&1 || { cat "$dir/z$z.out"; exit 1; }
+  # gpt-mini's shape (src/training/config.cpp): 4 layers, width 128, 4 heads, context 64, bytes.
+  "$ht" plan --model gpt --layers 4 --hidden 128 --heads 4 --seq 64 --vocab 256 \
+    --hardware local --gpus "$np" --zero "$z" --precision fp32 --global-batch 8 \
+    --micro-batch $((8 / np)) --json > "$dir/plan$z.json" 2> "$dir/plan$z.err" \
+    || { cat "$dir/plan$z.err"; exit 1; }
+  python3 - "$dir/z$z.jsonl" "$dir/plan$z.json" "$z" "$np" <<'EOF' || status=1
+import json, sys
+log, plan, z, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+fin = [json.loads(l) for l in open(log) if '"final"' in l][0]
+p = json.load(open(plan))["plans"][0]
+m = p["memory_per_gpu_bytes"]
+want = m["weights"] + m["gradients"] + m["optimizer"]
+ok = len(fin["rank_memory"]) == n
+for r in fin["rank_memory"]:
+    got = r["at_update_bytes"]["model_states"]
+    err = got / want - 1
+    good = abs(err) <= 0.03
+    ok = ok and good
+    print(f"{'' if good else 'FAIL: '}zero {z} rank {r['rank']}: model states measured {got} B, "
+          f"planned {want:.0f} B ({p['params']} parameters), error {100 * err:+.2f}%")
+sys.exit(0 if ok else 1)
+EOF
+done
+[[ $status == 0 ]] && echo "ZeRO -np $np: model states within 3% of the plan"
+exit $status
