@@ -69,7 +69,7 @@ bars=$(grep -o 'class="bar"' "$tmp/report.dom" | wc -l)
 areas=$(grep -o 'class="area"' "$tmp/report.dom" | wc -l)
 ((points >= 5)) || { echo "FAIL: roofline has $points points, expected >= 5"; fail=1; }
 ((bars >= 5)) || { echo "FAIL: time breakdown has $bars bars, expected >= 5"; fail=1; }
-((areas == 5)) || { echo "FAIL: memory timeline has $areas tag areas, expected 5"; fail=1; }
+((areas == 6)) || { echo "FAIL: memory timeline has $areas tag areas, expected 6 (one per memory tag)"; fail=1; }
 grep -q '<polyline' "$tmp/report.dom" || { echo "FAIL: no loss curve line"; fail=1; }
 ((fail == 0)) || exit 1
 
