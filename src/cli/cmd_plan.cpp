@@ -400,6 +400,8 @@ int cmd_plan(const Args& args) {
   job.fused_attention = p.get("attention") == "fused";
   job.tokens = p.given("tokens") ? parse_count(p.get("tokens"), "--tokens")
                                  : 20.0 * static_cast<double>(job.model.params());
+  // Past any real training run (~1e13 tokens) by five orders; larger values overflow days.
+  if (job.tokens > 1e18) fail("[plan] --tokens must be at most 1e18, got '", p.get("tokens"), "'");
   if (p.given("global-batch")) {
     job.global_batch = positive_int(p, "global-batch");
   } else {
@@ -420,7 +422,11 @@ int cmd_plan(const Args& args) {
     if (!(*job.kernel_tflops > 0) || !std::isfinite(*job.kernel_tflops))
       fail("[plan] --kernel-tflops must be a positive number");
   }
-  if (p.given("price")) job.price_per_hour = parse_count(p.get("price"), "--price");
+  if (p.given("price")) {
+    job.price_per_hour = parse_count(p.get("price"), "--price");
+    if (*job.price_per_hour > 1e6)
+      fail("[plan] --price is per device-hour: at most 1e6, got '", p.get("price"), "'");
+  }
 
   // ---- measured runs: the planner's own error ----
   nlohmann::json out;

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_input.h"
 
 namespace hetrain::planning {
 
@@ -28,6 +28,29 @@ double num(const json& o, const char* key, const std::string& where) {
   return it->get<double>();
 }
 
+// Sizes and counts: whole numbers in [lo, hi] (a double past int64's range does not convert).
+int64_t whole(const json& o, const char* key, const std::string& where, int64_t lo, int64_t hi) {
+  const double v = num(o, key, where);
+  if (v != std::floor(v) || v < static_cast<double>(lo) || v > static_cast<double>(hi))
+    fail("[plan] ", where, ": '", key, "' must be an integer in [", lo, ", ", hi, "], got ", v);
+  return static_cast<int64_t>(v);
+}
+constexpr int64_t kMaxSize = 1000000000000;  // model sizes and batches
+constexpr int64_t kMaxDevices = 1000000;     // device counts and parallel degrees
+
+// One of a fixed set of names (offload, recompute, precision), the error naming the field.
+template <class Parse>
+auto choice(const json& o, const char* key, const std::string& where, const char* expected,
+            Parse parse) {
+  if (o[key].is_string()) {
+    try {
+      return parse(o[key].get<std::string>());
+    } catch (const Error&) {
+    }
+  }
+  fail("[plan] ", where, ": '", key, "' must be one of ", expected, ", got ", o[key].dump());
+}
+
 ModelSpec model_from_json(const json& m, const std::string& where) {
   if (!m.is_object()) fail("[plan] ", where, ": 'model' must be an object");
   ModelSpec spec;
@@ -35,7 +58,7 @@ ModelSpec model_from_json(const json& m, const std::string& where) {
     if (!m["preset"].is_string()) fail("[plan] ", where, ": model.preset must be a string");
     spec = preset(m["preset"].get<std::string>());
     if (m.contains("seq") && spec.is_transformer())
-      spec.tf.seq = static_cast<int64_t>(num(m, "seq", where + " model"));
+      spec.tf.seq = whole(m, "seq", where + " model", 1, kMaxSize);
   } else if (m.contains("family")) {
     std::string w = where + " model",
                 fam = m["family"].is_string() ? m["family"].get<std::string>() : "";
@@ -45,13 +68,13 @@ ModelSpec model_from_json(const json& m, const std::string& where) {
         fail("[plan] ", w, ": '", key, "' must be a non-empty array of sizes");
       std::vector<int64_t> v;
       for (const auto& e : *it) {
-        if (!e.is_number_integer() || e.get<int64_t>() <= 0)
-          fail("[plan] ", w, ": '", key, "' must hold positive integers");
+        if (!e.is_number_integer() || e.get<int64_t>() <= 0 || e.get<int64_t>() > kMaxSize)
+          fail("[plan] ", w, ": '", key, "' must hold integers in [1, ", kMaxSize, "]");
         v.push_back(e.get<int64_t>());
       }
       return v;
     };
-    auto count = [&](const char* key) { return static_cast<int64_t>(num(m, key, w)); };
+    auto count = [&](const char* key) { return whole(m, key, w, 1, kMaxSize); };
     if (fam == "mlp") {
       spec = mlp_model(count("inputs"), ints("hidden"), count("classes"));
     } else if (fam == "resnet-small") {
@@ -63,12 +86,15 @@ ModelSpec model_from_json(const json& m, const std::string& where) {
     }
   } else {
     std::string w = where + " model";
-    spec = gpt_model(
-        static_cast<int64_t>(num(m, "layers", w)), static_cast<int64_t>(num(m, "hidden", w)),
-        static_cast<int64_t>(num(m, "heads", w)), static_cast<int64_t>(num(m, "seq", w)),
-        static_cast<int64_t>(num(m, "vocab", w)));
+    spec = gpt_model(whole(m, "layers", w, 1, kMaxSize), whole(m, "hidden", w, 1, kMaxSize),
+                     whole(m, "heads", w, 1, kMaxSize), whole(m, "seq", w, 1, kMaxSize),
+                     whole(m, "vocab", w, 1, kMaxSize));
   }
-  spec.check();
+  try {
+    spec.check();
+  } catch (const Error& e) {
+    fail("[plan] ", where, ": 'model': ", e.what());
+  }
   return spec;
 }
 
@@ -166,15 +192,9 @@ Parts fit_parts(const std::vector<std::pair<Parts, double>>& rows, double prior)
 }  // namespace
 
 std::vector<MeasuredRun> load_measured_runs(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("[plan] cannot open measured-runs file '", path, "'");
-  json j;
-  try {
-    j = json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
-  } catch (const json::parse_error& e) {
-    fail("[plan] measured-runs file '", path, "' is not valid JSON: ", e.what());
-  }
-  if (!j.is_object() || j.value("version", 0) != 1 || !j.contains("runs") || !j["runs"].is_array())
+  const json j = read_json_file(path, "[plan] measured-runs file");
+  if (!j.is_object() || !j.contains("version") || j["version"] != 1 || !j.contains("runs") ||
+      !j["runs"].is_array())
     fail("[plan] measured-runs file '", path, "': expected {\"version\": 1, \"runs\": [...]}");
   std::vector<MeasuredRun> runs;
   size_t i = 0;
@@ -182,8 +202,12 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& path) {
     std::string where = path + ": runs[" + std::to_string(i++) + "]";
     if (!e.is_object()) fail("[plan] ", where, ": expected an object");
     MeasuredRun r;
-    r.label = e.value("label", std::string());
-    r.source = e.value("source", std::string());
+    r.origin = where;
+    for (auto [key, field] : {std::pair{"label", &r.label}, {"source", &r.source}}) {
+      if (!e.contains(key)) continue;
+      if (!e[key].is_string()) fail("[plan] ", where, ": '", key, "' must be a string");
+      *field = e[key].get<std::string>();
+    }
     if (!e.contains("model")) fail("[plan] ", where, ": 'model' is missing");
     r.job.model = model_from_json(e["model"], where);
     if (!e.contains("hardware") || !e["hardware"].is_string())
@@ -197,22 +221,31 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& path) {
         fail("[plan] ", where, ": 'fused_attention' must be true or false");
       r.job.fused_attention = e["fused_attention"].get<bool>();
     }
-    r.gpus = static_cast<int>(num(e, "gpus", where));
-    r.job.global_batch = static_cast<int64_t>(num(e, "global_batch", where));
-    r.job.tokens = static_cast<double>(r.job.global_batch * r.job.model.tokens_per_sample());
-    r.strategy.micro_batch = static_cast<int64_t>(num(e, "micro_batch", where));
-    r.strategy.tp = e.contains("tp") ? static_cast<int>(num(e, "tp", where)) : 1;
-    r.strategy.pp = e.contains("pp") ? static_cast<int>(num(e, "pp", where)) : 1;
-    r.strategy.zero = e.contains("zero") ? static_cast<int>(num(e, "zero", where)) : 0;
+    r.gpus = static_cast<int>(whole(e, "gpus", where, 1, kMaxDevices));
+    r.job.global_batch = whole(e, "global_batch", where, 1, kMaxSize);
+    r.job.tokens = static_cast<double>(r.job.global_batch) *
+                   static_cast<double>(r.job.model.tokens_per_sample());
+    r.strategy.micro_batch = whole(e, "micro_batch", where, 1, kMaxSize);
+    r.strategy.tp = e.contains("tp") ? static_cast<int>(whole(e, "tp", where, 1, kMaxDevices)) : 1;
+    r.strategy.pp = e.contains("pp") ? static_cast<int>(whole(e, "pp", where, 1, kMaxDevices)) : 1;
+    r.strategy.zero = e.contains("zero") ? static_cast<int>(whole(e, "zero", where, 0, 3)) : 0;
     if (e.contains("offload"))
-      r.strategy.offload = offload_from_string(e["offload"].get<std::string>());
+      r.strategy.offload = choice(e, "offload", where, "none, optimizer, optimizer+params",
+                                  offload_from_string);
     if (e.contains("recompute"))
-      r.strategy.recompute = recompute_from_string(e["recompute"].get<std::string>());
+      r.strategy.recompute =
+          choice(e, "recompute", where, "none, selective, full", recompute_from_string);
     if (e.contains("precision"))
-      r.job.precision = precision_from_string(e["precision"].get<std::string>());
+      r.job.precision = choice(e, "precision", where, "bf16, fp16, fp32", precision_from_string);
     r.step_time_s = num(e, "step_time_s", where);
-    if (r.step_time_s <= 0) fail("[plan] ", where, ": 'step_time_s' must be positive");
-    if (e.contains("peak_memory_bytes")) r.peak_memory_bytes = num(e, "peak_memory_bytes", where);
+    if (!(r.step_time_s > 0 && r.step_time_s <= 1e9))
+      fail("[plan] ", where, ": 'step_time_s' must be in (0, 1e9] seconds, got ", r.step_time_s);
+    if (e.contains("peak_memory_bytes")) {
+      r.peak_memory_bytes = num(e, "peak_memory_bytes", where);
+      if (!(*r.peak_memory_bytes >= 0 && *r.peak_memory_bytes <= 1e18))
+        fail("[plan] ", where, ": 'peak_memory_bytes' must be in [0, 1e18], got ",
+             *r.peak_memory_bytes);
+    }
     runs.push_back(std::move(r));
   }
   return runs;
@@ -235,7 +268,16 @@ CalibrationReport compare_measured(const std::vector<MeasuredRun>& runs, const C
     }
     RunComparison c;
     c.run = r;
-    c.predicted = predict(r, cat, 1.0);
+    // The run's strategy may not fit its model or hardware (its tp does not divide the heads):
+    // the planner's message names flags, so the run it came from is named first.
+    try {
+      c.predicted = predict(r, cat, 1.0);
+    } catch (const Error& e) {
+      std::string why = e.what();
+      if (why.rfind("[plan] ", 0) == 0) why.erase(0, 7);
+      fail("[plan] measured run ", r.origin.empty() ? r.label : r.origin, " (hardware '",
+           r.hardware, "', gpus ", r.gpus, ", ", r.strategy.describe(), "): ", why);
+    }
     c.step_error = (c.predicted.time.step - r.step_time_s) / r.step_time_s;
     if (r.peak_memory_bytes && *r.peak_memory_bytes > 0)
       c.memory_error = (c.predicted.memory.total - *r.peak_memory_bytes) / *r.peak_memory_bytes;

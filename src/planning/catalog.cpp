@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
+#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_input.h"
 
 namespace hetrain::planning {
 
@@ -57,19 +58,27 @@ double Hardware::pcie_bw() const {
 
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("[plan] cannot open '", path, "'");
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+// Catalog and profile figures are rates, sizes, prices and counts: none is negative, and none
+// comes near 1e15 (TFLOP/s, GB/s, USD per hour, watts; a profile's memory in bytes); a larger
+// one is a typo that would push the plan's days or cost towards infinity.
+constexpr double kMaxFigure = 1e15;
 
 double number(const json& obj, const std::string& key, const std::string& where) {
   auto it = obj.find(key);
   if (it == obj.end() || !it->is_number())
     fail("[plan] ", where, ": field '", key, "' must be a number");
   double v = it->get<double>();
-  if (v < 0) fail("[plan] ", where, ": field '", key, "' must not be negative, got ", v);
+  if (!(v >= 0 && v <= kMaxFigure))
+    fail("[plan] ", where, ": field '", key, "' must be in [0, ", kMaxFigure, "], got ", v);
   return v;
+}
+
+int integer(const json& obj, const std::string& key, const std::string& where, int lo, int hi) {
+  const double v = number(obj, key, where);
+  if (v != std::floor(v) || v < lo || v > hi)
+    fail("[plan] ", where, ": field '", key, "' must be an integer in [", lo, ", ", hi, "], got ",
+         v);
+  return static_cast<int>(v);
 }
 
 std::string text(const json& obj, const std::string& key, const std::string& where) {
@@ -108,15 +117,25 @@ Hardware parse_entry(const json& e, const std::string& file, size_t index) {
   const json& ln = e["link"];
   h.link_kind = text(ln, "kind", where + " link");
   h.link_gbs = number(ln, "gbs", where + " link");
-  h.gpus_per_node = static_cast<int>(number(ln, "gpus_per_node", where + " link"));
-  if (h.gpus_per_node < 1) fail("[plan] ", where, ": link.gpus_per_node must be >= 1");
-  h.pcie_gen = static_cast<int>(number(e, "pcie_gen", where));
+  h.gpus_per_node = integer(ln, "gpus_per_node", where + " link", 1, 1000000);
+  // Link speeds divide transfer sizes: 0 would make every multi-device plan take forever.
+  if (h.gpus_per_node > 1 && h.link_gbs <= 0)
+    fail("[plan] ", where, ": link.gbs must be positive (", h.gpus_per_node,
+         " devices per node share the link), got ", h.link_gbs);
+  h.pcie_gen = integer(e, "pcie_gen", where, 0, 10);
   h.tdp_w = number(e, "tdp_w", where);
   h.price_per_hour = number(e, "price_usd_per_hour", where);
   h.host_mem_gb = number(e, "host_mem_gb_per_device", where);
   h.host_mem_bw_gbs = number(e, "host_mem_bw_gbs_per_device", where);
+  if (h.pcie_gen > 0 && h.host_mem_bw_gbs <= 0)
+    fail("[plan] ", where, ": host_mem_bw_gbs_per_device must be positive (offload reads host ",
+         "memory over its PCIe link), got 0");
   h.network_gbs = number(e, "network_gbs_per_device", where);
+  if (h.network_gbs <= 0)
+    fail("[plan] ", where, ": network_gbs_per_device must be positive (plans span nodes), got 0");
   if (e.contains("gemm_efficiency")) h.gemm_efficiency = number(e, "gemm_efficiency", where);
+  if (!(h.gemm_efficiency > 0 && h.gemm_efficiency <= 1))
+    fail("[plan] ", where, ": gemm_efficiency must be in (0, 1], got ", h.gemm_efficiency);
   if (e.contains("alpha_intra_us")) h.alpha_intra_us = number(e, "alpha_intra_us", where);
   if (e.contains("alpha_inter_us")) h.alpha_inter_us = number(e, "alpha_inter_us", where);
   if (e.contains("reserved_gb")) h.reserved_gb = number(e, "reserved_gb", where);
@@ -165,12 +184,7 @@ static EfficiencyModel parse_efficiency(const json& e, const std::string& file) 
 }
 
 Catalog Catalog::load(const std::string& path) {
-  json j;
-  try {
-    j = json::parse(read_text(path));
-  } catch (const json::parse_error& e) {
-    fail("[plan] hardware catalog '", path, "' is not valid JSON: ", e.what());
-  }
+  json j = read_json_file(path, "[plan] hardware catalog");
   if (!j.contains("hardware") || !j["hardware"].is_array())
     fail("[plan] hardware catalog '", path, "': expected a 'hardware' array");
   Catalog c;
@@ -291,10 +305,10 @@ double GemmGrid::at(double mm, double nn, double kk) const {
 
 bool Catalog::load_device_profile(const std::string& path, std::string* warning) {
   if (warning) warning->clear();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return false;
   try {
-    json j = json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+    json j = read_json_file(path, "device profile");
     if (!j.is_object() || j.value("version", 0) != 1)
       fail("expected an object with \"version\": 1");
     // A profile `hetrain bench` wrote on another CPU or with another version describes

@@ -240,6 +240,12 @@ ModelStates model_state_bytes(double P, int dp, int zero, Offload off, Precision
 
 namespace detail {
 
+// A given rate (end to end or compute only) above the device's peak: an MFU over 100%.
+bool rate_past_peak(const Job& job, double peak) {
+  const std::optional<double>& rate = job.achieved_tflops ? job.achieved_tflops : job.kernel_tflops;
+  return peak > 0 && rate && *rate > peak;
+}
+
 std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const Strategy& s) {
   const ModelSpec& m = job.model;
   // Cheap checks first: the search calls this for every candidate.
@@ -256,6 +262,7 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
                    (s.offload != Offload::optimizer_params || s.zero == 3) &&
                    (hw.peak_tflops(job.precision) > 0 || job.achieved_tflops ||
                     job.kernel_tflops) &&
+                   !rate_past_peak(job, hw.peak_tflops(job.precision)) &&
                    dp0 > 0 &&
                    job.global_batch % (static_cast<int64_t>(dp0) * s.micro_batch) == 0 &&
                    (m.is_transformer()
@@ -319,6 +326,13 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
   }
   if (hw.peak_tflops(job.precision) <= 0 && !job.achieved_tflops && !job.kernel_tflops) {
     os << "'" << hw.id << "' has no " << to_string(job.precision) << " matmul rate in the catalog";
+    return os.str();
+  }
+  if (const double peak = hw.peak_tflops(job.precision); peak > 0 && rate_past_peak(job, peak)) {
+    os << (job.achieved_tflops ? "--achieved-tflops " : "--kernel-tflops ")
+       << (job.achieved_tflops ? *job.achieved_tflops : *job.kernel_tflops) << " exceeds '" << hw.id
+       << "''s " << to_string(job.precision) << " peak of " << peak
+       << " TFLOP/s (an MFU over 100%)";
     return os.str();
   }
   int dp = gpus / (s.tp * s.pp);
@@ -705,6 +719,11 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
   double price = job.price_per_hour ? *job.price_per_hour : hw.price_per_hour;
   p.priced = price > 0;
   p.cost_usd = p.gpu_hours * price;
+  // Sizes, rates and counts are bounded where they are read; a duration or cost that still
+  // overflows is refused rather than printed as inf or nan.
+  if (!std::isfinite(p.train_days) || !std::isfinite(p.cost_usd))
+    fail("[plan] the plan's numbers overflow on '", hw.id, "' with ", gpus, " devices: ",
+         p.train_days, " days, $", p.cost_usd, " (check --tokens, --price and the model's sizes)");
   return p;
 }
 

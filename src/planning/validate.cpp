@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_input.h"
 
 namespace hetrain::planning {
 
@@ -244,14 +244,7 @@ SplitSummary summarise(const std::vector<double>& errs) {
 }  // namespace
 
 std::vector<PublishedRun> load_published_runs(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("[plan] cannot open published-runs file '", path, "'");
-  json j;
-  try {
-    j = json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
-  } catch (const json::parse_error& e) {
-    fail("[plan] published-runs file '", path, "' is not valid JSON: ", e.what());
-  }
+  const json j = read_json_file(path, "[plan] published-runs file");
   if (!j.is_object() || j.value("version", 0) != 1 || !j.contains("runs") || !j["runs"].is_array())
     fail("[plan] published-runs file '", path, "': expected {\"version\": 1, \"runs\": [...]}");
   std::vector<PublishedRun> runs;

@@ -9,11 +9,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_input.h"
 #include "hetrain/base/file_output.h"
 #include "hetrain/base/thread_pool.h"
 #if HETRAIN_HAVE_CUDA
@@ -238,11 +238,13 @@ void PerfModels::from_json(const nlohmann::json& j) {
 }
 
 std::string PerfModels::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return "";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return "";
+  // Not a regular file (a directory): an error naming it, never set aside (renamed) below.
+  const std::string text = read_input_file(path, "[perfmodel] performance models");
   std::string why;
   try {
-    nlohmann::json j = nlohmann::json::parse(in);
+    nlohmann::json j = nlohmann::json::parse(text);
     const std::string machine = j.is_object() && j.contains("machine") && j["machine"].is_string()
                                     ? j["machine"].get<std::string>()
                                     : "";
@@ -257,8 +259,6 @@ std::string PerfModels::load(const std::string& path) {
   } catch (const Error& e) {
     why = e.what();
   }
-  in.close();
-  std::error_code ec;
   fs::rename(path, path + ".bad", ec);
   clear();
   return "performance models " + path + " set aside as " + path + ".bad and recalibrated: " + why;

@@ -109,6 +109,18 @@ TEST(Idx, TrailingBytes) {
   EXPECT_TRUE(has(msg, "size mismatch"));
 }
 
+// 65536 x 2^24 x 2^24 bytes is 2^64: a size check in wrapping arithmetic saw 0 bytes, which is
+// what the header-only file holds, and let the header through (issue 28, defect 10).
+TEST(Idx, SizeProductPastTwoTo64IsCorruptNotWrapped) {
+  TempDir dir;
+  auto f = write_sample(dir, false);
+  testing::write_bytes(f.images, {0, 0, 8, 3, 0, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0});
+  testing::write_bytes(f.labels, testing::idx_labels(std::vector<uint8_t>(65536, 0)));
+  const std::string msg = error_of([&] { data::load_idx(f.images, f.labels); });
+  EXPECT_TRUE(has(msg, f.images)) << msg;
+  EXPECT_TRUE(has(msg, "corrupt header: it says 65536x16777216x16777216 images")) << msg;
+}
+
 TEST(Idx, TruncatedGzip) {
   TempDir dir;
   auto f = write_sample(dir, true);

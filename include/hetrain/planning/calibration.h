@@ -33,6 +33,7 @@ struct MeasuredRun {
   Strategy strategy;
   double step_time_s = 0;
   std::optional<double> peak_memory_bytes;
+  std::string origin;  // "FILE: runs[i]", named by errors about the run
 };
 
 /// Parses a measured-runs file; errors name the file, the run index and the field.

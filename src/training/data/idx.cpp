@@ -59,17 +59,24 @@ IdxFile read_idx(const std::string& path, int expected_ndim, const char* what) {
   if (b.size() < header)
     fail("[data] ", path, ": truncated: ", b.size(), " bytes, shorter than the ", header,
          "-byte IDX header");
+  // The product of up to three 32-bit sizes can pass 2^64: checked, or a header whose product
+  // wraps to the file's size would pass as valid (and fail later as an absurd allocation).
   size_t expected = 1;
+  bool overflow = false;
   for (int d = 0; d < expected_ndim; ++d) {
     const uint32_t n = read_be32(b.data() + 4 + 4 * d);
     f.dims.push_back(n);
-    expected *= n;
+    overflow = overflow || __builtin_mul_overflow(expected, size_t{n}, &expected);
   }
   f.data_offset = header;
   const size_t have = b.size() - header;
+  std::string dims;
+  for (size_t d = 0; d < f.dims.size(); ++d) dims += (d ? "x" : "") + std::to_string(f.dims[d]);
+  if (overflow)
+    fail("[data] ", path, ": corrupt header: it says ", dims, " ", what,
+         ", more than 2^64 bytes (the file holds ", b.size(), " bytes", gz ? " after gunzip" : "",
+         ")");
   if (have != expected) {
-    std::string dims;
-    for (size_t d = 0; d < f.dims.size(); ++d) dims += (d ? "x" : "") + std::to_string(f.dims[d]);
     fail("[data] ", path, ": ", have < expected ? "truncated" : "size mismatch", ": header says ",
          dims, " ", what, " (", expected + header, " bytes), file holds ", b.size(), " bytes",
          gz ? " after gunzip" : "");
