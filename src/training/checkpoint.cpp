@@ -67,7 +67,7 @@ Index parse_index(const std::string& path) {
   } catch (const json::exception& e) {
     bad("not valid JSON (", e.what(), "); the checkpoint index is damaged");
   }
-  if (!j.is_object() || j.value("format", "") != "hetrain-checkpoint")
+  if (!j.is_object() || !j.contains("format") || j["format"] != "hetrain-checkpoint")
     bad("not a Hetrain checkpoint index ('format' is not \"hetrain-checkpoint\")");
   if (!j.contains("version") || !j["version"].is_number_unsigned())
     bad("'version' is missing or not a non-negative integer");
@@ -97,7 +97,8 @@ Index parse_index(const std::string& path) {
     if (!v.contains("bytes") || !v["bytes"].is_number_unsigned())
       bad(where, ": 'bytes' is missing or not a non-negative integer");
     e.bytes = v["bytes"].get<uint64_t>();
-    const std::string crc = v.value("crc32", "");
+    const std::string crc =
+        v.contains("crc32") && v["crc32"].is_string() ? v["crc32"].get<std::string>() : "";
     uint32_t c = 0;
     const auto [end, ec] = std::from_chars(crc.data(), crc.data() + crc.size(), c, 16);
     if (crc.size() != 8 || ec != std::errc() || end != crc.data() + crc.size())
@@ -198,6 +199,33 @@ void write(const std::string& dir, int64_t step, const std::vector<Part>& parts)
   }
   write_output_file(index_path.string(), j.dump(1) + "\n", "checkpoint index");
   remove_stale(d, parts, keep);
+}
+
+std::string latest(const std::string& dir) {
+  const fs::path d(dir);
+  std::string best = dir;
+  int64_t best_step = -1;
+  if (is_file(d / kIndexFile)) {
+    try {
+      best_step = parse_index((d / kIndexFile).string()).step;
+    } catch (const Error&) {
+      return dir;
+    }
+  } else if (exists(dir)) {
+    return dir;  // version 1: no periodic subdirectories beside it
+  }
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(d, ec)) {
+    const std::string f = de.path().filename().string();
+    int64_t n = -1;
+    if (f.rfind("step-", 0) != 0) continue;
+    const auto [end, err] = std::from_chars(f.data() + 5, f.data() + f.size(), n);
+    if (err != std::errc() || end != f.data() + f.size() || n <= best_step) continue;
+    if (!de.is_directory(ec) || !is_file(de.path() / kIndexFile)) continue;
+    best_step = n;
+    best = de.path().string();
+  }
+  return best;
 }
 
 bool exists(const std::string& dir) {

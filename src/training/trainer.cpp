@@ -705,8 +705,9 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
 
   int64_t step = 0;
   if (!cfg.resume_dir.empty()) {
-    ResumeState st =
-        load_checkpoint(cfg.resume_dir, *model, *opt, cfg, scaler_ptr, data.train->size());
+    // A directory a run saved into with --save-every: its latest complete checkpoint.
+    const std::string from = checkpoint::latest(cfg.resume_dir);
+    ResumeState st = load_checkpoint(from, *model, *opt, cfg, scaler_ptr, data.train->size());
     step = st.step;
     loader.seek(st.data_epoch, st.data_position);
     default_generator().set_state(st.dropout_seed, st.dropout_offset);
@@ -714,7 +715,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
       fail("[train] checkpoint is at step ", step, ", past the ", total, " steps of this run");
     check_agree(comm, step, "the checkpoint's step");
     if (leader)
-      std::fprintf(stderr, "resumed from %s at step %lld\n", cfg.resume_dir.c_str(),
+      std::fprintf(stderr, "resumed from %s at step %lld\n", from.c_str(),
                    static_cast<long long>(step));
   }
   distributed::ShardedOptimizer* sharded = nullptr;

@@ -46,3 +46,37 @@ hetrain_cli_test(cli.bad.data_device "text corpus /dev/zero: not a regular file 
                  ${HT} train ${HT_TINY_GPT} --steps 1 --data /dev/zero)
 hetrain_cli_test(cli.bad.data_binary "text corpus .*hetrain: does not look like text"
                  ${HT} train ${HT_TINY_GPT} --steps 1 --data ${HT})
+# plan: rates above the device's peak (an MFU over 100%), durations and costs past any run.
+set(HT_PLAN_H100 plan --preset gpt2-124m --hardware h100-sxm --gpus 8 --tp 1 --pp 1 --zero 0
+    --offload none --recompute none --micro-batch 8)
+hetrain_cli_test(cli.bad.plan_mfu_over_100 "--achieved-tflops 100000 exceeds 'h100-sxm''s bf16 peak of 989.4 TFLOP/s"
+                 ${HT} ${HT_PLAN_H100} --achieved-tflops 1e5)
+hetrain_cli_test(cli.bad.plan_kernel_rate "--kernel-tflops 1e\\+09 exceeds 'h100-sxm''s bf16 peak"
+                 ${HT} ${HT_PLAN_H100} --kernel-tflops 1e9)
+hetrain_cli_test(cli.bad.plan_tokens "--tokens must be at most 1e18, got '1e300'"
+                 ${HT} ${HT_PLAN_H100} --tokens 1e300)
+hetrain_cli_test(cli.bad.plan_price "--price is per device-hour: at most 1e6, got '1e300'"
+                 ${HT} ${HT_PLAN_H100} --price 1e300)
+# Catalog, measured-runs and perf-model files: absurd figures, directories and numbers past a
+# double's range are errors naming the file (and the entry and field).
+set(HT_BAD ${CMAKE_CURRENT_SOURCE_DIR}/cli/bad)
+hetrain_cli_test(cli.bad.catalog_link0 "catalog_link0.json: hardware 'h100-sxm': link.gbs must be positive"
+                 ${HT} plan --preset gpt2-124m --catalog ${HT_BAD}/catalog_link0.json)
+hetrain_cli_test(cli.bad.catalog_dir "hardware catalog '.*/cli/bad': is a directory"
+                 ${HT} plan --preset gpt2-124m --catalog ${HT_BAD})
+hetrain_cli_test(cli.bad.catalog_1e400 "hardware catalog '.*catalog_1e400.json' is not valid JSON: .*number overflow"
+                 ${HT} plan --preset gpt2-124m --catalog ${HT_BAD}/catalog_1e400.json)
+hetrain_cli_test(cli.bad.measured_gpus0 "measured_gpus0.json: runs\\[0\\]: 'gpus' must be an integer in \\[1, 1000000\\], got 0"
+                 ${HT} plan --preset gpt2-124m --measured ${HT_BAD}/measured_gpus0.json)
+hetrain_cli_test(cli.bad.measured_strategy "measured run .*measured_tp.json: runs\\[0\\] \\(hardware 'h100-sxm', gpus 2, tp=5 .*\\): --gpus 2 is not divisible by tp x pp = 5 x 1"
+                 ${HT} plan --preset gpt2-124m --measured ${HT_BAD}/measured_tp.json)
+hetrain_cli_test(cli.bad.measured_dir "measured-runs file '.*/cli/bad': is a directory"
+                 ${HT} plan --preset gpt2-124m --measured ${HT_BAD})
+hetrain_cli_test(cli.bad.measured_1e400 "measured-runs file '.*measured_1e400.json' is not valid JSON: .*number overflow"
+                 ${HT} plan --preset gpt2-124m --measured ${HT_BAD}/measured_1e400.json)
+hetrain_cli_test(cli.bad.perfmodel_dir "performance models '.*/cli/bad': is a directory"
+                 ${HT} perfmodel show --file ${HT_BAD})
+# Crash consistency: 24 kills at pseudo-random moments (seeded) of a run saving every step.
+add_test(NAME cli.crash_consistency
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/crash_consistency.sh ${HT} 24 28)
+set_tests_properties(cli.crash_consistency PROPERTIES TIMEOUT 600 LABELS slow)

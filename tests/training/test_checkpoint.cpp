@@ -186,3 +186,28 @@ TEST_F(ResumeTest, ChangedDataOrderSettingIsRefused) {
   cfg_.seed = 3;
   EXPECT_TRUE(has(error_of([&] { run(4, "", path("c")); }), "--seed 0 but this run uses --seed 3"));
 }
+
+namespace {
+
+// --resume DIR after periodic saves: the step-N subdirectory at the highest step whose index
+// exists; one without an index (a save killed before its commit point) is passed over, and the
+// directory's own checkpoint counts when it is later.
+TEST_F(CheckpointTest, LatestIsTheHighestCompleteStep) {
+  const std::vector<checkpoint::Part> parts = {{"model", {{"w", full({2}, 1.0)}}, {}}};
+  EXPECT_EQ(checkpoint::latest(dir_.string()), dir_.string());  // nothing yet: read() says so
+  checkpoint::write(path("step-2"), 2, parts);
+  checkpoint::write(path("step-10"), 10, parts);
+  checkpoint::write(path("step-9"), 9, parts);
+  EXPECT_EQ(checkpoint::latest(dir_.string()), path("step-10"));
+  // step-11: parts written, killed before the index.
+  checkpoint::write(path("step-11"), 11, parts);
+  fs::remove(path("step-11/checkpoint.json"));
+  fs::create_directories(path("step-12"));
+  fs::create_directories(path("step-x13"));
+  EXPECT_EQ(checkpoint::latest(dir_.string()), path("step-10"));
+  checkpoint::write(dir_.string(), 12, parts);  // the final save into the directory itself
+  EXPECT_EQ(checkpoint::latest(dir_.string()), dir_.string());
+  EXPECT_EQ(checkpoint::read(checkpoint::latest(dir_.string())).step, 12);
+}
+
+}  // namespace

@@ -49,6 +49,12 @@ Contents read(const std::string& dir);
 /// Whether dir holds a checkpoint (an index, or a version-1 pair).
 bool exists(const std::string& dir);
 
+/// The checkpoint to resume from in dir: dir's own or one of the step-<N> subdirectories that
+/// periodic saves (--save-every) write, whichever is at the highest step. A subdirectory without
+/// an index (a save killed before its commit point) is not a checkpoint and is skipped. dir itself
+/// when it holds none, or when its own index is damaged (read() then says what is wrong).
+std::string latest(const std::string& dir);
+
 /// A metadata field read as a whole integer: "12abc", "", "+-1" and out-of-range values are
 /// refused. Throws Error naming the file and the field.
 int64_t metadata_int(const std::map<std::string, std::string>& m, const std::string& key,
