@@ -343,7 +343,9 @@ void measure_layer_elementwise(DeviceProfile& p, bool quick) {
       quick ? std::vector<std::pair<int64_t, int64_t>>{{2048, 128}}
             : std::vector<std::pair<int64_t, int64_t>>{
                   {1024, 128}, {2048, 128}, {2048, 256}, {4096, 256}};
-  for (auto [tok, h] : shapes) {
+  for (const auto& shape : shapes) {
+    const int64_t tok = shape.first, h = shape.second;  // not a structured binding: clang 14
+                                                        // cannot capture those in lambdas
     auto in = [&](int64_t width) { return randn({tok, width}, Dtype::f32, gen).eval(); };
     auto vec = [&](int64_t n) { return randn({n}, Dtype::f32, gen).eval(); };
     Tensor x = in(h), qkv = in(3 * h), att = in(h), fc = in(4 * h), proj = in(h);

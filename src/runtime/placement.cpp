@@ -56,7 +56,6 @@ class ListScheduler {
   ListScheduler(const std::vector<TaskNode>& g, const DurationModel& m, int devices, Schedule& s)
       : g_(g),
         m_(m),
-        nd_(devices),
         s_(s),
         worker_free_(static_cast<size_t>(devices)),
         link_free_(static_cast<size_t>(devices), 0.0),
@@ -175,7 +174,6 @@ class ListScheduler {
  private:
   const std::vector<TaskNode>& g_;
   const DurationModel& m_;
-  int nd_;
   Schedule& s_;
   std::vector<std::vector<double>> worker_free_;  // per device, per worker
   std::vector<double> link_free_;

@@ -151,7 +151,6 @@ class DataLoader {
   int64_t batch_size_;
   bool shuffle_;
   uint64_t seed_;
-  bool drop_last_;
   bool prefetch_;
   int64_t batches_per_epoch_;
   int64_t epoch_ = 0, position_ = 0;

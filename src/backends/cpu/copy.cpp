@@ -13,6 +13,28 @@ namespace hetrain {
 using cpu::for_each_run;
 using cpu::kElementwiseGrain;
 
+namespace {
+// A contiguous run of a cast with a fast path (same type: memcpy; f16 <-> f32, the casts of fp16
+// autocast: F16C where available); false when there is none. A function template rather than
+// `if constexpr` inside copy_strided's nested generic lambdas: clang 14 checks the discarded
+// branches there.
+template <class S, class D>
+bool cast_run_fast(const S* a, D* o, int64_t len) {
+  if constexpr (std::is_same_v<S, D>) {
+    std::memcpy(o, a, static_cast<size_t>(len) * sizeof(S));
+    return true;
+  } else if constexpr (std::is_same_v<S, Half> && std::is_same_v<D, float>) {
+    cpu::f16_to_f32(&a->bits, o, len);
+    return true;
+  } else if constexpr (std::is_same_v<S, float> && std::is_same_v<D, Half>) {
+    cpu::f32_to_f16(a, &o->bits, len);
+    return true;
+  } else {
+    return false;
+  }
+}
+}  // namespace
+
 void copy_strided(const Array& x, Array& y) {
   dispatch_all(x.dtype, "cast", [&]<class S>() {
     dispatch_all(y.dtype, "cast", [&]<class D>() {
@@ -23,25 +45,7 @@ void copy_strided(const Array& x, Array& y) {
                           int64_t len) {
                         D* o = dp + pos[0];
                         const S* a = sp + pos[1];
-                        if constexpr (std::is_same_v<S, D>) {
-                          if (step[0] == 1 && step[1] == 1) {
-                            std::memcpy(o, a, static_cast<size_t>(len) * sizeof(S));
-                            return;
-                          }
-                        }
-                        // f16 <-> f32 (the casts of fp16 autocast): F16C where available.
-                        if constexpr (std::is_same_v<S, Half> && std::is_same_v<D, float>) {
-                          if (step[0] == 1 && step[1] == 1) {
-                            cpu::f16_to_f32(&a->bits, o, len);
-                            return;
-                          }
-                        }
-                        if constexpr (std::is_same_v<S, float> && std::is_same_v<D, Half>) {
-                          if (step[0] == 1 && step[1] == 1) {
-                            cpu::f32_to_f16(a, &o->bits, len);
-                            return;
-                          }
-                        }
+                        if (step[0] == 1 && step[1] == 1 && cast_run_fast(a, o, len)) return;
                         for (int64_t i = 0; i < len; ++i) {
                           if constexpr (std::is_same_v<D, bool>) {
                             o[i * step[0]] = to_compute(a[i * step[1]]) != 0;

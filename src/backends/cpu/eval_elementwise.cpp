@@ -26,6 +26,8 @@ namespace {
 template <class Op>
 struct FastF32 {
   static constexpr bool has = false;
+  // Declared only: clang 14 looks f up in the discarded `if constexpr (has && ...)` branches.
+  static float f(float);
 };
 [[gnu::always_inline]] inline float fast_tanh(float x) {
   const float t = 1.0f - 2.0f / (cpu::vexp(2.0f * x) + 1.0f);
@@ -62,6 +64,7 @@ struct FastF32<GeluTanhOp> {
 template <class Op>
 struct FastF32Binary {
   static constexpr bool has = false;
+  static float f(float, float);  // declared only, as FastF32::f
 };
 template <>
 struct FastF32Binary<GeluTanhGradOp> {

@@ -77,7 +77,6 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> ds, int64_t batch_size, bo
       batch_size_(batch_size),
       shuffle_(shuffle),
       seed_(seed),
-      drop_last_(drop_last),
       prefetch_(prefetch),
       shard_count_(batch_size) {
   if (!ds_) fail("[data] DataLoader: no dataset");
