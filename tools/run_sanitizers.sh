@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
-# Builds the library, the CLI and the tests with AddressSanitizer and UndefinedBehaviorSanitizer
-# (CUDA and benchmarks off, -O1) in build-asan/ and runs the test suite there. Every finding
-# fails: UBSan does not recover, and LeakSanitizer reports a leak as a failure.
-# Usage: tools/run_sanitizers.sh [ctest arguments...]   (CI runs it from .ci/run)
+# Builds the library, the CLI, the tests and the libFuzzer targets with clang, AddressSanitizer
+# and UndefinedBehaviorSanitizer (CUDA and benchmarks off, -O1) in build-asan/ and runs the test
+# suite there. Every finding fails: UBSan does not recover, and LeakSanitizer reports a leak as a
+# failure. CI (.ci/run) runs it, then tools/run_fuzzers.sh on the fuzz targets built here.
+#
+# Usage: tools/run_sanitizers.sh [ctest arguments...]
+#   With no arguments the suite runs without the tests labelled `slow` (the crash-consistency
+#   kill loop and the multi-process runs, minutes each under ASan; they run in the plain build).
+#   Any arguments replace that selection, e.g. `tools/run_sanitizers.sh` -R Checkpoint, or
+#   `tools/run_sanitizers.sh -j2` for everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${JOBS:-$(nproc)}
 launcher=()
 command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O1 \
-  -DHETRAIN_CUDA=OFF -DHETRAIN_BUILD_BENCH=OFF -DHETRAIN_WERROR=ON \
-  -DHETRAIN_SANITIZE=address,undefined "${launcher[@]}"
+# oneDNN (Debian's libdnnl) runs on GCC's OpenMP runtime; conv_dnnl.cpp sets that runtime's team
+# size, so the link takes libgomp as the GCC build does, not clang's libomp.
+gomp=$(gcc -print-file-name=libgomp.so)
+CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS_DEBUG=-O1 -DHETRAIN_CUDA=OFF -DHETRAIN_BUILD_BENCH=OFF -DHETRAIN_WERROR=ON \
+  -DHETRAIN_SANITIZE=address,undefined -DHETRAIN_FUZZ=ON \
+  -DOpenMP_CXX_FLAGS=-fopenmp -DOpenMP_CXX_LIB_NAMES=gomp -DOpenMP_gomp_LIBRARY="$gomp" \
+  "${launcher[@]}"
 cmake --build build-asan -j "$jobs"
 export ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:strict_string_checks=1:check_initialization_order=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 1800 "$@"
+args=("$@")
+((${#args[@]})) || args=(-j "$jobs" -LE slow)
+ctest --test-dir build-asan --output-on-failure --timeout 1800 "${args[@]}"
