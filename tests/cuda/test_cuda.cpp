@@ -116,9 +116,11 @@ TEST_F(Cuda, UnaryOpsOnStridedInputs) {
   };
   for (Dtype dt : kFloats) {
     Tensor x = input({7, 33}, dt, 1);
-    for (const auto& [name, f] : ops)
-      compare([&] { return std::vector<Tensor>{f(transpose(x, 0, 1))}; }, kExact,
+    for (const auto& [name, f] : ops) {
+      const auto& op = f;  // clang 14 cannot capture a structured binding
+      compare([&] { return std::vector<Tensor>{op(transpose(x, 0, 1))}; }, kExact,
               std::string(name) + " " + std::string(dtype_name(dt)));
+    }
     Tensor pos = abs(x).eval() + 0.5;
     compare(
         [&] {
@@ -355,7 +357,8 @@ TEST_F(Cuda, AttentionPackedLayout) {
   // A GPT layer's fused projection (N, L, 3D) with 2 and 12 heads: the CUDA path gathers the
   // heads and scatters the output and the packed gradient back.
   for (Dtype dt : {Dtype::f32, Dtype::bf16}) {
-    for (auto [heads, d] : {std::pair<int64_t, int64_t>{2, 32}, {12, 64}}) {
+    for (auto [heads_, d] : {std::pair<int64_t, int64_t>{2, 32}, {12, 64}}) {
+      const int64_t heads = heads_;  // clang 14 cannot capture a structured binding
       Tensor qkv = input({2, 77, 3 * heads * d}, dt, 49);
       compare(
           [&] {

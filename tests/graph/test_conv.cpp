@@ -224,8 +224,9 @@ TEST(Pool2d, AvgMatchesPyTorch) {
 
 TEST(Pool2d, GradientsMatchFiniteDifferences) {
   // seq has distinct values in each window, so max is differentiable at these points.
-  for (auto [k, s, p] :
+  for (auto ksp :
        {std::tuple<int64_t, int64_t, int64_t>{3, 2, 1}, {2, 2, 0}, {3, 1, 1}, {2, 3, 1}}) {
+    const int64_t k = std::get<0>(ksp), s = std::get<1>(ksp), p = std::get<2>(ksp);
     check_grad_fd([&](const std::vector<Tensor>& in) { return max_pool2d(in[0], {k}, {s}, {p}); },
                   {seq({2, 2, 6, 7}, 5)}, 1e-6, 1e-6);
     check_grad_fd([&](const std::vector<Tensor>& in) { return avg_pool2d(in[0], {k}, {s}, {p}); },

@@ -468,7 +468,8 @@ TEST(ConvDnnl, ReluMaskedInputGradientDifferentiatesLikeTheMaskAfter) {
   const Dtype dt = Dtype::f64;
   Tensor m = seq({2, 8, 16, 13}, 1, dt), w1 = seq({6, 8, 3, 3}, 2, dt);
   Tensor w2 = seq({6, 8, 1, 1}, 3, dt), q = seq(m.shape(), 6, dt);
-  auto [p1, p2] = block_convs(m, w1, w2);
+  auto convs = block_convs(m, w1, w2);
+  Tensor p1 = convs.first, p2 = convs.second;  // clang 14 cannot capture a structured binding
   Tensor r1 = seq(p1.shape(), 4, dt), r2 = seq(p2.shape(), 5, dt);
   auto dx = [&] { return grad({sum(p1 * r1) + sum(p2 * r2)}, {m})[0]; };
   Tensor got_dx = relu_grad(m, dx());

@@ -179,7 +179,7 @@ const std::vector<Case>& parity_cases() {
     for (const auto& [name, text] : f.metadata) {
       Case c{name, json::parse(text), {}, {}, {}, {}};
       auto get = [&](const std::string& what, int k) {
-        auto it = f.tensors.find(name + "." + what + std::to_string(k));
+        auto it = f.tensors.find(c.name + "." + what + std::to_string(k));
         return it == f.tensors.end() ? Tensor() : it->second;
       };
       for (int k = 0; k < c.meta["n_in"].get<int>(); ++k) c.in.push_back(get("in", k));
