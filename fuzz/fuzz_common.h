@@ -17,18 +17,20 @@
 
 namespace hetrain::fuzz {
 
-/// A private directory, removed at exit.
+/// A private directory, removed at exit. The name lives on the heap, never destroyed: the exit
+/// handler must not run after a static string's destructor.
 inline const std::string& scratch_dir() {
-  static const std::string dir = [] {
+  static const std::string* dir = [] {
     char tmpl[] = "/tmp/hetrain-fuzz-XXXXXX";
     if (!::mkdtemp(tmpl)) std::abort();
+    auto* d = new std::string(tmpl);
     std::atexit([] {
       std::error_code ec;
       std::filesystem::remove_all(scratch_dir(), ec);
     });
-    return std::string(tmpl);
+    return d;
   }();
-  return dir;
+  return *dir;
 }
 
 /// Writes the input to scratch_dir()/name and returns the path.
