@@ -501,6 +501,13 @@ int cmd_plan(const Args& args) {
     const Hardware& hw = cat.get(hw_ids[0]);
     int gpus = static_cast<int>(positive_int(p, "gpus", kMaxDevices));
     Plan plan = evaluate(job, hw, gpus, s);
+    // Sizes, rates and counts are bounded where they are read; a duration or cost that still
+    // overflows (a catalog entry without scale-out bandwidth asked to span nodes) is refused
+    // rather than printed as inf or nan.
+    if (!std::isfinite(plan.train_days) || !std::isfinite(plan.cost_usd))
+      fail("[plan] this plan's numbers overflow on '", hw.id, "' with ", gpus, " devices: ",
+           plan.train_days, " days, $", plan.cost_usd,
+           " (check --tokens, --price, the model's sizes and the catalog entry)");
     std::optional<Plan> nearest;
     if (!plan.fits) nearest = nearest_fitting(job, hw, gpus, plan.strategy);
     if (json_out) {

@@ -131,8 +131,6 @@ Hardware parse_entry(const json& e, const std::string& file, size_t index) {
     fail("[plan] ", where, ": host_mem_bw_gbs_per_device must be positive (offload reads host ",
          "memory over its PCIe link), got 0");
   h.network_gbs = number(e, "network_gbs_per_device", where);
-  if (h.network_gbs <= 0)
-    fail("[plan] ", where, ": network_gbs_per_device must be positive (plans span nodes), got 0");
   if (e.contains("gemm_efficiency")) h.gemm_efficiency = number(e, "gemm_efficiency", where);
   if (!(h.gemm_efficiency > 0 && h.gemm_efficiency <= 1))
     fail("[plan] ", where, ": gemm_efficiency must be in (0, 1], got ", h.gemm_efficiency);
