@@ -23,11 +23,11 @@
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_dnnl.h"
 #include "backends/cpu/conv_winograd.h"
-#include "hetrain/runtime/fusion.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/runtime/eval.h"
+#include "hetrain/runtime/fusion.h"
 #include "hetrain/training/nn.h"
 
 using namespace hetrain;
@@ -184,7 +184,8 @@ void BM_ConvPair(benchmark::State& st) {
   auto run = [&](bool pair) {
     return [&, pair] {
       runtime::set_fusion_enabled(pair);
-      Tensor y = conv2d(x, w, {}, {c.s, c.s}, {c.p, c.p}), y2 = conv2d(x, w2, {}, {s.s, s.s}, {s.p, s.p});
+      Tensor y = conv2d(x, w, {}, {c.s, c.s}, {c.p, c.p}),
+             y2 = conv2d(x, w2, {}, {s.s, s.s}, {s.p, s.p});
       if (st.range(1) == 0)
         eval({y, y2});
       else

@@ -33,9 +33,9 @@ int64_t parse_byte_size(const std::string& text, const std::string& what) {
     const char* name;
     double scale;
   };
-  static const Unit kUnits[] = {{"", 1},        {"B", 1},           {"KiB", 1024.0},
-                                {"MiB", 1 << 20}, {"GiB", 1 << 30},  {"TiB", 1099511627776.0},
-                                {"kB", 1e3},      {"KB", 1e3},       {"MB", 1e6},
+  static const Unit kUnits[] = {{"", 1},          {"B", 1},         {"KiB", 1024.0},
+                                {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1099511627776.0},
+                                {"kB", 1e3},      {"KB", 1e3},      {"MB", 1e6},
                                 {"GB", 1e9},      {"TB", 1e12}};
   for (const Unit& k : kUnits) {
     if (unit != k.name) continue;

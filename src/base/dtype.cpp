@@ -8,23 +8,37 @@ namespace hetrain {
 
 size_t dtype_size(Dtype dt) {
   switch (dt) {
-    case Dtype::f64: case Dtype::i64: return 8;
-    case Dtype::f32: case Dtype::i32: return 4;
-    case Dtype::f16: case Dtype::bf16: return 2;
-    case Dtype::boolean: return 1;
+    case Dtype::f64:
+    case Dtype::i64:
+      return 8;
+    case Dtype::f32:
+    case Dtype::i32:
+      return 4;
+    case Dtype::f16:
+    case Dtype::bf16:
+      return 2;
+    case Dtype::boolean:
+      return 1;
   }
   return 0;
 }
 
 std::string_view dtype_name(Dtype dt) {
   switch (dt) {
-    case Dtype::f64: return "f64";
-    case Dtype::f32: return "f32";
-    case Dtype::f16: return "f16";
-    case Dtype::bf16: return "bf16";
-    case Dtype::i32: return "i32";
-    case Dtype::i64: return "i64";
-    case Dtype::boolean: return "bool";
+    case Dtype::f64:
+      return "f64";
+    case Dtype::f32:
+      return "f32";
+    case Dtype::f16:
+      return "f16";
+    case Dtype::bf16:
+      return "bf16";
+    case Dtype::i32:
+      return "i32";
+    case Dtype::i64:
+      return "i64";
+    case Dtype::boolean:
+      return "bool";
   }
   return "?";
 }
@@ -49,13 +63,20 @@ Dtype promote_types(Dtype a, Dtype b) {
   if (a == b) return a;
   auto rank = [](Dtype d) {
     switch (d) {
-      case Dtype::boolean: return 0;
-      case Dtype::i32: return 1;
-      case Dtype::i64: return 2;
-      case Dtype::f16: return 3;
-      case Dtype::bf16: return 3;
-      case Dtype::f32: return 4;
-      case Dtype::f64: return 5;
+      case Dtype::boolean:
+        return 0;
+      case Dtype::i32:
+        return 1;
+      case Dtype::i64:
+        return 2;
+      case Dtype::f16:
+        return 3;
+      case Dtype::bf16:
+        return 3;
+      case Dtype::f32:
+        return 4;
+      case Dtype::f64:
+        return 5;
     }
     return 0;
   };

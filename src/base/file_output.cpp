@@ -79,8 +79,8 @@ void replace_atomically(const fs::path& target, std::span<const std::string_view
   tmp.push_back('\0');
   const int fd = ::mkstemp(tmp.data());
   if (fd < 0)
-    cannot(what, path, "cannot create a temporary file in " + dir.string() + ": " +
-                           std::strerror(errno));
+    cannot(what, path,
+           "cannot create a temporary file in " + dir.string() + ": " + std::strerror(errno));
   auto give_up = [&](const char* step, int e, bool open) {
     if (open) ::close(fd);
     ::unlink(tmp.data());
@@ -125,8 +125,7 @@ void check_output_file(const std::string& path, const std::string& what) {
   if (errno != ENOENT) cannot(what, path, std::strerror(errno));
   // A new file: its directory must exist and be writable.
   const fs::path dir = dir_of(target);
-  if (::stat(dir.c_str(), &st) != 0)
-    cannot(what, path, dir.string() + ": " + std::strerror(errno));
+  if (::stat(dir.c_str(), &st) != 0) cannot(what, path, dir.string() + ": " + std::strerror(errno));
   if (!S_ISDIR(st.st_mode)) cannot(what, path, dir.string() + " is not a directory");
   if (::access(dir.c_str(), W_OK) != 0)
     cannot(what, path, dir.string() + ": " + std::strerror(errno));

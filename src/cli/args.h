@@ -24,7 +24,7 @@ class ArgParser {
   bool parse(const std::vector<std::string>& args);
   std::string help() const;
 
-  bool has(const std::string& name) const;  // given on the command line or has a default
+  bool has(const std::string& name) const;    // given on the command line or has a default
   bool given(const std::string& name) const;  // given on the command line
   std::string get(const std::string& name) const;
   /// Parsed numbers; the error names the flag and the bad text.

@@ -24,8 +24,9 @@ int cmd_bench(const Args& args) {
             "instead: collective bandwidth (all-reduce, reduce-scatter, all-gather and the "
             "trainer's fixed-order reduction) over the ranks of mpirun, 1 KiB to 64 MiB "
             "(--quick: to 4 MiB); --json FILE writes the table")
-      .epilog("examples:\n  hetrain bench\n  hetrain bench --quick --json profile.json\n"
-              "  mpirun -np 2 hetrain bench --comm --json comm.json");
+      .epilog(
+          "examples:\n  hetrain bench\n  hetrain bench --quick --json profile.json\n"
+          "  mpirun -np 2 hetrain bench --comm --json comm.json");
   if (!p.parse(args)) return 0;
   if (!p.positional().empty())
     fail("[bench] unexpected argument '", p.positional()[0], "'; see 'hetrain bench --help'");

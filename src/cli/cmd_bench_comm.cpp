@@ -1,8 +1,8 @@
 // hetrain bench --comm: collective bandwidth over the world's ranks (NCCL-tests conventions).
 #include <algorithm>
 #include <chrono>
-#include <functional>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -49,7 +49,8 @@ int bench_comm(bool quick, const std::string& json_path) {
   for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
     const int64_t count = std::max<int64_t>(n, bytes / 4 / n * n);  // f32, divisible by n
     const int iters = static_cast<int>(std::clamp<int64_t>((int64_t{64} << 20) / bytes, 3, 200)) /
-                      (quick ? 4 : 1) + 1;
+                          (quick ? 4 : 1) +
+                      1;
     std::vector<float> a(static_cast<size_t>(count), 1.0f), b(static_cast<size_t>(count));
     const double f = n > 1 ? static_cast<double>(n - 1) / n : 1.0;
     struct Op {
@@ -67,8 +68,7 @@ int bench_comm(bool quick, const std::string& json_path) {
          [&] { c->all_reduce(a.data(), count, Dtype::f32, distributed::ReduceOp::sum); }},
         {"reduce_scatter", f,
          [&] {
-           c->reduce_scatter(a.data(), b.data(), count / n, Dtype::f32,
-                             distributed::ReduceOp::sum);
+           c->reduce_scatter(a.data(), b.data(), count / n, Dtype::f32, distributed::ReduceOp::sum);
          }},
         {"all_gather", f, [&] { c->all_gather(a.data(), b.data(), count / n, Dtype::f32); }},
         // The trainer's deterministic reduction (all-to-all, rank-order sum, all-gather) with
@@ -85,8 +85,8 @@ int bench_comm(bool quick, const std::string& json_path) {
       const double total = static_cast<double>(count) * 4;
       const double algbw = total / s / 1e9;
       if (leader)
-        std::printf("%-16s %12lld %12.1f %12.3f %12.3f\n", op.name,
-                    static_cast<long long>(total), s * 1e6, algbw, algbw * op.bus_factor);
+        std::printf("%-16s %12lld %12.1f %12.3f %12.3f\n", op.name, static_cast<long long>(total),
+                    s * 1e6, algbw, algbw * op.bus_factor);
       rows.push_back({{"op", op.name},
                       {"bytes", total},
                       {"seconds", s},

@@ -35,7 +35,8 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
       fail("[", flag, "] expects positive integers separated by commas, got '", text, "'");
     out.push_back(v);
   }
-  if (out.empty()) fail("[", flag, "] expects positive integers separated by commas, got '", text, "'");
+  if (out.empty())
+    fail("[", flag, "] expects positive integers separated by commas, got '", text, "'");
   return out;
 }
 
@@ -62,7 +63,8 @@ std::vector<std::string> write_onnx_test_data(nn::Module& model, const training:
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) fail("[export] cannot create ", dir.string(), ": ", ec.message());
-    interop::write_tensor_pb((dir / "input_0.pb").string(), x, cfg.model == "gpt" ? "ids" : "image");
+    interop::write_tensor_pb((dir / "input_0.pb").string(), x,
+                             cfg.model == "gpt" ? "ids" : "image");
     interop::write_tensor_pb((dir / "output_0.pb").string(), y, "logits");
     dirs.push_back(dir.string());
   }
@@ -111,10 +113,10 @@ nlohmann::json export_info_json(const interop::OnnxExportInfo& info, const std::
 std::string export_info_line(const interop::OnnxExportInfo& info, const std::string& path) {
   std::ostringstream os;
   os << "wrote " << path << ": opset " << info.opset << ", IR " << info.ir_version << ", "
-     << info.nodes << " nodes, " << info.initializers << " initializers ("
-     << info.parameter_bytes << " bytes" << (info.external_data ? ", in " + path + ".data" : "")
-     << "), " << (info.checked ? "checked by onnx's checker"
-                               : "not checked (Debian's onnx knows opsets up to 17)");
+     << info.nodes << " nodes, " << info.initializers << " initializers (" << info.parameter_bytes
+     << " bytes" << (info.external_data ? ", in " + path + ".data" : "") << "), "
+     << (info.checked ? "checked by onnx's checker"
+                      : "not checked (Debian's onnx knows opsets up to 17)");
   return os.str();
 }
 
@@ -122,7 +124,8 @@ training::ModelFactory onnx_model_factory(training::TrainConfig& cfg, const std:
                                           bool data_given) {
   interop::OnnxModel m = interop::load_onnx(path);
   if (m.inputs().size() != 1 || m.outputs().empty())
-    fail("[onnx] ", path, ": training takes a model with one input, this one has ", m.inputs().size());
+    fail("[onnx] ", path, ": training takes a model with one input, this one has ",
+         m.inputs().size());
   const interop::OnnxValueInfo& in = m.inputs()[0];
   const interop::OnnxValueInfo& out = m.outputs()[0];
   auto fixed = [](const std::vector<int64_t>& d, size_t i, int64_t v) {
@@ -132,18 +135,20 @@ training::ModelFactory onnx_model_factory(training::TrainConfig& cfg, const std:
                      fixed(in.dims, 2, 28) && fixed(in.dims, 3, 28);
   const bool text = (in.dtype == Dtype::i64 || in.dtype == Dtype::i32) && in.dims.size() == 2;
   if (!image && !text)
-    fail("[onnx] ", path, ": input '", in.name, "' must be images (N, 1, 28, 28) f32 (Fashion-MNIST) "
+    fail("[onnx] ", path, ": input '", in.name,
+         "' must be images (N, 1, 28, 28) f32 (Fashion-MNIST) "
          "or byte ids (N, T) int64 (the text corpus) to train on the built-in datasets");
   const size_t classes_axis = image ? 1 : 2;
-  if (!out.dims.empty() && (out.dims.size() != classes_axis + 1 ||
-                            !fixed(out.dims, classes_axis, image ? 10 : 256)))
+  if (!out.dims.empty() &&
+      (out.dims.size() != classes_axis + 1 || !fixed(out.dims, classes_axis, image ? 10 : 256)))
     fail("[onnx] ", path, ": output '", out.name, "' must be ", image ? "(N, 10)" : "(N, T, 256)",
          " logits");
   cfg.model = image ? "mlp" : "gpt";  // the data family (the model itself is the file's)
   cfg.preset = "onnx:" + fs::path(path).filename().string();
   if (text && in.dims[1] > 0) cfg.context = in.dims[1];
   // A symbolic seq: Hetrain's exports record the position table's length.
-  if (auto it = m.metadata().find("hetrain.context"); text && in.dims[1] < 0 && it != m.metadata().end())
+  if (auto it = m.metadata().find("hetrain.context");
+      text && in.dims[1] < 0 && it != m.metadata().end())
     cfg.context = std::min<int64_t>(cfg.context, std::stoll(it->second));
   if (!data_given) cfg.data = training::preset_config(image ? "fashion-mlp" : "gpt-mini").data;
   return [path](const training::TrainConfig&) -> std::shared_ptr<nn::Module> {
@@ -165,7 +170,8 @@ int cmd_export(const Args& raw) {
   p.option("output", "FILE", "the ONNX file to write (also -o)")
       .option("opset", "N", "ONNX opset, 13..21 (17: IR 8, checked by Debian's onnx checker)",
               std::to_string(interop::kOnnxDefaultOpset))
-      .flag("external-data", "write the weights to FILE.data beside the model (automatic past 2 GB)")
+      .flag("external-data",
+            "write the weights to FILE.data beside the model (automatic past 2 GB)")
       .option("test-data", "B1[,B2...]",
               "also write test_data_set_K/input_0.pb and output_0.pb beside the model: random "
               "inputs of batch BK and Hetrain's outputs for them")
@@ -174,8 +180,9 @@ int cmd_export(const Args& raw) {
               "validation windows, the run's batch size and --eval-batches) as "
               "DIR/batch_K/input_0.npy and targets_0.npy (tools/onnx_conversion_loss.py)")
       .flag("json", "print a JSON summary")
-      .epilog("example:\n  hetrain train --preset fashion-mlp --steps 100 --save ckpt\n"
-              "  hetrain export ckpt -o fashion-mlp.onnx");
+      .epilog(
+          "example:\n  hetrain train --preset fashion-mlp --steps 100 --save ckpt\n"
+          "  hetrain export ckpt -o fashion-mlp.onnx");
   if (!p.parse(args)) return 0;
   if (p.positional().size() != 1)
     fail("[export] expected one checkpoint directory; see 'hetrain export --help'");
@@ -200,7 +207,8 @@ int cmd_export(const Args& raw) {
     std::cout << export_info_line(info, out) << "\n";
     for (const auto& s : sets) std::cout << "wrote " << s << "\n";
     if (p.given("eval-data"))
-      std::cout << "wrote " << eval_batches << " evaluation batches to " << p.get("eval-data") << "\n";
+      std::cout << "wrote " << eval_batches << " evaluation batches to " << p.get("eval-data")
+                << "\n";
   }
   return 0;
 }

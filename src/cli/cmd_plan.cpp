@@ -204,8 +204,8 @@ void print_explain(const Job& job, const Catalog& cat, const Hardware& hw, const
   std::cout << "\nwhere the step time goes (" << sig(plan.time.step) << " s):\n";
   for (const auto& t : ex.terms)
     if (t.seconds >= 5e-4 * plan.time.step)  // terms under 0.05% are left out
-    std::cout << "  " << pad(t.name, 52) << pad(sig(t.seconds) + " s", 12)
-              << fixed(100 * t.seconds / plan.time.step, 1) << "%\n";
+      std::cout << "  " << pad(t.name, 52) << pad(sig(t.seconds) + " s", 12)
+                << fixed(100 * t.seconds / plan.time.step, 1) << "%\n";
   auto neighbour = [&](const char* which, const std::optional<Plan>& q) {
     if (!q) {
       std::cout << "  " << which << ": none (" << (ex.note.empty() ? "no valid count" : ex.note)
@@ -228,8 +228,7 @@ void print_explain(const Job& job, const Catalog& cat, const Hardware& hw, const
 int64_t positive_int(const ArgParser& p, const std::string& flag, double max = 9e15) {
   double v = parse_count(p.get(flag), "--" + flag);
   if (!(v >= 1) || v != std::floor(v) || v > max)
-    fail("[plan] --", flag, " expects a positive integer up to ", max, ", got '", p.get(flag),
-         "'");
+    fail("[plan] --", flag, " expects a positive integer up to ", max, ", got '", p.get(flag), "'");
   return static_cast<int64_t>(v);
 }
 // Device counts and parallel degrees are ints; a million devices is past any real cluster.
@@ -417,7 +416,8 @@ int cmd_plan(const Args& args) {
   }
   if (p.given("kernel-tflops")) {
     if (p.given("achieved-tflops"))
-      fail("[plan] give --achieved-tflops (end to end) or --kernel-tflops (compute only), not both");
+      fail(
+          "[plan] give --achieved-tflops (end to end) or --kernel-tflops (compute only), not both");
     job.kernel_tflops = p.get_double("kernel-tflops");
     if (!(*job.kernel_tflops > 0) || !std::isfinite(*job.kernel_tflops))
       fail("[plan] --kernel-tflops must be a positive number");
@@ -491,7 +491,8 @@ int cmd_plan(const Args& args) {
   if (p.given("micro-batch")) s.micro_batch = positive_int(p, "micro-batch");
   if (p.given("recompute-layers")) {
     const std::string k = p.get("recompute-layers");
-    s.recompute_layers = k == "0" ? 0 : static_cast<int>(positive_int(p, "recompute-layers", kMaxDevices));
+    s.recompute_layers =
+        k == "0" ? 0 : static_cast<int>(positive_int(p, "recompute-layers", kMaxDevices));
   }
   if (p.given("virtual-stages"))
     s.virtual_stages = static_cast<int>(positive_int(p, "virtual-stages", kMaxDevices));
@@ -505,8 +506,8 @@ int cmd_plan(const Args& args) {
     // overflows (a catalog entry without scale-out bandwidth asked to span nodes) is refused
     // rather than printed as inf or nan.
     if (!std::isfinite(plan.train_days) || !std::isfinite(plan.cost_usd))
-      fail("[plan] this plan's numbers overflow on '", hw.id, "' with ", gpus, " devices: ",
-           plan.train_days, " days, $", plan.cost_usd,
+      fail("[plan] this plan's numbers overflow on '", hw.id, "' with ", gpus,
+           " devices: ", plan.train_days, " days, $", plan.cost_usd,
            " (check --tokens, --price, the model's sizes and the catalog entry)");
     std::optional<Plan> nearest;
     if (!plan.fits) nearest = nearest_fitting(job, hw, gpus, plan.strategy);
@@ -518,12 +519,12 @@ int cmd_plan(const Args& args) {
       return 0;
     }
     if (!plan.fits) {
-      std::cout << "DOES NOT FIT: " << plan.strategy.describe() << " on " << gpus << " x "
-                << hw.id << " " << plan.fit_reason << "\n";
+      std::cout << "DOES NOT FIT: " << plan.strategy.describe() << " on " << gpus << " x " << hw.id
+                << " " << plan.fit_reason << "\n";
       if (nearest)
         std::cout << "nearest plan that fits: " << nearest->strategy.describe() << " ("
-                  << strategy_changes(plan.strategy, nearest->strategy) << "): "
-                  << sig(nearest->train_days) << " days, "
+                  << strategy_changes(plan.strategy, nearest->strategy)
+                  << "): " << sig(nearest->train_days) << " days, "
                   << fixed(nearest->memory.total / 1e9, 1) << " GB per device\n\n";
       else
         std::cout << "no strategy fits on " << gpus << " x " << hw.id

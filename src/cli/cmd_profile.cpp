@@ -5,9 +5,9 @@
 #include <iostream>
 
 #include "cli/args.h"
-#include "cli/onnx_cli.h"
 #include "cli/commands.h"
 #include "cli/config_flags.h"
+#include "cli/onnx_cli.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/file_output.h"
 #include "hetrain/base/thread_pool.h"
@@ -19,8 +19,8 @@
 namespace hetrain::cli {
 
 namespace {
-const char* const kSettingFlags[] = {"data", "batch-size", "seed", "threads", "memory-budget",
-                                     "recompute"};
+const char* const kSettingFlags[] = {"data",    "batch-size",    "seed",
+                                     "threads", "memory-budget", "recompute"};
 
 }  // namespace
 
@@ -52,7 +52,8 @@ int cmd_profile(const Args& args) {
       .option("report", "FILE",
               "write a self-contained HTML page: roofline, time breakdown, memory timeline by "
               "tag, loss curve and the table (inline SVG, no scripts, no network)")
-      .option("onnx", "FILE", "profile an imported ONNX model's training steps (see 'hetrain train --onnx')")
+      .option("onnx", "FILE",
+              "profile an imported ONNX model's training steps (see 'hetrain train --onnx')")
       .flag("no-progress", "no live progress bar, even on a terminal")
       .epilog(
           "examples:\n"

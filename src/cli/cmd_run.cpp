@@ -82,7 +82,8 @@ int cmd_run(const Args& args) {
       .option("atol", "X", "absolute tolerance of --expect", "1e-7")
       .option("threads", "N", "worker threads (0: every core)", "0")
       .flag("json", "print a JSON summary")
-      .epilog("example:\n  hetrain run model.onnx --inputs test_data_set_0 --expect test_data_set_0");
+      .epilog(
+          "example:\n  hetrain run model.onnx --inputs test_data_set_0 --expect test_data_set_0");
   if (!p.parse(args)) return 0;
   if (p.positional().size() != 1) fail("[run] expected one MODEL.onnx; see 'hetrain run --help'");
   if (!p.given("inputs")) fail("[run] --inputs DIR is required");
@@ -112,14 +113,18 @@ int cmd_run(const Args& args) {
     fs::create_directories(p.get("output-dir"), ec);
     if (ec) fail("[run] cannot create --output-dir ", p.get("output-dir"), ": ", ec.message());
     for (size_t k = 0; k < outs.size(); ++k)
-      interop::write_npy((fs::path(p.get("output-dir")) / ("output_" + std::to_string(k) + ".npy")).string(),
-                         outs[k]);
+      interop::write_npy(
+          (fs::path(p.get("output-dir")) / ("output_" + std::to_string(k) + ".npy")).string(),
+          outs[k]);
   }
-  nlohmann::json summary = {{"model", p.positional()[0]}, {"opset", model.opset()},
-                            {"ir_version", model.ir_version()}, {"outputs", nlohmann::json::array()}};
+  nlohmann::json summary = {{"model", p.positional()[0]},
+                            {"opset", model.opset()},
+                            {"ir_version", model.ir_version()},
+                            {"outputs", nlohmann::json::array()}};
   bool all_ok = true;
   for (size_t k = 0; k < outs.size(); ++k) {
-    nlohmann::json o = {{"name", model.outputs()[k].name}, {"shape", outs[k].shape()},
+    nlohmann::json o = {{"name", model.outputs()[k].name},
+                        {"shape", outs[k].shape()},
                         {"dtype", std::string(dtype_name(outs[k].dtype()))}};
     if (p.given("expect")) {
       std::string f = find_tensor_file(p.get("expect"), "output", k);
@@ -137,16 +142,18 @@ int cmd_run(const Args& args) {
           std::printf("output %zu '%s': MISMATCH: %s\n", k, model.outputs()[k].name.c_str(),
                       c.problem.c_str());
         else
-          std::printf("output %zu '%s' %s: %s, max abs error %.3g, max rel error %.3g, %lld of %lld "
-                      "outside rtol %g atol %g; worst at flat index %lld: %.9g vs %.9g\n",
-                      k, model.outputs()[k].name.c_str(), shape_str(outs[k].shape()).c_str(),
-                      c.ok ? "ok" : "MISMATCH", c.max_abs, c.max_rel,
-                      static_cast<long long>(c.mismatches), static_cast<long long>(outs[k].numel()),
-                      rtol, atol, static_cast<long long>(c.worst_index), c.worst_got, c.worst_want);
+          std::printf(
+              "output %zu '%s' %s: %s, max abs error %.3g, max rel error %.3g, %lld of %lld "
+              "outside rtol %g atol %g; worst at flat index %lld: %.9g vs %.9g\n",
+              k, model.outputs()[k].name.c_str(), shape_str(outs[k].shape()).c_str(),
+              c.ok ? "ok" : "MISMATCH", c.max_abs, c.max_rel, static_cast<long long>(c.mismatches),
+              static_cast<long long>(outs[k].numel()), rtol, atol,
+              static_cast<long long>(c.worst_index), c.worst_got, c.worst_want);
       }
     } else if (!p.get_flag("json")) {
       std::printf("output %zu '%s': %s %s\n", k, model.outputs()[k].name.c_str(),
-                  shape_str(outs[k].shape()).c_str(), std::string(dtype_name(outs[k].dtype())).c_str());
+                  shape_str(outs[k].shape()).c_str(),
+                  std::string(dtype_name(outs[k].dtype())).c_str());
     }
     summary["outputs"].push_back(o);
   }

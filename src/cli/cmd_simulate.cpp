@@ -21,9 +21,10 @@
 namespace hetrain::cli {
 
 namespace {
-const char* const kModelFlags[] = {"batch-size", "optimizer", "seed",   "threads", "hidden",
-                                   "widths",     "blocks",    "layers", "heads",   "width",
-                                   "context",    "dropout",   "clip",    "memory-budget", "recompute"};
+const char* const kModelFlags[] = {"batch-size", "optimizer",     "seed",     "threads",
+                                   "hidden",     "widths",        "blocks",   "layers",
+                                   "heads",      "width",         "context",  "dropout",
+                                   "clip",       "memory-budget", "recompute"};
 
 /// Sim devices modelled as catalog hardware: its f32 rate at its GEMM efficiency, its memory
 /// bandwidth and its PCIe link.
@@ -93,9 +94,9 @@ void write_trace(const std::string& path, const runtime::SimulationLog& log,
     ev.push_back(std::move(e));
   }
   try {
-    write_output_file(
-        path, nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ms"}}.dump() + "\n",
-        "--trace file");
+    write_output_file(path,
+                      nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ms"}}.dump() + "\n",
+                      "--trace file");
   } catch (const Error& e) {
     fail("[simulate] ", e.what());
   }

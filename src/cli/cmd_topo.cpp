@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -67,18 +67,16 @@ json machine_topology() {
     hwloc_obj_t n = hwloc_get_obj_by_type(t, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(i));
     char cpus[128];
     hwloc_bitmap_list_snprintf(cpus, sizeof cpus, n->cpuset);
-    m["numa_nodes"].push_back({{"index", n->os_index},
-                               {"memory_bytes", n->attr->numanode.local_memory},
-                               {"cpus", cpus}});
+    m["numa_nodes"].push_back(
+        {{"index", n->os_index}, {"memory_bytes", n->attr->numanode.local_memory}, {"cpus", cpus}});
   }
   m["caches"] = json::array();
   for (hwloc_obj_type_t ct : {HWLOC_OBJ_L1CACHE, HWLOC_OBJ_L2CACHE, HWLOC_OBJ_L3CACHE}) {
     const int count = hwloc_get_nbobjs_by_type(t, ct);
     if (count == 0) continue;
     hwloc_obj_t c = hwloc_get_obj_by_type(t, ct, 0);
-    m["caches"].push_back({{"level", c->attr->cache.depth},
-                           {"count", count},
-                           {"bytes_each", c->attr->cache.size}});
+    m["caches"].push_back(
+        {{"level", c->attr->cache.depth}, {"count", count}, {"bytes_each", c->attr->cache.size}});
   }
   m["io_devices"] = json::array();
   for (hwloc_obj_t o = hwloc_get_next_osdev(t, nullptr); o; o = hwloc_get_next_osdev(t, o)) {
@@ -89,7 +87,7 @@ json machine_topology() {
     hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(t, o);
     m["io_devices"].push_back(
         {{"name", o->name ? o->name : "?"},
-         {"kind", kind == HWLOC_OBJ_OSDEV_NETWORK ? "network"
+         {"kind", kind == HWLOC_OBJ_OSDEV_NETWORK       ? "network"
                   : kind == HWLOC_OBJ_OSDEV_OPENFABRICS ? "infiniband"
                                                         : "gpu"},
          {"numa_nodes", anc && anc->nodeset ? nodeset_str(anc->nodeset) : ""}});
@@ -102,9 +100,12 @@ json machine_topology() {
 json rank_record(const distributed::Communicator& c) {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
-  return {{"rank", c.rank()},         {"local_rank", c.local_rank()},
-          {"host", host},             {"bound_cpus", bound_cpus()},
-          {"cpus", available_cpus()}, {"threads", num_threads()},
+  return {{"rank", c.rank()},
+          {"local_rank", c.local_rank()},
+          {"host", host},
+          {"bound_cpus", bound_cpus()},
+          {"cpus", available_cpus()},
+          {"threads", num_threads()},
           {"device", "cpu"}};
 }
 
@@ -176,8 +177,8 @@ int cmd_topo(const Args& args) {
   for (const json& r : ranks) threads_per_host[r["host"]] += r["threads"].get<int>();
   for (const auto& [host, n] : threads_per_host)
     if (n > cores)
-      warnings.push_back("oversubscribed: " + std::to_string(n) + " threads on " + host +
-                         "'s " + std::to_string(cores) + " CPUs");
+      warnings.push_back("oversubscribed: " + std::to_string(n) + " threads on " + host + "'s " +
+                         std::to_string(cores) + " CPUs");
   if (!distributed::nccl_available()) warnings.push_back("no GPU: ranks train on the CPU");
   void* nvml = dlopen("libnvidia-ml.so.1", RTLD_LAZY);
   if (nvml)

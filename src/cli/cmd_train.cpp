@@ -1,25 +1,25 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
-#include <optional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/config_flags.h"
 #include "cli/onnx_cli.h"
-#include "hetrain/interop/onnx.h"
-#include "hetrain/training/nn.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/distributed/mpi.h"
 #include "hetrain/insight/device_profile.h"
+#include "hetrain/interop/onnx.h"
 #include "hetrain/memory/array.h"
 #include "hetrain/planning/calibration.h"
 #include "hetrain/runtime/perf_model.h"
 #include "hetrain/runtime/scheduler.h"
 #include "hetrain/training/memory_plan.h"
+#include "hetrain/training/nn.h"
 #include "hetrain/training/trainer.h"
 
 namespace hetrain::cli {
@@ -239,7 +239,8 @@ int cmd_train(const Args& args) {
     fail("[train] --loss must be cross-entropy, got '", p.get("loss"), "'");
   if (p.given("onnx")) {
     if (p.given("export-onnx"))
-      fail("[train] --export-onnx writes Hetrain's own models; a model from --onnx is already ONNX");
+      fail(
+          "[train] --export-onnx writes Hetrain's own models; a model from --onnx is already ONNX");
     hooks.make_model = onnx_model_factory(cfg, p.get("onnx"), p.given("data"));
   }
   std::string onnx_line;

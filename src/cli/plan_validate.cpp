@@ -39,12 +39,9 @@ std::string figure(ReportedMetric m, double v) {
 }
 
 nlohmann::json model_json(const EfficiencyModel& m) {
-  return {{"gemm_half_size", m.gemm_half_size},
-          {"elementwise_fraction", m.elementwise_fraction},
-          {"fused_attention", m.fused_attention},
-          {"kernel_overhead_us", m.kernel_overhead_us},
-          {"link_efficiency", m.link_efficiency},
-          {"step_overhead", m.step_overhead}};
+  return {{"gemm_half_size", m.gemm_half_size},   {"elementwise_fraction", m.elementwise_fraction},
+          {"fused_attention", m.fused_attention}, {"kernel_overhead_us", m.kernel_overhead_us},
+          {"link_efficiency", m.link_efficiency}, {"step_overhead", m.step_overhead}};
 }
 
 void print_model(const char* what, const EfficiencyModel& m) {

@@ -52,8 +52,8 @@ HostGrad host_values(const Tensor& g) {
 GradReducer::GradReducer(std::vector<Tensor*> params, Communicator& comm, BucketOptions opt)
     : params_(std::move(params)), comm_(comm), opt_(opt) {
   if (!(opt.bucket_mb > 0) || !(opt.first_bucket_mb > 0))
-    fail("[ddp] bucket sizes must be positive, got --bucket-mb ", opt.bucket_mb,
-         " (first bucket ", opt.first_bucket_mb, " MiB)");
+    fail("[ddp] bucket sizes must be positive, got --bucket-mb ", opt.bucket_mb, " (first bucket ",
+         opt.first_bucket_mb, " MiB)");
   const int world = comm.size();
   const auto cap_of = [&](size_t bucket) {
     const double mb = bucket == 0 ? std::min(opt.first_bucket_mb, opt.bucket_mb) : opt.bucket_mb;
@@ -82,8 +82,10 @@ GradReducer::GradReducer(std::vector<Tensor*> params, Communicator& comm, Bucket
   const int64_t mult = opt.shard_multiple;
   for (Bucket& b : buckets_) {
     b.shard = ((b.numel + world - 1) / world + mult - 1) / mult * mult;
-    if (opt.keep_buffers) b.acc = host_f32(b.shard * world, MemoryTag::gradients);
-    else b.shard_grad = host_f32(b.shard, MemoryTag::gradients);
+    if (opt.keep_buffers)
+      b.acc = host_f32(b.shard * world, MemoryTag::gradients);
+    else
+      b.shard_grad = host_f32(b.shard, MemoryTag::gradients);
     bucket_params_.push_back(b.params);
   }
   missing_.assign(buckets_.size(), 0);
@@ -130,8 +132,8 @@ void GradReducer::add_grad(size_t k, bool first) {
   const Tensor g = params_[k]->grad();
   if (!g.defined()) return;
   if (g.shape() != params_[k]->shape())
-    fail("[ddp] gradient of parameter ", k, " has shape ", shape_str(g.shape()),
-         ", the parameter ", shape_str(params_[k]->shape()));
+    fail("[ddp] gradient of parameter ", k, " has shape ", shape_str(g.shape()), ", the parameter ",
+         shape_str(params_[k]->shape()));
   const HostGrad h = host_values(g);
   add_values(k, h.data);
   params_[k]->zero_grad();
@@ -297,8 +299,8 @@ ReduceTimes GradReducer::reduce(int64_t divisor) {
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!had_grad_[k]) continue;
     const Bucket& b = buckets_[bucket_of_[k]];
-    params_[k]->set_grad(from_blob(b.acc.data<float>() + b.offsets[slot_of_[k]],
-                                   params_[k]->shape(), Dtype::f32));
+    params_[k]->set_grad(
+        from_blob(b.acc.data<float>() + b.offsets[slot_of_[k]], params_[k]->shape(), Dtype::f32));
   }
   return t;
 }

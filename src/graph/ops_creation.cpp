@@ -81,7 +81,8 @@ Tensor arange(double start, double stop, double step, Dtype dtype) {
   if (step == 0) fail("[arange] step must not be zero");
   double n = std::ceil((stop - start) / step);
   int64_t count = n > 0 ? static_cast<int64_t>(n) : 0;
-  return fill_with({count}, dtype, [=](int64_t i) { return start + step * static_cast<double>(i); });
+  return fill_with({count}, dtype,
+                   [=](int64_t i) { return start + step * static_cast<double>(i); });
 }
 
 Tensor from_blob(const void* data, const Shape& shape, Dtype dtype) {

@@ -11,17 +11,22 @@ Shape reduced_shape(const Shape& s, const std::vector<int>& axes, bool keepdims)
   Shape out;
   for (size_t i = 0; i < s.size(); ++i) {
     bool r = std::find(axes.begin(), axes.end(), static_cast<int>(i)) != axes.end();
-    if (!r) out.push_back(s[i]);
-    else if (keepdims) out.push_back(1);
+    if (!r)
+      out.push_back(s[i]);
+    else if (keepdims)
+      out.push_back(1);
   }
   return out;
 }
 
 const char* Reduce::name() const {
   switch (kind_) {
-    case ReduceKind::sum: return "sum";
-    case ReduceKind::max: return "max";
-    case ReduceKind::min: return "min";
+    case ReduceKind::sum:
+      return "sum";
+    case ReduceKind::max:
+      return "max";
+    case ReduceKind::min:
+      return "min";
   }
   return "reduce";
 }
@@ -74,8 +79,8 @@ std::vector<int> all_axes(size_t n) {
 }
 Tensor reduce(ReduceKind k, const Tensor& x, const std::vector<int64_t>& axes, bool keepdims,
               const char* op) {
-  std::vector<int> ax = axes.empty() ? all_axes(x.shape().size())
-                                     : normalize_axes(axes, x.shape().size(), op);
+  std::vector<int> ax =
+      axes.empty() ? all_axes(x.shape().size()) : normalize_axes(axes, x.shape().size(), op);
   if (ax.empty()) return x;  // a scalar: nothing to reduce
   return make_node1(std::make_shared<Reduce>(k, std::move(ax), keepdims), {x});
 }
@@ -95,8 +100,8 @@ Tensor min(const Tensor& x, std::vector<int64_t> axes, bool keepdims) {
 Tensor mean(const Tensor& x, std::vector<int64_t> axes, bool keepdims) {
   if (!is_floating(x.dtype()))
     fail("[mean] needs a floating-point tensor, got ", dtype_name(x.dtype()));
-  std::vector<int> ax = axes.empty() ? all_axes(x.shape().size())
-                                     : normalize_axes(axes, x.shape().size(), "mean");
+  std::vector<int> ax =
+      axes.empty() ? all_axes(x.shape().size()) : normalize_axes(axes, x.shape().size(), "mean");
   int64_t n = 1;
   for (int a : ax) n *= x.shape()[static_cast<size_t>(a)];
   return sum(x, axes, keepdims) * (1.0 / static_cast<double>(n));
@@ -105,8 +110,8 @@ Tensor mean(const Tensor& x, std::vector<int64_t> axes, bool keepdims) {
 Tensor var(const Tensor& x, std::vector<int64_t> axes, int64_t correction, bool keepdims) {
   if (!is_floating(x.dtype()))
     fail("[var] needs a floating-point tensor, got ", dtype_name(x.dtype()));
-  std::vector<int> ax = axes.empty() ? all_axes(x.shape().size())
-                                     : normalize_axes(axes, x.shape().size(), "var");
+  std::vector<int> ax =
+      axes.empty() ? all_axes(x.shape().size()) : normalize_axes(axes, x.shape().size(), "var");
   int64_t n = 1;
   for (int a : ax) n *= x.shape()[static_cast<size_t>(a)];
   Tensor mu = mean(x, axes, true);
@@ -129,8 +134,10 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   size_t lead = xs.size() - shape.size();
   std::vector<int64_t> axes;
   for (size_t i = 0; i < xs.size(); ++i) {
-    if (i < lead) axes.push_back(static_cast<int64_t>(i));
-    else if (shape[i - lead] == 1 && xs[i] != 1) axes.push_back(static_cast<int64_t>(i));
+    if (i < lead)
+      axes.push_back(static_cast<int64_t>(i));
+    else if (shape[i - lead] == 1 && xs[i] != 1)
+      axes.push_back(static_cast<int64_t>(i));
     else if (shape[i - lead] != xs[i])
       fail("[sum_to] cannot sum ", shape_str(xs), " down to ", shape_str(shape));
   }

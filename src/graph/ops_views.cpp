@@ -93,7 +93,8 @@ void Permute::eval_cpu(const std::vector<const Array*>& in, const std::vector<Ar
 std::vector<Tensor> Permute::vjp(const std::vector<Tensor>&, const std::vector<Tensor>&,
                                  const std::vector<Tensor>& g, const std::vector<int>&) const {
   std::vector<int64_t> inv(dims_.size());
-  for (size_t i = 0; i < dims_.size(); ++i) inv[static_cast<size_t>(dims_[i])] = static_cast<int64_t>(i);
+  for (size_t i = 0; i < dims_.size(); ++i)
+    inv[static_cast<size_t>(dims_[i])] = static_cast<int64_t>(i);
   return {permute(g[0], inv)};
 }
 
@@ -117,7 +118,8 @@ Tensor permute(const Tensor& x, std::vector<int64_t> dims) {
 Tensor transpose(const Tensor& x, int64_t a, int64_t b) {
   std::vector<int64_t> dims(x.shape().size());
   std::iota(dims.begin(), dims.end(), 0);
-  int aa = normalize_axis(a, dims.size(), "transpose"), bb = normalize_axis(b, dims.size(), "transpose");
+  int aa = normalize_axis(a, dims.size(), "transpose"),
+      bb = normalize_axis(b, dims.size(), "transpose");
   std::swap(dims[static_cast<size_t>(aa)], dims[static_cast<size_t>(bb)]);
   return permute(x, dims);
 }
@@ -227,12 +229,14 @@ std::vector<TensorMeta> Concat::infer(const std::vector<TensorMeta>& in) const {
   return {{s, in[0].dtype}};
 }
 std::vector<Tensor> Concat::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>&,
-                                const std::vector<Tensor>& g, const std::vector<int>& argnums) const {
+                                const std::vector<Tensor>& g,
+                                const std::vector<int>& argnums) const {
   std::vector<int64_t> starts{0};
   for (const auto& t : x) starts.push_back(starts.back() + t.shape()[static_cast<size_t>(axis_)]);
   std::vector<Tensor> r;
   for (int a : argnums)
-    r.push_back(slice(g[0], axis_, starts[static_cast<size_t>(a)], starts[static_cast<size_t>(a) + 1]));
+    r.push_back(
+        slice(g[0], axis_, starts[static_cast<size_t>(a)], starts[static_cast<size_t>(a) + 1]));
   return r;
 }
 

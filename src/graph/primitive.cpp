@@ -6,7 +6,8 @@ namespace hetrain {
 
 Cost Primitive::cost(const std::vector<TensorMeta>& in, const std::vector<TensorMeta>& out) const {
   Cost c;
-  for (const auto& m : in) c.bytes_read += static_cast<double>(numel(m.shape) * dtype_size(m.dtype));
+  for (const auto& m : in)
+    c.bytes_read += static_cast<double>(numel(m.shape) * dtype_size(m.dtype));
   for (const auto& m : out) {
     c.bytes_written += static_cast<double>(numel(m.shape) * dtype_size(m.dtype));
     c.flops += static_cast<double>(numel(m.shape));

@@ -19,10 +19,14 @@ RecomputeMode parse_recompute(const std::string& s, const std::string& what) {
 
 const char* recompute_name(RecomputeMode m) {
   switch (m) {
-    case RecomputeMode::none: return "none";
-    case RecomputeMode::selective: return "selective";
-    case RecomputeMode::full: return "full";
-    case RecomputeMode::automatic: return "auto";
+    case RecomputeMode::none:
+      return "none";
+    case RecomputeMode::selective:
+      return "selective";
+    case RecomputeMode::full:
+      return "full";
+    case RecomputeMode::automatic:
+      return "auto";
   }
   return "?";
 }

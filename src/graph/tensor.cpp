@@ -89,13 +89,27 @@ std::vector<T> Tensor::to_vector() const {
   const Array& a = host.has_data() ? host : dev;
   std::vector<T> out;
   switch (a.dtype) {
-    case Dtype::f64: gather_logical<T, double>(a, out); break;
-    case Dtype::f32: gather_logical<T, float>(a, out); break;
-    case Dtype::f16: gather_logical<T, Half>(a, out); break;
-    case Dtype::bf16: gather_logical<T, BFloat16>(a, out); break;
-    case Dtype::i32: gather_logical<T, int32_t>(a, out); break;
-    case Dtype::i64: gather_logical<T, int64_t>(a, out); break;
-    case Dtype::boolean: gather_logical<T, bool>(a, out); break;
+    case Dtype::f64:
+      gather_logical<T, double>(a, out);
+      break;
+    case Dtype::f32:
+      gather_logical<T, float>(a, out);
+      break;
+    case Dtype::f16:
+      gather_logical<T, Half>(a, out);
+      break;
+    case Dtype::bf16:
+      gather_logical<T, BFloat16>(a, out);
+      break;
+    case Dtype::i32:
+      gather_logical<T, int32_t>(a, out);
+      break;
+    case Dtype::i64:
+      gather_logical<T, int64_t>(a, out);
+      break;
+    case Dtype::boolean:
+      gather_logical<T, bool>(a, out);
+      break;
   }
   return out;
 }

@@ -220,7 +220,8 @@ std::string export_resnet(GraphWriter& w, const training::TrainConfig& cfg, cons
     for (int64_t b = 0; b < cfg.blocks; ++b, ++index) {
       const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
       const std::string p = "blocks." + std::to_string(index);
-      std::string y = w.node("Relu", {batch_norm(w, conv(w, h, p + ".conv1", stride, 1), p + ".bn1")}, p);
+      std::string y =
+          w.node("Relu", {batch_norm(w, conv(w, h, p + ".conv1", stride, 1), p + ".bn1")}, p);
       y = batch_norm(w, conv(w, y, p + ".conv2", 1, 1), p + ".bn2");
       std::string shortcut = h;
       if (stride != 1 || prev != cfg.widths[s])
@@ -252,8 +253,8 @@ std::string attention(GraphWriter& w, const std::string& x, const std::string& p
   std::string kt = heads_of(qkv[1], {0, 2, 3, 1});
   std::string v = heads_of(qkv[2], {0, 2, 1, 3});
   std::string scores = w.node(
-      "Mul", {w.node("MatMul", {q, kt}, p), w.scalar_f32(1.0 / std::sqrt(static_cast<double>(d)), p)},
-      p);
+      "Mul",
+      {w.node("MatMul", {q, kt}, p), w.scalar_f32(1.0 / std::sqrt(static_cast<double>(d)), p)}, p);
   std::string masked =
       w.node("Where", {keep, scores, w.scalar_f32(-std::numeric_limits<double>::infinity(), p)}, p);
   std::string probs = w.node("Softmax", {masked}, p);
@@ -267,19 +268,25 @@ std::string attention(GraphWriter& w, const std::string& x, const std::string& p
 std::string export_gpt(GraphWriter& w, const training::TrainConfig& cfg, const std::string& ids) {
   if (w.opset() < 17) fail("[onnx export] gpt needs opset 17 or newer (LayerNormalization)");
   // Positions 0..seq-1 and the causal mask, from the input's shape (a symbolic seq axis).
-  std::string seq = w.node("Gather", {w.node("Shape", {ids}, "pos"), w.constant(scalar(1, Dtype::i64), "pos")}, "pos");
+  std::string seq = w.node(
+      "Gather", {w.node("Shape", {ids}, "pos"), w.constant(scalar(1, Dtype::i64), "pos")}, "pos");
   w.attr("axis", int64_t{0});
-  std::string pos = w.node("Range", {w.constant(scalar(0, Dtype::i64), "pos"), seq,
-                                     w.constant(scalar(1, Dtype::i64), "pos")},
-                           "pos");
+  std::string pos = w.node(
+      "Range",
+      {w.constant(scalar(0, Dtype::i64), "pos"), seq, w.constant(scalar(1, Dtype::i64), "pos")},
+      "pos");
   std::string rows = w.node("Unsqueeze", {pos, w.ints({1}, "mask")}, "mask");
   std::string cols = w.node("Unsqueeze", {pos, w.ints({0}, "mask")}, "mask");
   std::string keep = w.node("GreaterOrEqual", {rows, cols}, "mask");
   std::string tok = w.node("Gather", {w.weight("wte.weight"), ids}, "wte");
-  std::string h = w.node("Add", {tok, w.node("Gather", {w.weight("wpe.weight"), pos}, "wpe")}, "embed");
+  std::string h =
+      w.node("Add", {tok, w.node("Gather", {w.weight("wpe.weight"), pos}, "wpe")}, "embed");
   for (int64_t l = 0; l < cfg.layers; ++l) {
     const std::string p = "blocks." + std::to_string(l);
-    h = w.node("Add", {h, attention(w, layer_norm(w, h, p + ".ln1"), p + ".attn", cfg.heads, cfg.width, keep)}, p);
+    h = w.node(
+        "Add",
+        {h, attention(w, layer_norm(w, h, p + ".ln1"), p + ".attn", cfg.heads, cfg.width, keep)},
+        p);
     std::string m = gelu_tanh(w, linear(w, layer_norm(w, h, p + ".ln2"), p + ".fc", false), p);
     h = w.node("Add", {h, linear(w, m, p + ".fc_proj", false)}, p);
   }
@@ -343,7 +350,8 @@ OnnxExportInfo export_onnx(const training::TrainConfig& cfg, nn::Module& model,
   std::map<std::string, Tensor> weights;
   for (auto& [n, t] : model.state_dict()) {
     if (t.dtype() != Dtype::f32 && !n.ends_with("num_batches_tracked"))
-      fail("[onnx export] tensor '", n, "' is ", dtype_name(t.dtype()), "; the exporter writes f32 models");
+      fail("[onnx export] tensor '", n, "' is ", dtype_name(t.dtype()),
+           "; the exporter writes f32 models");
     weights[n] = t;
   }
   GraphWriter w(g, std::move(weights), opt.opset);
@@ -371,7 +379,8 @@ OnnxExportInfo export_onnx(const training::TrainConfig& cfg, nn::Module& model,
   for (const auto& o : g->output()) info.outputs.push_back(o.name());
   info.nodes = g->node_size();
   info.initializers = g->initializer_size();
-  for (const auto& init : g->initializer()) info.parameter_bytes += static_cast<int64_t>(init.raw_data().size());
+  for (const auto& init : g->initializer())
+    info.parameter_bytes += static_cast<int64_t>(init.raw_data().size());
 
   // Check before writing: the structural checker and strict shape inference (Python's
   // check_model(full_check=True)), where Debian's onnx knows the opset.

@@ -11,7 +11,7 @@
 namespace hetrain::interop {
 
 struct OnnxGraph {
-  onnx::GraphProto graph;    // nodes and value infos; initializer data moved into params
+  onnx::GraphProto graph;     // nodes and value infos; initializer data moved into params
   std::vector<int> versions;  // the resolved since_version of each node
 };
 
@@ -60,7 +60,8 @@ std::string describe(const OnnxValueInfo& v) {
   std::string s = "(";
   for (size_t i = 0; i < v.dims.size(); ++i) {
     if (i) s += ", ";
-    s += v.dims[i] >= 0 ? std::to_string(v.dims[i]) : (v.dim_params[i].empty() ? "?" : v.dim_params[i]);
+    s += v.dims[i] >= 0 ? std::to_string(v.dims[i])
+                        : (v.dim_params[i].empty() ? "?" : v.dim_params[i]);
   }
   return s + ") " + std::string(dtype_name(v.dtype));
 }
@@ -78,12 +79,14 @@ int check_nodes(const onnx::ModelProto& m, const std::string& path, std::vector<
   std::map<std::string, std::vector<std::string>> problems;  // "Op-version" -> node names
   const auto& table = onnx_op_table();
   for (const auto& n : m.graph().node()) {
-    const std::string who = n.name().empty() ? "#" + std::to_string(versions.size()) : "'" + n.name() + "'";
+    const std::string who =
+        n.name().empty() ? "#" + std::to_string(versions.size()) : "'" + n.name() + "'";
     int v = 0;
     if (!n.domain().empty() && n.domain() != "ai.onnx") {
       problems[n.domain() + "::" + n.op_type() + " (custom domain)"].push_back(who);
     } else if (auto it = table.find(n.op_type()); it == table.end()) {
-      problems[n.op_type() + " (opset " + std::to_string(opset) + ", op type not implemented)"].push_back(who);
+      problems[n.op_type() + " (opset " + std::to_string(opset) + ", op type not implemented)"]
+          .push_back(who);
     } else {
       v = onnx_resolve_version(it->second, opset);
       const auto& sup = it->second.supported;
@@ -216,8 +219,10 @@ OnnxModule::OnnxModule(OnnxModel model) : model_(std::move(model)) {
     fail("[onnx] ", model_.path(), ": a module needs a model with one input, this one has ",
          model_.inputs().size());
   for (auto& [name, t] : model_.parameters()) {
-    if (is_floating(t.dtype())) register_parameter(name, t);
-    else register_buffer(name, t);
+    if (is_floating(t.dtype()))
+      register_parameter(name, t);
+    else
+      register_buffer(name, t);
   }
 }
 

@@ -67,7 +67,8 @@ OnnxOpDef binary(std::vector<int> versions, std::vector<int> supported,
           [f](const Ctx& c) { return Outs{f(c.in.at(0), c.in.at(1))}; }};
 }
 OnnxOpDef unary(std::vector<int> versions, std::vector<int> supported, Tensor (*f)(const Tensor&)) {
-  return {std::move(versions), std::move(supported), [f](const Ctx& c) { return Outs{f(c.in.at(0))}; }};
+  return {std::move(versions), std::move(supported),
+          [f](const Ctx& c) { return Outs{f(c.in.at(0))}; }};
 }
 
 Tensor onnx_div(const Tensor& a, const Tensor& b) {
@@ -163,7 +164,8 @@ Outs op_split(const Ctx& c) {
                                                                      : c.node.output_size();
   if (sizes.empty()) {
     const int64_t each = (n + parts - 1) / parts;  // the last part may be smaller (opset 18)
-    for (int64_t k = 0, left = n; k < parts; ++k, left -= each) sizes.push_back(std::min(each, left));
+    for (int64_t k = 0, left = n; k < parts; ++k, left -= each)
+      sizes.push_back(std::min(each, left));
   }
   return split(x, sizes, axis);
 }
@@ -251,7 +253,8 @@ Outs op_gather(const Ctx& c) {
       idx = from_vector(v, idx.shape());
     }
   } else {
-    idx = where(less(idx, scalar(0, Dtype::i64)), idx + scalar(static_cast<double>(n), Dtype::i64), idx);
+    idx = where(less(idx, scalar(0, Dtype::i64)), idx + scalar(static_cast<double>(n), Dtype::i64),
+                idx);
   }
   if (axis == 0 && data.ndim() == 2) return {embedding(data, idx)};
   Shape out(data.shape().begin(), data.shape().begin() + axis);
@@ -303,8 +306,9 @@ Outs op_trilu(const Ctx& c) {
   Tensor rows = reshape(arange(0, static_cast<double>(r), 1, Dtype::i64), {r, 1});
   Tensor cols = reshape(arange(0, static_cast<double>(m), 1, Dtype::i64), {1, m});
   Tensor diff = cols - rows;  // j - i
-  Tensor keep = c.attr_int("upper", 1) ? greater_equal(diff, scalar(static_cast<double>(k), Dtype::i64))
-                                       : less_equal(diff, scalar(static_cast<double>(k), Dtype::i64));
+  Tensor keep = c.attr_int("upper", 1)
+                    ? greater_equal(diff, scalar(static_cast<double>(k), Dtype::i64))
+                    : less_equal(diff, scalar(static_cast<double>(k), Dtype::i64));
   return {where(keep, x, zeros({}, x.dtype()))};
 }
 
@@ -348,8 +352,8 @@ const std::map<std::string, OnnxOpDef>& onnx_op_table() {
     t["Relu"] = unary({1, 6, 13, 14}, {6, 13, 14}, relu);
     t["Erf"] = {{9, 13}, {9, 13}, nullptr};
     t["Erf"].fn = [](const Ctx& c) {
-      // erf(x) = 2 gelu(x sqrt 2) / (x sqrt 2) - 1 has a 0/0 at x = 0; use erf = 2 Phi(x sqrt 2) - 1
-      // through gelu(z)/z = Phi(z), with z = 0 mapped to Phi(0) = 1/2.
+      // erf(x) = 2 gelu(x sqrt 2) / (x sqrt 2) - 1 has a 0/0 at x = 0; use erf = 2 Phi(x sqrt 2) -
+      // 1 through gelu(z)/z = Phi(z), with z = 0 mapped to Phi(0) = 1/2.
       const Tensor& x = c.in.at(0);
       Tensor z = x * std::sqrt(2.0);
       Tensor zero = equal(z, zeros({}, z.dtype()));
@@ -361,10 +365,15 @@ const std::map<std::string, OnnxOpDef>& onnx_op_table() {
     t["Softmax"] = {{1, 11, 13}, {1, 11, 13}, [](const Ctx& c) { return op_softmax(c, false); }};
     t["LogSoftmax"] = {{1, 11, 13}, {1, 11, 13}, [](const Ctx& c) { return op_softmax(c, true); }};
     t["Gemm"] = {{1, 6, 7, 9, 11, 13}, {7, 9, 11, 13}, onnx_gemm};
-    t["MatMul"] = {{1, 9, 13}, {1, 9, 13}, [](const Ctx& c) { return Outs{matmul(c.in.at(0), c.in.at(1))}; }};
+    t["MatMul"] = {
+        {1, 9, 13}, {1, 9, 13}, [](const Ctx& c) { return Outs{matmul(c.in.at(0), c.in.at(1))}; }};
     t["Conv"] = {{1, 11, 22}, {1, 11, 22}, onnx_conv};
-    t["MaxPool"] = {{1, 8, 10, 11, 12, 22}, {1, 8, 10, 11, 12, 22}, [](const Ctx& c) { return onnx_pool(c, true); }};
-    t["AveragePool"] = {{1, 7, 10, 11, 19, 22}, {7, 10, 11, 19, 22}, [](const Ctx& c) { return onnx_pool(c, false); }};
+    t["MaxPool"] = {{1, 8, 10, 11, 12, 22}, {1, 8, 10, 11, 12, 22}, [](const Ctx& c) {
+                      return onnx_pool(c, true);
+                    }};
+    t["AveragePool"] = {{1, 7, 10, 11, 19, 22}, {7, 10, 11, 19, 22}, [](const Ctx& c) {
+                          return onnx_pool(c, false);
+                        }};
     t["GlobalAveragePool"] = {{1, 22}, {1, 22}, onnx_global_avg_pool};
     t["BatchNormalization"] = {{1, 6, 7, 9, 14, 15}, {9, 14, 15}, onnx_batch_norm};
     t["LayerNormalization"] = {{17}, {17}, onnx_layer_norm};
@@ -387,11 +396,14 @@ const std::map<std::string, OnnxOpDef>& onnx_op_table() {
     t["Not"] = {{1}, {1}, op_not};
     t["Max"] = {{1, 6, 8, 12, 13}, {8, 12, 13}, [](const Ctx& c) { return op_max_min(c, true); }};
     t["Min"] = {{1, 6, 8, 12, 13}, {8, 12, 13}, [](const Ctx& c) { return op_max_min(c, false); }};
-    t["ReduceMean"] = {{1, 11, 13, 18}, {1, 11, 13, 18}, [](const Ctx& c) { return op_reduce(c, true, 18); }};
-    t["ReduceSum"] = {{1, 11, 13}, {1, 11, 13}, [](const Ctx& c) { return op_reduce(c, false, 13); }};
+    t["ReduceMean"] = {
+        {1, 11, 13, 18}, {1, 11, 13, 18}, [](const Ctx& c) { return op_reduce(c, true, 18); }};
+    t["ReduceSum"] = {
+        {1, 11, 13}, {1, 11, 13}, [](const Ctx& c) { return op_reduce(c, false, 13); }};
     t["Dropout"] = {{1, 6, 7, 10, 12, 13, 22}, {7, 10, 12, 13, 22}, onnx_dropout};
-    t["Identity"] = {{1, 13, 14, 16, 19, 21}, {1, 13, 14, 16, 19, 21},
-                     [](const Ctx& c) { return Outs{c.in.at(0)}; }};
+    t["Identity"] = {{1, 13, 14, 16, 19, 21}, {1, 13, 14, 16, 19, 21}, [](const Ctx& c) {
+                       return Outs{c.in.at(0)};
+                     }};
     t["Constant"] = {{1, 9, 11, 12, 13, 19, 21}, {1, 9, 11, 12, 13, 19, 21}, op_constant};
     t["Shape"] = {{1, 13, 15, 19, 21}, {1, 13, 15, 19, 21}, op_shape};
     t["Cast"] = {{1, 6, 9, 13, 19, 21}, {6, 9, 13, 19, 21}, op_cast};

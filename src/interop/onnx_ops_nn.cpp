@@ -78,7 +78,9 @@ Window window_of(const Ctx& c, const WindowAttrs& at, const Tensor& x, std::vect
       fail(c.where(), "unknown auto_pad '", auto_pad, "'");
     }
     const int64_t span = in + w.begin[d] + w.end[d] - w.k[d];
-    if (span < 0) fail(c.where(), "kernel ", w.k[d], " is larger than the padded input ", in + w.begin[d] + w.end[d]);
+    if (span < 0)
+      fail(c.where(), "kernel ", w.k[d], " is larger than the padded input ",
+           in + w.begin[d] + w.end[d]);
     if (ceil_mode) {
       int64_t out = (span + w.s[d] - 1) / w.s[d] + 1;
       if ((out - 1) * w.s[d] >= in + w.begin[d]) --out;  // the last window starts in the input
@@ -125,8 +127,10 @@ Outs onnx_gemm(const Ctx& c) {
 Outs onnx_conv(const Ctx& c) {
   const Tensor& x = c.in.at(0);
   const Tensor& wt = c.in.at(1);
-  if (x.ndim() != 4) fail(c.where(), "only 2-D (N, C, H, W) inputs are supported, got ", shape_str(x.shape()));
-  if (c.attr_int("group", 1) != 1) fail(c.where(), "group ", c.attr_int("group", 1), " is not supported (1)");
+  if (x.ndim() != 4)
+    fail(c.where(), "only 2-D (N, C, H, W) inputs are supported, got ", shape_str(x.shape()));
+  if (c.attr_int("group", 1) != 1)
+    fail(c.where(), "group ", c.attr_int("group", 1), " is not supported (1)");
   Window w = window_of(c, window_attrs(c, false), x, {wt.shape()[2], wt.shape()[3]});
   const Tensor bias = c.has_input(2) ? c.in[2] : Tensor();
   if (w.begin == w.end) return {conv2d(x, wt, bias, w.s, w.begin)};
@@ -197,7 +201,8 @@ Outs onnx_batch_norm(const Ctx& c) {
   Tensor mu = mean(x, axes, true);
   Tensor centered = x - mu;
   Tensor var = mean(centered * centered, axes, true);
-  Tensor y = centered * rsqrt(var + eps) * reshape(c.in.at(1), bshape) + reshape(c.in.at(2), bshape);
+  Tensor y =
+      centered * rsqrt(var + eps) * reshape(c.in.at(1), bshape) + reshape(c.in.at(2), bshape);
   Tensor mu_c = reshape(mu, {x.shape()[1]}), var_c = reshape(var, {x.shape()[1]});
   return {y, c.in.at(3) * momentum + mu_c * (1 - momentum),
           c.in.at(4) * momentum + var_c * (1 - momentum)};

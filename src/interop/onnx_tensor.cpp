@@ -51,12 +51,18 @@ Tensor from_raw(const char* p, size_t nbytes, int et, Dtype dt, const Shape& sha
     return dt == Dtype::i64 ? t : cast(t, dt).eval().detach();
   };
   switch (et) {
-    case TP::INT8: return widen(int8_t{});
-    case TP::UINT8: return widen(uint8_t{});
-    case TP::INT16: return widen(int16_t{});
-    case TP::UINT16: return widen(uint16_t{});
-    case TP::UINT32: return widen(uint32_t{});
-    default: break;
+    case TP::INT8:
+      return widen(int8_t{});
+    case TP::UINT8:
+      return widen(uint8_t{});
+    case TP::INT16:
+      return widen(int16_t{});
+    case TP::UINT16:
+      return widen(uint16_t{});
+    case TP::UINT32:
+      return widen(uint32_t{});
+    default:
+      break;
   }
   need(dtype_size(dt));
   return from_blob(p, shape, dt);
@@ -66,38 +72,52 @@ Tensor from_raw(const char* p, size_t nbytes, int et, Dtype dt, const Shape& sha
 
 int onnx_elem_type(Dtype dt) {
   switch (dt) {
-    case Dtype::f64: return TP::DOUBLE;
-    case Dtype::f32: return TP::FLOAT;
-    case Dtype::f16: return TP::FLOAT16;
-    case Dtype::bf16: return TP::BFLOAT16;
-    case Dtype::i32: return TP::INT32;
-    case Dtype::i64: return TP::INT64;
-    case Dtype::boolean: return TP::BOOL;
+    case Dtype::f64:
+      return TP::DOUBLE;
+    case Dtype::f32:
+      return TP::FLOAT;
+    case Dtype::f16:
+      return TP::FLOAT16;
+    case Dtype::bf16:
+      return TP::BFLOAT16;
+    case Dtype::i32:
+      return TP::INT32;
+    case Dtype::i64:
+      return TP::INT64;
+    case Dtype::boolean:
+      return TP::BOOL;
   }
   return TP::UNDEFINED;
 }
 
 const char* onnx_type_name(int et) {
-  if (TP::DataType_IsValid(et))
-    return TP::DataType_Name(static_cast<TP::DataType>(et)).c_str();
+  if (TP::DataType_IsValid(et)) return TP::DataType_Name(static_cast<TP::DataType>(et)).c_str();
   return "an unknown element type";
 }
 
 Dtype dtype_from_onnx(int et, const std::string& what) {
   switch (et) {
-    case TP::DOUBLE: return Dtype::f64;
-    case TP::FLOAT: return Dtype::f32;
-    case TP::FLOAT16: return Dtype::f16;
-    case TP::BFLOAT16: return Dtype::bf16;
+    case TP::DOUBLE:
+      return Dtype::f64;
+    case TP::FLOAT:
+      return Dtype::f32;
+    case TP::FLOAT16:
+      return Dtype::f16;
+    case TP::BFLOAT16:
+      return Dtype::bf16;
     case TP::INT8:
     case TP::UINT8:
     case TP::INT16:
     case TP::UINT16:
-    case TP::INT32: return Dtype::i32;
+    case TP::INT32:
+      return Dtype::i32;
     case TP::UINT32:
-    case TP::INT64: return Dtype::i64;
-    case TP::BOOL: return Dtype::boolean;
-    default: break;
+    case TP::INT64:
+      return Dtype::i64;
+    case TP::BOOL:
+      return Dtype::boolean;
+    default:
+      break;
   }
   fail("[onnx] ", what, ": element type ", onnx_type_name(et), " (", et,
        ") is not supported (float, double, float16, bfloat16, bool and integers up to int64)");
@@ -123,17 +143,20 @@ Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir
     std::string location;
     int64_t offset = 0, length = -1;
     for (const auto& kv : p.external_data()) {
-      if (kv.key() == "location") location = kv.value();
-      else if (kv.key() == "offset") offset = std::stoll(kv.value());
-      else if (kv.key() == "length") length = std::stoll(kv.value());
+      if (kv.key() == "location")
+        location = kv.value();
+      else if (kv.key() == "offset")
+        offset = std::stoll(kv.value());
+      else if (kv.key() == "length")
+        length = std::stoll(kv.value());
     }
     if (location.empty()) fail("[onnx] ", what, ": external data without a 'location'");
     namespace fs = std::filesystem;
     fs::path file = fs::path(base_dir) / location;
     std::ifstream in(file, std::ios::binary);
     if (!in)
-      fail("[onnx] ", what, ": external data file ", file.string(), " cannot be opened: ",
-           std::strerror(errno));
+      fail("[onnx] ", what, ": external data file ", file.string(),
+           " cannot be opened: ", std::strerror(errno));
     const int64_t item = static_cast<int64_t>(dtype_size(dtype_from_onnx(et, what)));
     const int64_t want = length >= 0 ? length : n * item;
     in.seekg(0, std::ios::end);
@@ -146,17 +169,26 @@ Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir
     in.read(buf.data(), want);
     return from_raw(buf.data(), buf.size(), et, dt, shape, what);
   }
-  if (p.has_raw_data()) return from_raw(p.raw_data().data(), p.raw_data().size(), et, dt, shape, what);
+  if (p.has_raw_data())
+    return from_raw(p.raw_data().data(), p.raw_data().size(), et, dt, shape, what);
   auto check_count = [&](int64_t got) {
     if (got != n)
       fail("[onnx] ", what, ": ", got, " values stored for shape ", shape_str(shape), " (", n,
            " elements)");
   };
   switch (et) {
-    case TP::FLOAT: check_count(p.float_data_size()); return from_field<float>(p.float_data(), dt, shape);
-    case TP::DOUBLE: check_count(p.double_data_size()); return from_field<double>(p.double_data(), dt, shape);
-    case TP::INT64: check_count(p.int64_data_size()); return from_field<int64_t>(p.int64_data(), dt, shape);
-    case TP::UINT32: check_count(p.uint64_data_size()); return from_field<int64_t>(p.uint64_data(), dt, shape);
+    case TP::FLOAT:
+      check_count(p.float_data_size());
+      return from_field<float>(p.float_data(), dt, shape);
+    case TP::DOUBLE:
+      check_count(p.double_data_size());
+      return from_field<double>(p.double_data(), dt, shape);
+    case TP::INT64:
+      check_count(p.int64_data_size());
+      return from_field<int64_t>(p.int64_data(), dt, shape);
+    case TP::UINT32:
+      check_count(p.uint64_data_size());
+      return from_field<int64_t>(p.uint64_data(), dt, shape);
     case TP::FLOAT16:
     case TP::BFLOAT16: {
       check_count(p.int32_data_size());
@@ -169,7 +201,9 @@ Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir
       for (auto& b : v) b = b != 0;
       return from_blob(v.data(), shape, Dtype::boolean);
     }
-    default: check_count(p.int32_data_size()); return from_field<int32_t>(p.int32_data(), dt, shape);
+    default:
+      check_count(p.int32_data_size());
+      return from_field<int32_t>(p.int32_data(), dt, shape);
   }
 }
 
@@ -177,8 +211,8 @@ void parse_proto_file(const std::string& path, google::protobuf::MessageLite* ms
                       const char* kind) {
   std::string bytes = read_whole_file(path, kind);
   if (!msg->ParseFromString(bytes))
-    fail("[onnx] ", path, ": not a valid ", kind, " (truncated or corrupt protobuf, ",
-         bytes.size(), " bytes)");
+    fail("[onnx] ", path, ": not a valid ", kind, " (truncated or corrupt protobuf, ", bytes.size(),
+         " bytes)");
 }
 
 // ---- .npy -----------------------------------------------------------------------------------
@@ -187,13 +221,20 @@ namespace {
 
 const char* npy_descr(Dtype dt) {
   switch (dt) {
-    case Dtype::f64: return "<f8";
-    case Dtype::f32: return "<f4";
-    case Dtype::f16: return "<f2";
-    case Dtype::i32: return "<i4";
-    case Dtype::i64: return "<i8";
-    case Dtype::boolean: return "|b1";
-    case Dtype::bf16: break;
+    case Dtype::f64:
+      return "<f8";
+    case Dtype::f32:
+      return "<f4";
+    case Dtype::f16:
+      return "<f2";
+    case Dtype::i32:
+      return "<i4";
+    case Dtype::i64:
+      return "<i8";
+    case Dtype::boolean:
+      return "|b1";
+    case Dtype::bf16:
+      break;
   }
   fail("[npy] bfloat16 has no NumPy dtype; cast the tensor first");
 }
@@ -216,12 +257,14 @@ Tensor read_npy(const std::string& path) {
   const int major = static_cast<unsigned char>(s[6]);
   size_t hlen, hstart;
   if (major == 1) {
-    hlen = static_cast<unsigned char>(s[8]) | static_cast<size_t>(static_cast<unsigned char>(s[9])) << 8;
+    hlen = static_cast<unsigned char>(s[8]) | static_cast<size_t>(static_cast<unsigned char>(s[9]))
+                                                  << 8;
     hstart = 10;
   } else {
     if (s.size() < 12) fail("[npy] ", path, ": truncated header");
     hlen = 0;
-    for (int i = 0; i < 4; ++i) hlen |= static_cast<size_t>(static_cast<unsigned char>(s[8 + i])) << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      hlen |= static_cast<size_t>(static_cast<unsigned char>(s[8 + i])) << (8 * i);
     hstart = 12;
   }
   if (hstart + hlen > s.size()) fail("[npy] ", path, ": truncated header");
@@ -230,13 +273,20 @@ Tensor read_npy(const std::string& path) {
   if (npy_field(h, "fortran_order", path) != "False")
     fail("[npy] ", path, ": Fortran-order arrays are not supported");
   Dtype dt;
-  if (descr == "<f8") dt = Dtype::f64;
-  else if (descr == "<f4") dt = Dtype::f32;
-  else if (descr == "<f2") dt = Dtype::f16;
-  else if (descr == "<i4") dt = Dtype::i32;
-  else if (descr == "<i8") dt = Dtype::i64;
-  else if (descr == "|b1") dt = Dtype::boolean;
-  else fail("[npy] ", path, ": dtype '", descr, "' is not supported (<f8 <f4 <f2 <i4 <i8 |b1)");
+  if (descr == "<f8")
+    dt = Dtype::f64;
+  else if (descr == "<f4")
+    dt = Dtype::f32;
+  else if (descr == "<f2")
+    dt = Dtype::f16;
+  else if (descr == "<i4")
+    dt = Dtype::i32;
+  else if (descr == "<i8")
+    dt = Dtype::i64;
+  else if (descr == "|b1")
+    dt = Dtype::boolean;
+  else
+    fail("[npy] ", path, ": dtype '", descr, "' is not supported (<f8 <f4 <f2 <i4 <i8 |b1)");
   Shape shape;
   std::stringstream dims(npy_field(h, "shape", path));
   for (std::string d; std::getline(dims, d, ',');) {
@@ -246,8 +296,8 @@ Tensor read_npy(const std::string& path) {
   const size_t want = static_cast<size_t>(numel(shape)) * dtype_size(dt);
   const size_t data = hstart + hlen;
   if (s.size() - data != want)
-    fail("[npy] ", path, ": ", s.size() - data, " bytes of data for shape ", shape_str(shape), " of ",
-         descr, " (", want, " expected)");
+    fail("[npy] ", path, ": ", s.size() - data, " bytes of data for shape ", shape_str(shape),
+         " of ", descr, " (", want, " expected)");
   return from_blob(s.data() + data, shape, dt);
 }
 
@@ -263,9 +313,9 @@ Tensor read_tensor_file(const std::string& path) {
 }
 
 void write_npy(const std::string& path, const Tensor& t) {
-  std::string h = std::string("{'descr': '") + npy_descr(t.dtype()) + "', 'fortran_order': False, 'shape': (";
-  for (size_t i = 0; i < t.shape().size(); ++i)
-    h += (i ? ", " : "") + std::to_string(t.shape()[i]);
+  std::string h =
+      std::string("{'descr': '") + npy_descr(t.dtype()) + "', 'fortran_order': False, 'shape': (";
+  for (size_t i = 0; i < t.shape().size(); ++i) h += (i ? ", " : "") + std::to_string(t.shape()[i]);
   h += t.ndim() == 1 ? ",)" : ")";
   h += ", }";
   size_t total = 10 + h.size() + 1;

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,7 +16,6 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <zlib.h>
 
 #include "hetrain/base/error.h"
 #include "hetrain/base/file_output.h"
@@ -47,13 +47,20 @@ uLong crc32_of(uLong crc, const char* p, size_t n) {
 
 const char* dtype_to_name(Dtype dt) {
   switch (dt) {
-    case Dtype::f64: return "F64";
-    case Dtype::f32: return "F32";
-    case Dtype::f16: return "F16";
-    case Dtype::bf16: return "BF16";
-    case Dtype::i32: return "I32";
-    case Dtype::i64: return "I64";
-    case Dtype::boolean: return "BOOL";
+    case Dtype::f64:
+      return "F64";
+    case Dtype::f32:
+      return "F32";
+    case Dtype::f16:
+      return "F16";
+    case Dtype::bf16:
+      return "BF16";
+    case Dtype::i32:
+      return "I32";
+    case Dtype::i64:
+      return "I64";
+    case Dtype::boolean:
+      return "BOOL";
   }
   return "?";
 }

@@ -19,21 +19,30 @@ std::atomic<int64_t> g_device_bytes{0};  // bytes held in non-host memory nodes
 
 std::string_view memory_tag_name(MemoryTag t) {
   switch (t) {
-    case MemoryTag::parameters: return "parameters";
-    case MemoryTag::gradients: return "gradients";
-    case MemoryTag::optimizer_state: return "optimizer_state";
-    case MemoryTag::activations: return "activations";
-    case MemoryTag::workspace: return "workspace";
-    case MemoryTag::communication: return "communication";
+    case MemoryTag::parameters:
+      return "parameters";
+    case MemoryTag::gradients:
+      return "gradients";
+    case MemoryTag::optimizer_state:
+      return "optimizer_state";
+    case MemoryTag::activations:
+      return "activations";
+    case MemoryTag::workspace:
+      return "workspace";
+    case MemoryTag::communication:
+      return "communication";
   }
   return "?";
 }
 
 std::string Device::str() const {
   switch (kind) {
-    case DeviceKind::cpu: return "cpu";
-    case DeviceKind::cuda: return "cuda:" + std::to_string(index);
-    case DeviceKind::sim: return "sim:" + std::to_string(index);
+    case DeviceKind::cpu:
+      return "cpu";
+    case DeviceKind::cuda:
+      return "cuda:" + std::to_string(index);
+    case DeviceKind::sim:
+      return "sim:" + std::to_string(index);
   }
   return "?";
 }
@@ -305,15 +314,17 @@ HostAllocator& host_allocator() {
 
 Allocator& allocator_for(Device d) {
   switch (d.kind) {
-    case DeviceKind::cpu: return host_allocator();
+    case DeviceKind::cpu:
+      return host_allocator();
     case DeviceKind::sim: {
       if (d.index < 0 || d.index >= kMaxSimDevices)
-        fail("[device] sim:", d.index, " is out of range; sim devices are sim:0 to sim:",
-             kMaxSimDevices - 1);
+        fail("[device] sim:", d.index,
+             " is out of range; sim devices are sim:0 to sim:", kMaxSimDevices - 1);
       // Never destroyed, like the host allocator.
       static std::array<HostAllocator*, kMaxSimDevices> sims = [] {
         std::array<HostAllocator*, kMaxSimDevices> a{};
-        for (int i = 0; i < kMaxSimDevices; ++i) a[static_cast<size_t>(i)] = new HostAllocator({DeviceKind::sim, i});
+        for (int i = 0; i < kMaxSimDevices; ++i)
+          a[static_cast<size_t>(i)] = new HostAllocator({DeviceKind::sim, i});
         return a;
       }();
       return *sims[static_cast<size_t>(d.index)];

@@ -230,8 +230,8 @@ std::vector<MeasuredRun> load_measured_runs(const std::string& path) {
     r.strategy.pp = e.contains("pp") ? static_cast<int>(whole(e, "pp", where, 1, kMaxDevices)) : 1;
     r.strategy.zero = e.contains("zero") ? static_cast<int>(whole(e, "zero", where, 0, 3)) : 0;
     if (e.contains("offload"))
-      r.strategy.offload = choice(e, "offload", where, "none, optimizer, optimizer+params",
-                                  offload_from_string);
+      r.strategy.offload =
+          choice(e, "offload", where, "none, optimizer, optimizer+params", offload_from_string);
     if (e.contains("recompute"))
       r.strategy.recompute =
           choice(e, "recompute", where, "none, selective, full", recompute_from_string);

@@ -400,9 +400,10 @@ const Hardware& Catalog::get(const std::string& id) const {
   std::string all;
   for (const auto& h : items_) all += (all.empty() ? "" : ", ") + h.id;
   if (id == "local")
-    fail("[plan] unknown hardware 'local': this machine joins the catalog once 'hetrain bench' "
-         "has written its device profile (",
-         device_profile_path(), "); known: ", all);
+    fail(
+        "[plan] unknown hardware 'local': this machine joins the catalog once 'hetrain bench' "
+        "has written its device profile (",
+        device_profile_path(), "); known: ", all);
   fail("[plan] unknown hardware '", id, "'; known: ", all, " (see 'hetrain plan --list-hardware')");
 }
 

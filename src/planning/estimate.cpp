@@ -251,24 +251,21 @@ std::string strategy_problem(const Job& job, const Hardware& hw, int gpus, const
   // Cheap checks first: the search calls this for every candidate.
   int tpp = std::max(1, s.tp * s.pp);
   int dp0 = gpus / tpp;
-  bool likely_ok = gpus >= 1 && s.tp >= 1 && s.pp >= 1 && gpus % tpp == 0 && s.zero >= 0 &&
-                   s.zero <= 3 && s.micro_batch >= 1 && !(s.pp > 1 && s.zero >= 2) &&
-                   s.virtual_stages >= 1 && (s.virtual_stages == 1 || s.pp > 1) &&
-                   (s.recompute_layers == 0 ||
-                    (s.recompute_layers > 0 && s.recompute == Recompute::full &&
-                     m.is_transformer() &&
-                     s.recompute_layers < (m.tf.layers + s.pp - 1) / s.pp)) &&
-                   (s.offload == Offload::none || (s.zero >= 1 && hw.pcie_gen > 0)) &&
-                   (s.offload != Offload::optimizer_params || s.zero == 3) &&
-                   (hw.peak_tflops(job.precision) > 0 || job.achieved_tflops ||
-                    job.kernel_tflops) &&
-                   !rate_past_peak(job, hw.peak_tflops(job.precision)) &&
-                   dp0 > 0 &&
-                   job.global_batch % (static_cast<int64_t>(dp0) * s.micro_batch) == 0 &&
-                   (m.is_transformer()
-                        ? m.tf.heads % s.tp == 0 && m.tf.kv_heads % s.tp == 0 &&
-                              static_cast<int64_t>(s.pp) * s.virtual_stages <= m.tf.layers
-                        : s.tp == 1 && s.pp == 1);
+  bool likely_ok =
+      gpus >= 1 && s.tp >= 1 && s.pp >= 1 && gpus % tpp == 0 && s.zero >= 0 && s.zero <= 3 &&
+      s.micro_batch >= 1 && !(s.pp > 1 && s.zero >= 2) && s.virtual_stages >= 1 &&
+      (s.virtual_stages == 1 || s.pp > 1) &&
+      (s.recompute_layers == 0 ||
+       (s.recompute_layers > 0 && s.recompute == Recompute::full && m.is_transformer() &&
+        s.recompute_layers < (m.tf.layers + s.pp - 1) / s.pp)) &&
+      (s.offload == Offload::none || (s.zero >= 1 && hw.pcie_gen > 0)) &&
+      (s.offload != Offload::optimizer_params || s.zero == 3) &&
+      (hw.peak_tflops(job.precision) > 0 || job.achieved_tflops || job.kernel_tflops) &&
+      !rate_past_peak(job, hw.peak_tflops(job.precision)) && dp0 > 0 &&
+      job.global_batch % (static_cast<int64_t>(dp0) * s.micro_batch) == 0 &&
+      (m.is_transformer() ? m.tf.heads % s.tp == 0 && m.tf.kv_heads % s.tp == 0 &&
+                                static_cast<int64_t>(s.pp) * s.virtual_stages <= m.tf.layers
+                          : s.tp == 1 && s.pp == 1);
   if (likely_ok) return "";
   std::ostringstream os;
   if (gpus < 1) return "--gpus must be at least 1";
@@ -409,11 +406,10 @@ StageCompute stage_compute(const Job& job, const Hardware& hw, const Strategy& s
   // A fused kernel on catalog hardware: the core's FLOPs at the fused rate, its backward
   // recomputing the scores (2.5 x forward, as FlashAttention-2 counts it).
   const bool fused = job.fused_attention && hw.gemm_curve.empty();
-  double core =
-      fused ? r.scale(TimePart::attention) * heads * 4 * sq * sq * d /
-                  (r.peak * r.eff * hw.efficiency.fused_attention)
-            : heads * (r.gemm(sq, sq, d, TimePart::attention) +
-                       r.gemm(sq, d, sq, TimePart::attention));
+  double core = fused ? r.scale(TimePart::attention) * heads * 4 * sq * sq * d /
+                            (r.peak * r.eff * hw.efficiency.fused_attention)
+                      : heads * (r.gemm(sq, sq, d, TimePart::attention) +
+                                 r.gemm(sq, d, sq, TimePart::attention));
   const double core_bwd = (fused ? 2.5 : 2) * core;
   // Elementwise work, memory bound: the passes transformer_elementwise_passes counts, at the
   // rate the engine's own layer reached where the device profile measured it, else at the
@@ -529,15 +525,15 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
     const Recompute kept = job.fused_attention && st.recompute == Recompute::none
                                ? Recompute::selective
                                : st.recompute;
-    double layer = act_scale * transformer_layer_activation_bytes(
-                                   tf, st.micro_batch, st.tp, st.sequence_parallel, kept);
+    double layer = act_scale * transformer_layer_activation_bytes(tf, st.micro_batch, st.tp,
+                                                                  st.sequence_parallel, kept);
     // Some layers recomputed: the others keep what they keep without recompute.
     const double share = st.recompute_share(tf.layers);
     if (share < 1) {
       const Recompute none = job.fused_attention ? Recompute::selective : Recompute::none;
-      layer = share * layer + (1 - share) * act_scale * transformer_layer_activation_bytes(
-                                                            tf, st.micro_batch, st.tp,
-                                                            st.sequence_parallel, none);
+      layer = share * layer + (1 - share) * act_scale *
+                                  transformer_layer_activation_bytes(tf, st.micro_batch, st.tp,
+                                                                     st.sequence_parallel, none);
     }
     double sbh = static_cast<double>(tf.seq) * st.micro_batch * tf.hidden;
     double sp_div = st.sequence_parallel ? st.tp : 1;

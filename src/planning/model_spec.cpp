@@ -45,7 +45,7 @@ int64_t block_params(const TransformerSpec& t) {
   int64_t h = t.hidden, kv = kv_width(t), f = t.ffn_hidden;
   int64_t p = add(block_matmul_weights(t), mul(2, norm_params(t)));
   if (t.bias) {
-    p = add(p, add(mul(2, h), mul(2, kv)));                          // q, k, v, out
+    p = add(p, add(mul(2, h), mul(2, kv)));                        // q, k, v, out
     p = add(p, add(t.mlp == MlpKind::swiglu ? mul(2, f) : f, h));  // mlp in (and gate), out
   }
   return p;

@@ -386,16 +386,16 @@ std::optional<Plan> nearest_fitting(const Job& job, const Hardware& hw, int gpus
           for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full})
             for (int64_t mb : mbs)
               for (int vs : {s.virtual_stages, 1}) {
-              Strategy c = s;
-              c.tp = tp, c.pp = pp, c.zero = z, c.offload = off, c.recompute = rc;
-              c.micro_batch = mb, c.virtual_stages = vs;
-              c.recompute_layers = rc == Recompute::full ? s.recompute_layers : 0;
-              const int d = changed_dimensions(s, c);
-              if (d > best_d || !detail::strategy_problem(job, hw, gpus, c).empty()) continue;
-              Plan p = detail::evaluate_unchecked(job, hw, gpus, c, &cache);
-              if (!p.fits) continue;
-              if (d < best_d || p.train_days < best->train_days) best = std::move(p), best_d = d;
-            }
+                Strategy c = s;
+                c.tp = tp, c.pp = pp, c.zero = z, c.offload = off, c.recompute = rc;
+                c.micro_batch = mb, c.virtual_stages = vs;
+                c.recompute_layers = rc == Recompute::full ? s.recompute_layers : 0;
+                const int d = changed_dimensions(s, c);
+                if (d > best_d || !detail::strategy_problem(job, hw, gpus, c).empty()) continue;
+                Plan p = detail::evaluate_unchecked(job, hw, gpus, c, &cache);
+                if (!p.fits) continue;
+                if (d < best_d || p.train_days < best->train_days) best = std::move(p), best_d = d;
+              }
   return best;
 }
 

@@ -62,9 +62,9 @@ ModelSpec model_from(const json& m, const std::string& where) {
   const std::string fam = m.value("family", std::string());
   if (fam != "gpt" && fam != "llama")
     fail("[plan] ", where, ": model.family must be \"gpt\" or \"llama\", got '", fam, "'");
-  ModelSpec spec = gpt_model(count(m, "layers", where), count(m, "hidden", where),
-                             count(m, "heads", where), count(m, "seq", where),
-                             count(m, "vocab", where));
+  ModelSpec spec =
+      gpt_model(count(m, "layers", where), count(m, "hidden", where), count(m, "heads", where),
+                count(m, "seq", where), count(m, "vocab", where));
   auto& t = spec.tf;
   if (fam == "llama") {
     spec.family = ModelFamily::llama;
@@ -153,8 +153,7 @@ PublishedRun run_from(const json& e, const std::string& file, size_t index) {
     }
     const std::string schedule = s.value("schedule", std::string("1f1b"));
     if (schedule != "1f1b" && schedule != "interleaved")
-      fail("[plan] ", sw, ": 'schedule' must be \"1f1b\" or \"interleaved\", got '", schedule,
-           "'");
+      fail("[plan] ", sw, ": 'schedule' must be \"1f1b\" or \"interleaved\", got '", schedule, "'");
     if (schedule == "interleaved")
       r.virtual_stages = s.contains("virtual_stages")
                              ? std::optional<int>(static_cast<int>(count(s, "virtual_stages", sw)))
@@ -202,8 +201,8 @@ Plan predict_plan(const PublishedRun& r, const Hardware& hw) {
   o.top = 1;
   SearchResult res = search(r.job, one, o);
   if (res.plans.empty())
-    fail("[plan] published run '", r.id, "': no plan fits: ",
-         res.rejected.empty() ? std::string("?") : res.rejected[0].reason);
+    fail("[plan] published run '", r.id,
+         "': no plan fits: ", res.rejected.empty() ? std::string("?") : res.rejected[0].reason);
   return res.plans.front();
 }
 
@@ -307,8 +306,8 @@ EfficiencyModel fit_efficiency(const std::vector<PublishedRun>& runs, const Cata
     double sum = 0;
     for (const auto& r : train) {
       Plan p = predict_plan(r, hardware_for(r, catalog, m));
-      double ratio = is_rate(r.metric) ? r.reported / figure(r.metric, p)
-                                       : figure(r.metric, p) / r.reported;
+      double ratio =
+          is_rate(r.metric) ? r.reported / figure(r.metric, p) : figure(r.metric, p) / r.reported;
       sum += std::log(ratio) * std::log(ratio);
     }
     return sum / train.size();

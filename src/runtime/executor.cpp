@@ -334,8 +334,8 @@ void TaskRun::run(int i, Runner who) {
                perf_class_.empty() ? nullptr : &perf_class_[0]);
     } else if (static_cast<size_t>(i) < nodes()) {
       const size_t d = static_cast<size_t>(device_of(i));
-      run_node(order_[static_cast<size_t>(i)], release_graph_, devs_[d].device, slowdown_[d],
-               true, perf_class_.empty() ? nullptr : &perf_class_[d]);
+      run_node(order_[static_cast<size_t>(i)], release_graph_, devs_[d].device, slowdown_[d], true,
+               perf_class_.empty() ? nullptr : &perf_class_[d]);
     } else {
       const runtime::CopyTaskExec& c = deps_.copies[static_cast<size_t>(i) - nodes()];
       runtime::run_copy(c.producer, c.index, devs_[static_cast<size_t>(c.device)].device);

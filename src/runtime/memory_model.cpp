@@ -129,9 +129,8 @@ struct GraphCopy {
       c->prim = n->prim;
       for (const Tensor& t : n->inputs) {
         auto it = copy_of.find(t.node());
-        c->inputs.push_back(it == copy_of.end()
-                                ? t
-                                : Tensor(it->second->shared_from_this(), t.index()));
+        c->inputs.push_back(
+            it == copy_of.end() ? t : Tensor(it->second->shared_from_this(), t.index()));
       }
       c->outs.resize(n->outs.size());
       for (size_t i = 0; i < n->outs.size(); ++i) {

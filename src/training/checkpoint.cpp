@@ -117,7 +117,8 @@ bool is_file(const fs::path& p) {
 /// Removes what an earlier generation or an interrupted write left in dir: files named
 /// "<part>.<n>.safetensors" other than the current ones, version-1 files of the same parts, and
 /// temporary files. Best-effort: the new checkpoint is already complete.
-void remove_stale(const fs::path& dir, const std::vector<Part>& parts, const std::set<std::string>& keep) {
+void remove_stale(const fs::path& dir, const std::vector<Part>& parts,
+                  const std::set<std::string>& keep) {
   std::set<std::string> names;
   for (const Part& p : parts) names.insert(p.name);
   std::error_code ec;

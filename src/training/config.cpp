@@ -91,8 +91,9 @@ std::vector<int64_t> to_list(const std::string& key, const std::string& v,
                              const std::string& origin) {
   std::vector<int64_t> out;
   std::string s = v;
-  s.erase(std::remove_if(s.begin(), s.end(), [](char c) { return c == '[' || c == ']' || c == ' '; }),
-          s.end());
+  s.erase(
+      std::remove_if(s.begin(), s.end(), [](char c) { return c == '[' || c == ']' || c == ' '; }),
+      s.end());
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -120,31 +121,50 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     if (v != "mlp" && v != "cnn" && v != "gpt")
       fail("[train] ", origin, ": model must be mlp, cnn or gpt, got '", v, "'");
     c.model = v;
-  } else if (key == "data") c.data = v;
-  else if (key == "hidden") c.hidden = to_list(key, v, origin);
-  else if (key == "widths") c.widths = to_list(key, v, origin);
-  else if (key == "blocks") c.blocks = i();
-  else if (key == "layers") c.layers = i();
-  else if (key == "heads") c.heads = i();
-  else if (key == "width") c.width = i();
-  else if (key == "context") c.context = i();
-  else if (key == "dropout") c.dropout = d();
+  } else if (key == "data")
+    c.data = v;
+  else if (key == "hidden")
+    c.hidden = to_list(key, v, origin);
+  else if (key == "widths")
+    c.widths = to_list(key, v, origin);
+  else if (key == "blocks")
+    c.blocks = i();
+  else if (key == "layers")
+    c.layers = i();
+  else if (key == "heads")
+    c.heads = i();
+  else if (key == "width")
+    c.width = i();
+  else if (key == "context")
+    c.context = i();
+  else if (key == "dropout")
+    c.dropout = d();
   else if (key == "epochs" || key == "steps") {
     // Given explicitly, 0 is a mistake (it used to fall back silently to the preset's epochs).
     const int64_t n = i();
     if (n < 1) fail("[train] ", origin, ": '", key, "' must be at least 1, got ", n);
-    if (key == "epochs") c.epochs = n, c.steps = 0;
-    else c.steps = n;
-  }
-  else if (key == "batch-size") c.batch_size = i();
-  else if (key == "lr") c.lr = d();
-  else if (key == "min-lr") c.min_lr = d();
-  else if (key == "weight-decay") c.weight_decay = d();
-  else if (key == "momentum") c.momentum = d();
-  else if (key == "clip") c.clip = d();
-  else if (key == "optimizer") c.optimizer = v;
-  else if (key == "schedule") c.schedule = v;
-  else if (key == "warmup") c.warmup = i();
+    if (key == "epochs")
+      c.epochs = n, c.steps = 0;
+    else
+      c.steps = n;
+  } else if (key == "batch-size")
+    c.batch_size = i();
+  else if (key == "lr")
+    c.lr = d();
+  else if (key == "min-lr")
+    c.min_lr = d();
+  else if (key == "weight-decay")
+    c.weight_decay = d();
+  else if (key == "momentum")
+    c.momentum = d();
+  else if (key == "clip")
+    c.clip = d();
+  else if (key == "optimizer")
+    c.optimizer = v;
+  else if (key == "schedule")
+    c.schedule = v;
+  else if (key == "warmup")
+    c.warmup = i();
   else if (key == "seed") {
     int64_t s = i();
     if (s < 0) fail("[train] ", origin, ": seed must be >= 0, got ", s);
@@ -155,21 +175,22 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
       fail("[train] ", origin, ": threads must be between 0 (one per core) and ", max_threads(),
            " (4 per core, at least 64), got ", n);
     c.threads = static_cast<int>(n);
-  }
-  else if (key == "memory-budget")
+  } else if (key == "memory-budget")
     c.memory_budget = parse_byte_size(
         v, "[train] " + origin + (origin.starts_with("flag") ? "" : ": 'memory-budget'"));
   else if (key == "recompute") {
     parse_recompute(v, "[train] " + origin);  // checks the name
     c.recompute = v;
-  } else if (key == "grad-accum") c.grad_accum = i();
-  else if (key == "bucket-mb") c.bucket_mb = d();
+  } else if (key == "grad-accum")
+    c.grad_accum = i();
+  else if (key == "bucket-mb")
+    c.bucket_mb = d();
   else if (key == "zero") {
     if (v != "0" && v != "1" && v != "2")
       fail("[train] ", origin, ": zero must be 0, 1 or 2 (the ZeRO stage), got '", v, "'");
     c.zero = v[0] - '0';
-  }
-  else if (key == "comm-timeout") c.comm_timeout = d();
+  } else if (key == "comm-timeout")
+    c.comm_timeout = d();
   else if (key == "precision") {
     if (v != "fp32" && v != "bf16" && v != "fp16")
       fail("[train] ", origin, ": precision must be fp32, bf16 or fp16, got '", v, "'");
@@ -188,13 +209,20 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     c.divergence_factor = d();
   else if (key == "divergence-steps")
     c.divergence_steps = i();
-  else if (key == "save") c.save_dir = v;
-  else if (key == "save-every") c.save_every = i();
-  else if (key == "resume") c.resume_dir = v;
-  else if (key == "json-log") c.json_log = v;
-  else if (key == "log-every") c.log_every = i();
-  else if (key == "eval-batches") c.eval_batches = i();
-  else fail("[train] ", origin, ": unknown setting '", key_in, "'");
+  else if (key == "save")
+    c.save_dir = v;
+  else if (key == "save-every")
+    c.save_every = i();
+  else if (key == "resume")
+    c.resume_dir = v;
+  else if (key == "json-log")
+    c.json_log = v;
+  else if (key == "log-every")
+    c.log_every = i();
+  else if (key == "eval-batches")
+    c.eval_batches = i();
+  else
+    fail("[train] ", origin, ": unknown setting '", key_in, "'");
 }
 
 namespace {
@@ -216,8 +244,10 @@ void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::strin
         fail("[train] config ", path, ": '", key, "' must be a single value, not a list");
       if (node.is_boolean())
         fail("[train] config ", path, ": '", key, "' must not be a boolean (true/false)");
-      if (auto s = node.value_exact<std::string>()) value = *s;
-      else if (node.is_integer()) value = std::to_string(*node.value<int64_t>());
+      if (auto s = node.value_exact<std::string>())
+        value = *s;
+      else if (node.is_integer())
+        value = std::to_string(*node.value<int64_t>());
       else if (node.is_floating_point()) {
         std::ostringstream os;
         os.precision(17);
@@ -225,7 +255,8 @@ void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::strin
         value = os.str();
       } else if (const auto* arr = node.as_array()) {
         for (const auto& el : *arr) {
-          if (!el.is_integer()) fail("[train] config ", path, ": '", key, "' must be a list of integers");
+          if (!el.is_integer())
+            fail("[train] config ", path, ": '", key, "' must be a list of integers");
           value += (value.empty() ? "" : ",") + std::to_string(*el.value<int64_t>());
         }
       } else {
@@ -235,7 +266,8 @@ void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::strin
     }
   };
   walk(tbl);
-  std::stable_partition(items.begin(), items.end(), [](const auto& kv) { return kv.first == "preset"; });
+  std::stable_partition(items.begin(), items.end(),
+                        [](const auto& kv) { return kv.first == "preset"; });
   for (const auto& [k, v] : items) {
     if (k == "preset" && !allow_preset) continue;
     apply_setting(cfg, k, v, "config " + path);
@@ -358,15 +390,16 @@ std::string config_to_toml(const TrainConfig& c) {
   os << "preset = \"" << c.preset << "\"\nmodel = \"" << c.model << "\"\ndata = \"" << c.data
      << "\"\nhidden = " << list(c.hidden) << "\nwidths = " << list(c.widths)
      << "\nblocks = " << c.blocks << "\nlayers = " << c.layers << "\nheads = " << c.heads
-     << "\nwidth = " << c.width << "\ncontext = " << c.context << "\ndropout = " << c.dropout
+     << "\nwidth = " << c.width << "\ncontext = " << c.context << "\ndropout = "
+     << c.dropout
      // Only the length that is set: read back, an explicit 0 is refused.
      << (c.steps > 0 ? "\nsteps = " + std::to_string(c.steps)
                      : "\nepochs = " + std::to_string(c.epochs))
-     << "\nbatch_size = " << c.batch_size
-     << "\nlr = " << c.lr << "\nmin_lr = " << c.min_lr << "\nweight_decay = " << c.weight_decay
-     << "\nmomentum = " << c.momentum << "\nclip = " << c.clip << "\noptimizer = \"" << c.optimizer
-     << "\"\nschedule = \"" << c.schedule << "\"\nwarmup = " << c.warmup << "\nseed = " << c.seed
-     << "\nprecision = \"" << c.precision << "\"\ngrad_scaler = \"" << c.grad_scaler
+     << "\nbatch_size = " << c.batch_size << "\nlr = " << c.lr << "\nmin_lr = " << c.min_lr
+     << "\nweight_decay = " << c.weight_decay << "\nmomentum = " << c.momentum
+     << "\nclip = " << c.clip << "\noptimizer = \"" << c.optimizer << "\"\nschedule = \""
+     << c.schedule << "\"\nwarmup = " << c.warmup << "\nseed = " << c.seed << "\nprecision = \""
+     << c.precision << "\"\ngrad_scaler = \"" << c.grad_scaler
      << "\"\nloss_scale = " << c.loss_scale
      << "\nloss_scale_growth_interval = " << c.loss_scale_growth_interval
      << "\nloss_scale_floor = " << c.loss_scale_floor << "\n";

@@ -46,7 +46,8 @@ void check_agree(distributed::Communicator& comm, int64_t v, const char* what) {
       for (size_t r = 0; r < all.size(); ++r)
         list += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + ": " +
                 std::to_string(all[r]);
-      fail("[ddp] the ranks disagree on ", what, " (", list, "); give every rank the same settings");
+      fail("[ddp] the ranks disagree on ", what, " (", list,
+           "); give every rank the same settings");
     }
 }
 
@@ -97,7 +98,8 @@ nlohmann::json rank_memory(distributed::Communicator& comm, const MemoryStats& s
     peak["total"] = v[n - 1];
     nlohmann::json rec = {{"rank", r}, {"peak_bytes", peak}};
     if (at_update) {
-      states["model_states"] = v[kNumMemoryTags + 0] + v[kNumMemoryTags + 1] + v[kNumMemoryTags + 2];
+      states["model_states"] =
+          v[kNumMemoryTags + 0] + v[kNumMemoryTags + 1] + v[kNumMemoryTags + 2];
       rec["at_update_bytes"] = states;
     }
     out.push_back(rec);

@@ -7,8 +7,8 @@
 
 #include "hetrain/base/byte_size.h"
 #include "hetrain/base/error.h"
-#include "hetrain/graph/autodiff.h"
 #include "hetrain/base/thread_pool.h"
+#include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/primitive.h"
 #include "training/step.h"
 
@@ -38,7 +38,8 @@ StepMemory predict_step_memory(const Tensor& loss, const RecomputePolicy& policy
       targets = gradient_graph(loss, {}, shape.with);
     }
     for (size_t i = 1; i + shape.with.size() < targets.size(); ++i)
-      m.parameter_bytes += targets[i].numel() * static_cast<int64_t>(dtype_size(targets[i].dtype()));
+      m.parameter_bytes +=
+          targets[i].numel() * static_cast<int64_t>(dtype_size(targets[i].dtype()));
     m.backward = runtime::predict_eval_memory(targets);
   }
   const runtime::MemoryPrediction& b = m.backward;
@@ -166,10 +167,11 @@ RecomputePlan plan_recompute(const Tensor& loss, int64_t budget, const StepShape
     const bool tie_flops = have && k.flops == best.replayed_flops;
     bool better = !have;
     if (have && budget > 0)
-      better = fits && (k.flops < best.replayed_flops ||
-                        (tie_flops && (m.peak_total < best.memory.peak_total ||
-                                       (m.peak_total == best.memory.peak_total &&
-                                        acts(m) < acts(best.memory)))));
+      better =
+          fits && (k.flops < best.replayed_flops ||
+                   (tie_flops &&
+                    (m.peak_total < best.memory.peak_total ||
+                     (m.peak_total == best.memory.peak_total && acts(m) < acts(best.memory)))));
     else if (have)
       better = m.peak_total < best.memory.peak_total ||
                (m.peak_total == best.memory.peak_total &&
@@ -297,11 +299,11 @@ StepMemory dry_run(const TrainConfig& cfg, std::FILE* out) {
                  format_bytes(m.peak[static_cast<size_t>(t)]).c_str());
   std::fprintf(out, "%-18s %14s %14s\n", "total", format_bytes(m.start_total).c_str(),
                format_bytes(m.peak_total).c_str());
-  std::fprintf(out, "forward + backward: %lld nodes, peak total %s, live after it %s\n",
-               static_cast<long long>(m.backward.nodes),
-               format_bytes(m.backward.peak_total).c_str(),
-               format_bytes(std::accumulate(m.backward.end.begin(), m.backward.end.end(),
-                                            int64_t{0})).c_str());
+  std::fprintf(
+      out, "forward + backward: %lld nodes, peak total %s, live after it %s\n",
+      static_cast<long long>(m.backward.nodes), format_bytes(m.backward.peak_total).c_str(),
+      format_bytes(std::accumulate(m.backward.end.begin(), m.backward.end.end(), int64_t{0}))
+          .c_str());
   std::fprintf(out, "peak total %lld bytes\n", static_cast<long long>(m.peak_total));
   if (!plan_line.empty()) std::fprintf(out, "%s\n", plan_line.c_str());
   return m;

@@ -54,9 +54,8 @@ struct StepOutcome {
 /// update. Without a reducer there is one micro-batch and one rank. `step` names the step in
 /// errors.
 StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
-                       const std::vector<data::Batch>& micro, const TrainConfig& cfg,
-                       bool language, amp::GradScaler* scaler, int64_t step,
-                       distributed::GradReducer* reducer, distributed::Communicator& comm,
-                       RecomputeState& recompute);
+                       const std::vector<data::Batch>& micro, const TrainConfig& cfg, bool language,
+                       amp::GradScaler* scaler, int64_t step, distributed::GradReducer* reducer,
+                       distributed::Communicator& comm, RecomputeState& recompute);
 
 }  // namespace hetrain::training

@@ -225,19 +225,17 @@ const RecomputePolicy& step_policy(RecomputeState& rs, const Tensor& root, const
   rs.planned = true;
   if (rs.announce)
     std::fprintf(stderr, "recompute auto (%s): %s\n",
-                 cfg.memory_budget > 0
-                     ? ("budget " + format_bytes(cfg.memory_budget)).c_str()
-                     : "no --memory-budget: the least peak",
+                 cfg.memory_budget > 0 ? ("budget " + format_bytes(cfg.memory_budget)).c_str()
+                                       : "no --memory-budget: the least peak",
                  rs.plan.summary().c_str());
   return rs.policy;
 }
 }  // namespace
 
 StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
-                       const std::vector<data::Batch>& micro, const TrainConfig& cfg,
-                       bool language, amp::GradScaler* scaler, int64_t step,
-                       distributed::GradReducer* reducer, distributed::Communicator& comm,
-                       RecomputeState& recompute) {
+                       const std::vector<data::Batch>& micro, const TrainConfig& cfg, bool language,
+                       amp::GradScaler* scaler, int64_t step, distributed::GradReducer* reducer,
+                       distributed::Communicator& comm, RecomputeState& recompute) {
   HT_ASSERT(reducer || (micro.size() == 1 && comm.size() == 1));
   std::vector<Tensor> losses;
   for (size_t k = 0; k < micro.size(); ++k) {
@@ -439,7 +437,8 @@ ResumeState load_checkpoint(const std::string& dir, nn::Module& model, optim::Op
   const checkpoint::Contents c = checkpoint::read(dir);
   for (const char* part : {"model", "train_state"})
     if (!c.parts.count(part))
-      fail("[train] checkpoint ", dir, " has no '", part, "' part; it is not a training checkpoint");
+      fail("[train] checkpoint ", dir, " has no '", part,
+           "' part; it is not a training checkpoint");
   const safetensors::File& weights = c.parts.at("model");
   const safetensors::File& state = c.parts.at("train_state");
   const std::string& mfile = c.files.at("model");
@@ -616,19 +615,23 @@ std::shared_ptr<nn::Module> build_model(const TrainConfig& cfg) {
 
 std::pair<TrainConfig, std::shared_ptr<nn::Module>> load_trained_model(const std::string& dir) {
   if (!fs::is_directory(dir))
-    fail("[train] checkpoint directory ", dir, " does not exist (expected the --save directory "
-         "of 'hetrain train', holding ", checkpoint::kIndexFile, " and the files it names)");
+    fail("[train] checkpoint directory ", dir,
+         " does not exist (expected the --save directory "
+         "of 'hetrain train', holding ",
+         checkpoint::kIndexFile, " and the files it names)");
   const checkpoint::Contents c = checkpoint::read(dir);
   for (const char* part : {"model", "train_state"})
     if (!c.parts.count(part))
-      fail("[train] checkpoint ", dir, " has no '", part, "' part; it is not a training checkpoint");
+      fail("[train] checkpoint ", dir, " has no '", part,
+           "' part; it is not a training checkpoint");
   const std::string& sfile = c.files.at("train_state");
   const std::string& mfile = c.files.at("model");
   const std::map<std::string, std::string>& meta = c.parts.at("train_state").metadata;
   auto fmt = meta.find("format");
   auto conf = meta.find("config");
   if (fmt == meta.end() || fmt->second != "hetrain-train-state" || conf == meta.end())
-    fail("[train] ", sfile, " is not a Hetrain training state (metadata 'format' or 'config' "
+    fail("[train] ", sfile,
+         " is not a Hetrain training state (metadata 'format' or 'config' "
          "missing)");
   TrainConfig cfg;
   apply_toml_string(cfg, conf->second, sfile + " metadata 'config'");
@@ -648,8 +651,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
   return train(cfg, hooks, *local);
 }
 
-TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
-                  distributed::Communicator& comm) {
+TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::Communicator& comm) {
   validate(cfg);
   MemoryBudgetScope budget(cfg.memory_budget);
   const int world = comm.size();
@@ -694,9 +696,9 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
   check_agree(comm, total, "the number of steps");
   std::optional<distributed::GradReducer> reducer;
   if (micro_batches > 1 || cfg.zero > 0)
-    reducer.emplace(model->parameters(), comm,
-                    distributed::ShardedOptimizer::bucket_options(static_cast<int>(cfg.zero),
-                                                                 cfg.bucket_mb));
+    reducer.emplace(
+        model->parameters(), comm,
+        distributed::ShardedOptimizer::bucket_options(static_cast<int>(cfg.zero), cfg.bucket_mb));
   optim::LrSchedule sched{.kind = cfg.schedule,
                           .base_lr = cfg.lr,
                           .warmup_steps = cfg.warmup,
@@ -722,7 +724,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
   if (reducer) {
     // Flat buffers, this rank's shard of the optimizer state (taken from opt: a checkpoint's).
     if (cfg.zero > 0 && scaler)
-      fail("[train] --zero ", cfg.zero, " with fp16's dynamic loss scaling is not implemented "
+      fail("[train] --zero ", cfg.zero,
+           " with fp16's dynamic loss scaling is not implemented "
            "(the overflow check would see one shard); use --zero 0, bf16 or --grad-scaler off");
     auto so = std::make_unique<distributed::ShardedOptimizer>(
         model->named_parameters(), *reducer, comm, static_cast<int>(cfg.zero),
@@ -740,8 +743,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
                  "threads%s, precision %s%s\n",
                  cfg.preset.c_str(), cfg.model.c_str(),
                  static_cast<long long>(model->num_parameters()), data.train->describe().c_str(),
-                 static_cast<long long>(total), static_cast<long long>(cfg.batch_size),
-                 par.c_str(), num_threads(), world > 1 ? " per rank" : "", cfg.precision.c_str(),
+                 static_cast<long long>(total), static_cast<long long>(cfg.batch_size), par.c_str(),
+                 num_threads(), world > 1 ? " per rank" : "", cfg.precision.c_str(),
                  scaler ? " with dynamic loss scaling" : "");
   }
   jlog.open();  // the inputs are good: the old log goes now
@@ -836,12 +839,13 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
       interval_comm = interval_exposed = 0;
       interval_overlapped = 0;
     }
-    if (!cfg.save_dir.empty() && cfg.save_every > 0 && step % cfg.save_every == 0 &&
-        step < total && (leader || sharded))
-      save_checkpoint(cfg.save_dir + "/step-" + std::to_string(step), *model, *opt,
-                      opt->state_dict(), cfg, leader, {step, loader.epoch(), loader.position(), micro_batches,
-                       default_generator().seed(), default_generator().offset(), scaler_ptr,
-                       data.train->size()});
+    if (!cfg.save_dir.empty() && cfg.save_every > 0 && step % cfg.save_every == 0 && step < total &&
+        (leader || sharded))
+      save_checkpoint(
+          cfg.save_dir + "/step-" + std::to_string(step), *model, *opt, opt->state_dict(), cfg,
+          leader,
+          {step, loader.epoch(), loader.position(), micro_batches, default_generator().seed(),
+           default_generator().offset(), scaler_ptr, data.train->size()});
   }
   progress.finish();
   runtime::set_perf_recording(false);
@@ -877,9 +881,10 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
       rank_memory(comm, stats, sharded ? &sharded->model_state_bytes() : nullptr);
 
   // Only rank 0 reports the test numbers; the others skip the evaluation.
-  auto [tl, acc] = cfg.final_eval && leader ? evaluate(*model, *data.test, cfg.batch_size, data.language,
-                                             data.language ? cfg.eval_batches : 0, precision)
-                                  : std::pair<double, double>{NAN, NAN};
+  auto [tl, acc] = cfg.final_eval && leader
+                       ? evaluate(*model, *data.test, cfg.batch_size, data.language,
+                                  data.language ? cfg.eval_batches : 0, precision)
+                       : std::pair<double, double>{NAN, NAN};
   if (data.language) {
     r.val_loss = tl;
     r.unigram_entropy = data.entropy;
@@ -888,10 +893,10 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks,
     r.test_accuracy = acc;
   }
   if (!cfg.save_dir.empty() && (leader || sharded))
-    save_checkpoint(cfg.save_dir, *model, *opt, opt->state_dict(), cfg, leader,
-                    {step, loader.epoch(), loader.position(), micro_batches,
-                     default_generator().seed(), default_generator().offset(), scaler_ptr,
-                     data.train->size()});
+    save_checkpoint(
+        cfg.save_dir, *model, *opt, opt->state_dict(), cfg, leader,
+        {step, loader.epoch(), loader.position(), micro_batches, default_generator().seed(),
+         default_generator().offset(), scaler_ptr, data.train->size()});
   if (hooks.finished) {
     model->eval();
     hooks.finished(*model);

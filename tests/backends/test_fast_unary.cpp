@@ -11,7 +11,8 @@
 using namespace hetrain;
 
 namespace {
-void check(const char* name, const std::function<Tensor(const Tensor&)>& op, double atol, double rtol) {
+void check(const char* name, const std::function<Tensor(const Tensor&)>& op, double atol,
+           double rtol) {
   std::vector<double> xs;
   for (int i = -200000; i <= 200000; ++i) xs.push_back(i * 1e-4);  // [-20, 20], dense near 0
   for (double x : {1e-8, -1e-8, 0.0625, -0.0625, 0.06249, 50.0, -50.0, 88.5, -88.5, -100.0})
@@ -30,14 +31,19 @@ void check(const char* name, const std::function<Tensor(const Tensor&)>& op, dou
 }  // namespace
 
 TEST(FastUnaryF32, MatchesF64) {
-  check("tanh", [](const Tensor& x) { return tanh(x); }, 1e-7, 4e-7);
-  check("sigmoid", [](const Tensor& x) { return sigmoid(x); }, 1e-7, 4e-7);
-  check("silu", [](const Tensor& x) { return silu(x); }, 1e-7, 4e-7);
-  check("gelu_tanh", [](const Tensor& x) { return gelu(x, "tanh"); }, 1e-7, 4e-7);
+  check(
+      "tanh", [](const Tensor& x) { return tanh(x); }, 1e-7, 4e-7);
+  check(
+      "sigmoid", [](const Tensor& x) { return sigmoid(x); }, 1e-7, 4e-7);
+  check(
+      "silu", [](const Tensor& x) { return silu(x); }, 1e-7, 4e-7);
+  check(
+      "gelu_tanh", [](const Tensor& x) { return gelu(x, "tanh"); }, 1e-7, 4e-7);
   // The gradient with an incoming gradient of 0.75 (exact in f32) against the f64 kernel, and
   // the f64 kernel against PyTorch's gelu_backward(approximate='tanh') values written out.
-  check("gelu_tanh_backward",
-        [](const Tensor& x) { return grad({sum(gelu(x, "tanh") * 0.75)}, {x})[0]; }, 1e-7, 1e-6);
+  check(
+      "gelu_tanh_backward",
+      [](const Tensor& x) { return grad({sum(gelu(x, "tanh") * 0.75)}, {x})[0]; }, 1e-7, 1e-6);
 }
 
 TEST(FastUnaryF32, GeluTanhGradientMatchesClosedForm) {

@@ -50,8 +50,7 @@ TEST(RowPairs, CopyRowsUsesBothStrides) {
 
 namespace {
 /// load_first's 8 lanes as floats.
-__attribute__((target("avx2,fma"))) std::vector<float> load_first_lanes(const float* p,
-                                                                         int64_t n) {
+__attribute__((target("avx2,fma"))) std::vector<float> load_first_lanes(const float* p, int64_t n) {
   std::vector<float> out(8);
   _mm256_storeu_ps(out.data(), cpu::load_first(p, n));
   return out;

@@ -13,7 +13,7 @@ TEST(Dtype, HalfKnownBitPatterns) {
   EXPECT_EQ(float_to_half(1.0f), 0x3c00);
   EXPECT_EQ(float_to_half(-2.0f), 0xc000);
   EXPECT_EQ(float_to_half(65504.0f), 0x7bff);
-  EXPECT_EQ(float_to_half(65520.0f), 0x7c00);  // rounds up to inf
+  EXPECT_EQ(float_to_half(65520.0f), 0x7c00);        // rounds up to inf
   EXPECT_EQ(float_to_half(5.9604645e-08f), 0x0001);  // smallest subnormal
   EXPECT_EQ(float_to_half(2.9802322e-08f), 0x0000);  // exactly half of it: ties to even (0)
   EXPECT_EQ(float_to_half(std::numeric_limits<float>::infinity()), 0x7c00);

@@ -448,7 +448,8 @@ TEST_F(Cuda, Conv2dInputGradientWithTheOtherBranch) {
 TEST_F(Cuda, Conv2dShortcutAndSiblingInputGradientsInOneNode) {
   // x feeds a 3x3 and a 1x1 stride-2 convolution (a ResNet downsampling block) and x * r3:
   // the fusion pass sums the three gradients in one input-gradient node (the second window,
-  // then the addend); the CUDA kernel adds the second convolution's gradient and the addend after its own.
+  // then the addend); the CUDA kernel adds the second convolution's gradient and the addend after
+  // its own.
   for (Dtype dt : {Dtype::f32, Dtype::f64}) {
     Tensor x = input({3, 8, 14, 13}, dt, 64), w1 = input({12, 8, 3, 3}, dt, 65);
     Tensor w2 = input({12, 8, 1, 1}, dt, 66);

@@ -7,12 +7,12 @@
 #include <cstring>
 #include <numeric>
 
+#include "distributed/world.h"
 #include "hetrain/base/error.h"
 #include "hetrain/distributed/communicator.h"
 #include "hetrain/distributed/grad_reducer.h"
 #include "hetrain/distributed/mpi.h"
 #include "hetrain/graph/ops.h"
-#include "distributed/world.h"
 
 using namespace hetrain;
 using namespace hetrain::distributed;

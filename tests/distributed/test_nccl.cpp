@@ -5,9 +5,9 @@
 
 #include <vector>
 
+#include "distributed/world.h"
 #include "hetrain/distributed/mpi.h"
 #include "hetrain/distributed/nccl.h"
-#include "distributed/world.h"
 
 #ifdef HETRAIN_HAVE_NCCL
 #include <cuda_runtime.h>

@@ -157,8 +157,8 @@ TEST(ConvDnnl, UnevenChunksForAnyThreadCount) {
 }
 
 TEST(ConvDnnl, InputGradientTakesTheOtherBranchAsItWrites) {
-  // x feeds a convolution and a second branch (x * r2): the fusion pass sums the two gradients in the
-  // convolution's input-gradient pass (its addend form), with the same bits as convT + r2 by a
+  // x feeds a convolution and a second branch (x * r2): the fusion pass sums the two gradients in
+  // the convolution's input-gradient pass (its addend form), with the same bits as convT + r2 by a
   // separate add, on every path and in f64; the summed tensor is that pass's output.
   struct Path {
     const char* name;
@@ -251,8 +251,8 @@ TEST(ConvDnnl, ShortcutAndSiblingInputGradientsInOnePass) {
 }
 
 TEST(ConvDnnl, SummedInputGradientsDifferentiateLikeEachAlone) {
-  // The paired input-gradient node's own vjp (second derivatives): d/dw1 and d/dw2 of sum(dx * q), dx the
-  // summed input gradient, against the same through each convolution's input gradient alone.
+  // The paired input-gradient node's own vjp (second derivatives): d/dw1 and d/dw2 of sum(dx * q),
+  // dx the summed input gradient, against the same through each convolution's input gradient alone.
   const Dtype dt = Dtype::f64;
   Tensor x = seq({2, 8, 16, 13}, 1, dt), w1 = seq({6, 8, 3, 3}, 2, dt);
   Tensor w2 = seq({6, 8, 1, 1}, 3, dt);
@@ -274,11 +274,11 @@ TEST(ConvDnnl, SummedInputGradientsDifferentiateLikeEachAlone) {
 TEST(ConvDnnl, PairedConvolutionsInOnePass) {
   // A 3x3 stride-2 convolution and a 1x1 stride-2 one of the same x (a ResNet downsampling
   // block), which the fusion pass runs as one node, with their weight gradients as one node too
-  // and their input gradients summed in the paired input-gradient node. The stride-2 direct kernels split x once for both: at 13
-  // wide, the forward and the weight gradients; at 7 wide, the forward only (the gradients fall
-  // back to one convolution after the other). Outputs and gradients against each convolution
-  // alone in f64, on the fused kernels, with the direct kernels off, with oneDNN off too, and in
-  // f64.
+  // and their input gradients summed in the paired input-gradient node. The stride-2 direct kernels
+  // split x once for both: at 13 wide, the forward and the weight gradients; at 7 wide, the forward
+  // only (the gradients fall back to one convolution after the other). Outputs and gradients
+  // against each convolution alone in f64, on the fused kernels, with the direct kernels off, with
+  // oneDNN off too, and in f64.
   struct Block {
     Shape x;
     int64_t O;
@@ -402,8 +402,8 @@ TEST(ConvDnnl, PairedConvolutionsOtherwiseTwoNodes) {
 TEST(ConvDnnl, ReluMaskedInputGradientInOnePass) {
   // A residual block's output relu(bn(z) + r) feeding the next block's paired convolutions: the
   // gradient through that relu is the pairs' input gradient masked where the output is not > 0,
-  // which the stride-2 direct kernel writes in its one pass (the fusion pass's mask rule) and the other
-  // paths mask after. Against the unmasked input gradient masked here, in f64, for the fused
+  // which the stride-2 direct kernel writes in its one pass (the fusion pass's mask rule) and the
+  // other paths mask after. Against the unmasked input gradient masked here, in f64, for the fused
   // kernel, the fallback (7 wide: oneDNN and a masking pass; direct off) and f64.
   struct Block {
     Shape x;

@@ -145,14 +145,26 @@ TEST(Autodiff, FiniteDifferencesStructural) {
   Generator g(8);
   Tensor a = randn({2, 3, 4}, Dtype::f64, g), m = randn({4, 5}, Dtype::f64, g);
   check_grad_fd([](const auto& in) { return matmul(in[0], in[1]); }, {a, m});
-  check_grad_fd([](const auto& in) { return matmul(transpose(in[1], 0, 1), transpose(in[0], 1, 2)); },
-                {a, m});
-  check_grad_fd([](const auto& in) { return sum(in[0], {0, 2}, true) * max(in[0], {1}, true); }, {a});
-  check_grad_fd([](const auto& in) { return var(in[0], {1}, 1, true) + mean(in[0], {-1}, true) * 2.0; }, {a});
-  check_grad_fd([](const auto& in) {
-    return concat({slice(in[0], 2, 0, 4, 2), reshape(permute(in[0], {2, 0, 1}), {2, 3, 4})}, 2);
-  }, {a});
-  check_grad_fd([](const auto& in) { return min(in[0], {}) + sum(split(in[0], {1, 2}, 1)[1]); }, {a});
+  check_grad_fd(
+      [](const auto& in) { return matmul(transpose(in[1], 0, 1), transpose(in[0], 1, 2)); },
+      {a, m});
+  check_grad_fd(
+      [](const auto& in) {
+        return sum(in[0], {0, 2}, true) * max(in[0], {1}, true);
+      },
+      {a});
+  check_grad_fd(
+      [](const auto& in) { return var(in[0], {1}, 1, true) + mean(in[0], {-1}, true) * 2.0; }, {a});
+  check_grad_fd(
+      [](const auto& in) {
+        return concat({slice(in[0], 2, 0, 4, 2), reshape(permute(in[0], {2, 0, 1}), {2, 3, 4})}, 2);
+      },
+      {a});
+  check_grad_fd(
+      [](const auto& in) {
+        return min(in[0], {}) + sum(split(in[0], {1, 2}, 1)[1]);
+      },
+      {a});
 }
 
 TEST(Memory, IntermediatesFreedAfterLastUse) {

@@ -54,7 +54,8 @@ void randomise_buffers(nn::Module& m) {
 
 Tensor model_input(const training::TrainConfig& cfg, int64_t batch, int64_t seq, uint64_t seed) {
   Generator gen(seed);
-  if (cfg.model == "gpt") return cast(rand({batch, seq}, 0, 256, Dtype::f32, gen), Dtype::i64).eval().detach();
+  if (cfg.model == "gpt")
+    return cast(rand({batch, seq}, 0, 256, Dtype::f32, gen), Dtype::i64).eval().detach();
   return randn({batch, 1, 28, 28}, Dtype::f32, gen);
 }
 
@@ -95,11 +96,17 @@ void round_trip(const training::TrainConfig& cfg, const std::string& file, bool 
   }
 }
 
-TEST_F(OnnxTest, MlpRoundTripIsBitwise) { round_trip(small_config("fashion-mlp"), path("mlp.onnx"), true); }
-TEST_F(OnnxTest, CnnRoundTripIsBitwise) { round_trip(small_config("fashion-cnn"), path("cnn.onnx"), true); }
+TEST_F(OnnxTest, MlpRoundTripIsBitwise) {
+  round_trip(small_config("fashion-mlp"), path("mlp.onnx"), true);
+}
+TEST_F(OnnxTest, CnnRoundTripIsBitwise) {
+  round_trip(small_config("fashion-cnn"), path("cnn.onnx"), true);
+}
 // Attention and the tanh GELU are exported as ONNX's elementary ops, which Hetrain's fused
 // kernels do not reproduce bit for bit.
-TEST_F(OnnxTest, GptRoundTripAgrees) { round_trip(small_config("gpt-mini"), path("gpt.onnx"), false); }
+TEST_F(OnnxTest, GptRoundTripAgrees) {
+  round_trip(small_config("gpt-mini"), path("gpt.onnx"), false);
+}
 
 TEST_F(OnnxTest, GradientsThroughImportedGraphMatchTheModule) {
   for (const char* preset : {"fashion-mlp", "fashion-cnn"}) {
@@ -170,7 +177,8 @@ TEST_F(OnnxTest, ExporterRefusesAModelItDoesNotDescribe) {
     interop::export_onnx(cfg, *model, path("m.onnx"));
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("does not know how to express"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not know how to express"), std::string::npos)
+        << e.what();
   }
   EXPECT_FALSE(fs::exists(path("m.onnx")));
 }
@@ -228,7 +236,9 @@ TEST_F(OnnxTest, EveryUnsupportedOpIsListedAtOnce) {
   save(m, path("u.onnx"));
   std::string err = load_error(path("u.onnx"));
   EXPECT_NE(err.find("3 unsupported"), std::string::npos) << err;
-  EXPECT_NE(err.find("FancyOp (opset 17, op type not implemented): 2 node(s) 'n1', 'n4'"), std::string::npos) << err;
+  EXPECT_NE(err.find("FancyOp (opset 17, op type not implemented): 2 node(s) 'n1', 'n4'"),
+            std::string::npos)
+      << err;
   EXPECT_NE(err.find("OtherOp"), std::string::npos) << err;
   EXPECT_NE(err.find("com.example::Thing"), std::string::npos) << err;
   // A version whose semantics differ: Add-1 (opset 5) had the legacy broadcast attribute.
@@ -244,7 +254,8 @@ TEST_F(OnnxTest, BadFilesGiveClearErrors) {
   // Truncated.
   std::string bytes = m.SerializeAsString();
   std::ofstream(path("trunc.onnx"), std::ios::binary) << bytes.substr(0, bytes.size() / 2);
-  EXPECT_NE(load_error(path("trunc.onnx")).find("not a valid ONNX model (truncated or corrupt"), std::string::npos)
+  EXPECT_NE(load_error(path("trunc.onnx")).find("not a valid ONNX model (truncated or corrupt"),
+            std::string::npos)
       << load_error(path("trunc.onnx"));
   // Wrong IR version.
   m.set_ir_version(99);
@@ -259,7 +270,8 @@ TEST_F(OnnxTest, BadFilesGiveClearErrors) {
     good.forward({ones({3, 5})});
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("input 'x' expects (2, n) f32, got (3, 5) f32"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("input 'x' expects (2, n) f32, got (3, 5) f32"),
+              std::string::npos)
         << e.what();
   }
   // A node reading a value nothing defines.
@@ -270,7 +282,8 @@ TEST_F(OnnxTest, BadFilesGiveClearErrors) {
     interop::load_onnx(path("d.onnx")).forward({ones({2, 2})});
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("[Add 'n0'] reads 'ghost'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[Add 'n0'] reads 'ghost'"), std::string::npos)
+        << e.what();
   }
 }
 

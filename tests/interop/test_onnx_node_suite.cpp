@@ -24,13 +24,50 @@ namespace {
 const char* const kDebianNodeTests = "/usr/share/libonnx-testdata/data/node";
 
 // The op types issue 26 lists.
-const std::set<std::string> kListed = {
-    "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Exp", "Log", "Tanh", "Sigmoid",
-    "Erf", "Relu", "Gelu", "Softmax", "LogSoftmax", "Conv", "BatchNormalization",
-    "LayerNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Flatten", "Gather",
-    "Reshape", "Transpose", "Concat", "Split", "Slice", "Squeeze", "Unsqueeze", "Expand", "Where",
-    "Equal", "ReduceMean", "ReduceSum", "Dropout", "Identity", "Constant", "Shape", "Cast", "Trilu",
-    "Range"};
+const std::set<std::string> kListed = {"Gemm",
+                                       "MatMul",
+                                       "Add",
+                                       "Sub",
+                                       "Mul",
+                                       "Div",
+                                       "Pow",
+                                       "Sqrt",
+                                       "Exp",
+                                       "Log",
+                                       "Tanh",
+                                       "Sigmoid",
+                                       "Erf",
+                                       "Relu",
+                                       "Gelu",
+                                       "Softmax",
+                                       "LogSoftmax",
+                                       "Conv",
+                                       "BatchNormalization",
+                                       "LayerNormalization",
+                                       "MaxPool",
+                                       "AveragePool",
+                                       "GlobalAveragePool",
+                                       "Flatten",
+                                       "Gather",
+                                       "Reshape",
+                                       "Transpose",
+                                       "Concat",
+                                       "Split",
+                                       "Slice",
+                                       "Squeeze",
+                                       "Unsqueeze",
+                                       "Expand",
+                                       "Where",
+                                       "Equal",
+                                       "ReduceMean",
+                                       "ReduceSum",
+                                       "Dropout",
+                                       "Identity",
+                                       "Constant",
+                                       "Shape",
+                                       "Cast",
+                                       "Trilu",
+                                       "Range"};
 
 // Tests left out, and why: types Hetrain has no tensors for, test data that contradicts its
 // model, and random outputs no implementation can reproduce.
@@ -52,14 +89,14 @@ const std::map<std::string, std::string> kExcluded = {
 /// uint64, complex, fp8, int4, ...) or an opset newer than the importer's; "" otherwise.
 std::string excluded_by_model(const onnx::ModelProto& m) {
   for (const auto& os : m.opset_import())
-    if ((os.domain().empty() || os.domain() == "ai.onnx") && os.version() > interop::kOnnxMaxImportOpset)
+    if ((os.domain().empty() || os.domain() == "ai.onnx") &&
+        os.version() > interop::kOnnxMaxImportOpset)
       return "opset " + std::to_string(os.version()) + " is newer than the importer's newest";
-  static const std::set<int> held = {onnx::TensorProto::FLOAT,  onnx::TensorProto::DOUBLE,
-                                     onnx::TensorProto::FLOAT16, onnx::TensorProto::BFLOAT16,
-                                     onnx::TensorProto::INT8,   onnx::TensorProto::UINT8,
-                                     onnx::TensorProto::INT16,  onnx::TensorProto::UINT16,
-                                     onnx::TensorProto::INT32,  onnx::TensorProto::UINT32,
-                                     onnx::TensorProto::INT64,  onnx::TensorProto::BOOL};
+  static const std::set<int> held = {
+      onnx::TensorProto::FLOAT,    onnx::TensorProto::DOUBLE, onnx::TensorProto::FLOAT16,
+      onnx::TensorProto::BFLOAT16, onnx::TensorProto::INT8,   onnx::TensorProto::UINT8,
+      onnx::TensorProto::INT16,    onnx::TensorProto::UINT16, onnx::TensorProto::INT32,
+      onnx::TensorProto::UINT32,   onnx::TensorProto::INT64,  onnx::TensorProto::BOOL};
   for (const auto* values : {&m.graph().input(), &m.graph().output()})
     for (const auto& v : *values) {
       if (!v.type().has_tensor_type()) return "'" + v.name() + "' is not a tensor";
@@ -75,11 +112,13 @@ std::string run_one(const fs::path& dir) {
     if (set.path().filename().string().rfind("test_data_set_", 0) != 0) continue;
     std::vector<Tensor> inputs;
     for (size_t k = 0; k < m.inputs().size(); ++k)
-      inputs.push_back(interop::read_tensor_file((set.path() / ("input_" + std::to_string(k) + ".pb")).string()));
+      inputs.push_back(interop::read_tensor_file(
+          (set.path() / ("input_" + std::to_string(k) + ".pb")).string()));
     NoGradScope ng;
     std::vector<Tensor> outs = m.forward(inputs);
     for (size_t k = 0; k < outs.size(); ++k) {
-      Tensor want = interop::read_tensor_file((set.path() / ("output_" + std::to_string(k) + ".pb")).string());
+      Tensor want = interop::read_tensor_file(
+          (set.path() / ("output_" + std::to_string(k) + ".pb")).string());
       if (outs[k].shape() != want.shape())
         return "output " + std::to_string(k) + " shape " + shape_str(outs[k].shape()) + " vs " +
                shape_str(want.shape());
@@ -87,8 +126,8 @@ std::string run_one(const fs::path& dir) {
       for (size_t i = 0; i < g.size(); ++i) {
         if (std::isnan(g[i]) && std::isnan(w[i])) continue;
         if (!(std::fabs(g[i] - w[i]) <= 1e-7 + 1e-3 * std::fabs(w[i])))
-          return "output " + std::to_string(k) + "[" + std::to_string(i) + "] " + std::to_string(g[i]) +
-                 " vs " + std::to_string(w[i]);
+          return "output " + std::to_string(k) + "[" + std::to_string(i) + "] " +
+                 std::to_string(g[i]) + " vs " + std::to_string(w[i]);
       }
     }
   }
@@ -130,8 +169,10 @@ TEST(OnnxNodeSuite, ListedOpsPassAtLeast95Percent) {
     }
     auto& [passed, run] = per_op[*types.begin()];
     ++run;
-    if (problem.empty()) ++passed;
-    else failures.push_back(name + ": " + problem.substr(0, 240));
+    if (problem.empty())
+      ++passed;
+    else
+      failures.push_back(name + ": " + problem.substr(0, 240));
   }
   int passed = 0, run = 0;
   std::printf("%-20s %s\n", "op", "passed/run");
@@ -140,8 +181,8 @@ TEST(OnnxNodeSuite, ListedOpsPassAtLeast95Percent) {
     passed += pr.first;
     run += pr.second;
   }
-  std::printf("overall %d/%d (%.1f%%), %d excluded\n", passed, run, 100.0 * passed / std::max(run, 1),
-              excluded);
+  std::printf("overall %d/%d (%.1f%%), %d excluded\n", passed, run,
+              100.0 * passed / std::max(run, 1), excluded);
   for (const auto& f : failures) std::printf("failed: %s\n", f.c_str());
   // onnx 1.12 (Debian) has 264 such tests, onnx 1.17 (PyPI) 290.
   EXPECT_GE(run, 250) << "fewer node tests found than onnx has for these ops";

@@ -203,11 +203,16 @@ struct Tolerance {
 };
 Tolerance tolerance(Dtype dt) {
   switch (dt) {
-    case Dtype::f64: return {1e-10, 1e-10};
-    case Dtype::f32: return {1e-5, 1e-5};
-    case Dtype::f16: return {2e-3, 2e-3};
-    case Dtype::bf16: return {2e-2, 2e-2};
-    default: return {0, 0};
+    case Dtype::f64:
+      return {1e-10, 1e-10};
+    case Dtype::f32:
+      return {1e-5, 1e-5};
+    case Dtype::f16:
+      return {2e-3, 2e-3};
+    case Dtype::bf16:
+      return {2e-2, 2e-2};
+    default:
+      return {0, 0};
   }
 }
 

@@ -157,7 +157,8 @@ TEST(PlanTime, InterleavedScheduleDividesTheBubble) {
   const double t_mb1 = (one.time.compute + one.time.tp_comm + one.time.pp_comm) / mbs;
   EXPECT_NEAR(one.time.bubble, 15.0 * t_mb1, 1e-9 * t_mb1);
   EXPECT_LT(four.time.step, one.time.step);
-  // The embedding's dropout mask is outside the factor (first stage: seq x micro-batch x hidden / tp bytes).
+  // The embedding's dropout mask is outside the factor (first stage: seq x micro-batch x hidden /
+  // tp bytes).
   const double extra = 2048.0 * 12288 / 8;  // one byte per element
   EXPECT_NEAR((four.memory.activations - extra) / (one.memory.activations - extra),
               1 + 15.0 / (16 * 4), 1e-9);
@@ -190,8 +191,7 @@ TEST(PlanTime, RecomputingSomeLayersInterpolatesMemoryAndTime) {
               (1 - share) * (none.memory.activations - all.memory.activations),
               1e-6 * none.memory.activations);
   EXPECT_NEAR(some.flops_per_step - none.model_flops_per_step,
-              share * (all.flops_per_step - all.model_flops_per_step),
-              1e-9 * all.flops_per_step);
+              share * (all.flops_per_step - all.model_flops_per_step), 1e-9 * all.flops_per_step);
   // Not fewer than the layers, and only with full recompute.
   s.recompute = Recompute::full, s.recompute_layers = 12;
   EXPECT_THROW(evaluate(j, hw, 1024, s), Error);

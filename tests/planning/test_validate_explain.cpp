@@ -60,7 +60,8 @@ TEST(PlanValidate, CatalogEfficiencyModelIsTheFitOnTheTrainRuns) {
   // The shipped figures come from the fit on the train split (rounded to 4 digits), not from
   // tuning on the held-out runs.
   const Catalog cat = catalog();
-  const EfficiencyModel fit = fit_efficiency(load_published_runs(default_published_runs_path()), cat);
+  const EfficiencyModel fit =
+      fit_efficiency(load_published_runs(default_published_runs_path()), cat);
   const EfficiencyModel& m = cat.efficiency;
   auto near = [](double a, double b) { return std::abs(a - b) <= 1e-3 * std::abs(b) + 1e-6; };
   EXPECT_TRUE(near(m.gemm_half_size, fit.gemm_half_size)) << fit.gemm_half_size;

@@ -116,7 +116,7 @@ std::vector<std::vector<double>> run_elementwise(uint64_t seed, bool fused, int*
     const Tensor& b = pool[static_cast<size_t>(pick(static_cast<int>(pool.size())))];
     Tensor y;
     const int op = pick(12);
-      std::fprintf(stderr, "op %d shape %ld %ld %ld\n", op, (long)A, (long)B, (long)C);
+    std::fprintf(stderr, "op %d shape %ld %ld %ld\n", op, (long)A, (long)B, (long)C);
     switch (op) {
       case 0:
         y = a + b;

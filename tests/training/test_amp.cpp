@@ -51,8 +51,8 @@ TEST(Autocast, PolicyTable) {
   EXPECT_EQ(amp::cast_policy("matmul"), CastPolicy::low_precision);
   EXPECT_EQ(amp::cast_policy("conv2d"), CastPolicy::low_precision);
   EXPECT_EQ(amp::cast_policy("sdpa"), CastPolicy::low_precision);
-  for (const char* f32 : {"softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy",
-                          "sum", "exp", "log"})
+  for (const char* f32 :
+       {"softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy", "sum", "exp", "log"})
     EXPECT_EQ(amp::cast_policy(f32), CastPolicy::f32) << f32;
   // batch_norm2d follows: its kernel computes in f32 whatever its input (below).
   for (const char* follow :

@@ -1,7 +1,5 @@
 // Checkpoint directories (training/checkpoint.h) and what resume accepts: the index and its
 // checksums, stale files, strict metadata, dtypes, seeds up to 2^63 - 1, data-order settings.
-#include "hetrain/training/checkpoint.h"
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +9,7 @@
 
 #include "hetrain/base/error.h"
 #include "hetrain/graph/ops.h"
+#include "hetrain/training/checkpoint.h"
 #include "hetrain/training/data.h"
 #include "hetrain/training/trainer.h"
 
@@ -23,8 +22,9 @@ namespace {
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("hetrain_ckpt_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("hetrain_ckpt_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -48,7 +48,9 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 std::vector<checkpoint::Part> parts(float w, float m) {
   return {{"model", {{"w", from_vector<float>({w, w + 1}, {2})}}, {{"step", "3"}}},
@@ -88,14 +90,17 @@ TEST_F(CheckpointTest, PartFromAnotherCheckpointIsRefused) {
   EXPECT_TRUE(has(msg, "CRC-32")) << msg;
   // A damaged index is named too, and so is an empty directory.
   std::ofstream(path("a/checkpoint.json")) << "{\"format\": \"hetrain-checkpoint\", \"vers";
-  EXPECT_TRUE(has(error_of([&] { checkpoint::read(path("a")); }), "checkpoint.json: not valid JSON"));
+  EXPECT_TRUE(
+      has(error_of([&] { checkpoint::read(path("a")); }), "checkpoint.json: not valid JSON"));
   fs::create_directories(dir_ / "empty");
   EXPECT_TRUE(has(error_of([&] { checkpoint::read(path("empty")); }), "holds no checkpoint"));
 }
 
 TEST(CheckpointMetadata, IntegersAreWholeAndInRange) {
-  const std::map<std::string, std::string> m = {{"a", "12"},    {"b", "12abc"},
-                                                {"c", ""},      {"d", "-3"},
+  const std::map<std::string, std::string> m = {{"a", "12"},
+                                                {"b", "12abc"},
+                                                {"c", ""},
+                                                {"d", "-3"},
                                                 {"e", "18446744073709551615"},
                                                 {"f", "9223372036854775808"}};
   EXPECT_EQ(checkpoint::metadata_int(m, "a", "f.st"), 12);
@@ -106,8 +111,8 @@ TEST(CheckpointMetadata, IntegersAreWholeAndInRange) {
   EXPECT_THROW(checkpoint::metadata_uint(m, "d", "f.st"), Error);
   EXPECT_EQ(checkpoint::metadata_uint(m, "e", "f.st"), std::numeric_limits<uint64_t>::max());
   EXPECT_THROW(checkpoint::metadata_int(m, "f", "f.st"), Error);
-  EXPECT_TRUE(has(error_of([&] { checkpoint::metadata_int(m, "z", "f.st"); }),
-                  "lacks metadata field 'z'"));
+  EXPECT_TRUE(
+      has(error_of([&] { checkpoint::metadata_int(m, "z", "f.st"); }), "lacks metadata field 'z'"));
 }
 
 // ---- resume through train() -----------------------------------------------------------------

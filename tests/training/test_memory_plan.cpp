@@ -76,19 +76,25 @@ TEST_P(MemoryModel, PredictedPeakByTagWithinFivePercentOfMeasured) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    PresetsAndModes, MemoryModel,
-    ::testing::ValuesIn(std::vector<Case>{
-        {"fashion-mlp", "none"}, {"fashion-mlp", "selective"}, {"fashion-mlp", "full"},
-        {"fashion-mlp", "auto"}, {"fashion-cnn", "none"}, {"fashion-cnn", "selective"},
-        {"fashion-cnn", "full"}, {"fashion-cnn", "auto"}, {"gpt-mini", "none"},
-        {"gpt-mini", "selective"}, {"gpt-mini", "full"}, {"gpt-mini", "auto"}}),
-    [](const ::testing::TestParamInfo<Case>& i) {
-      std::string n = i.param.preset + "_" + i.param.mode;
-      for (char& ch : n)
-        if (ch == '-') ch = '_';
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(PresetsAndModes, MemoryModel,
+                         ::testing::ValuesIn(std::vector<Case>{{"fashion-mlp", "none"},
+                                                               {"fashion-mlp", "selective"},
+                                                               {"fashion-mlp", "full"},
+                                                               {"fashion-mlp", "auto"},
+                                                               {"fashion-cnn", "none"},
+                                                               {"fashion-cnn", "selective"},
+                                                               {"fashion-cnn", "full"},
+                                                               {"fashion-cnn", "auto"},
+                                                               {"gpt-mini", "none"},
+                                                               {"gpt-mini", "selective"},
+                                                               {"gpt-mini", "full"},
+                                                               {"gpt-mini", "auto"}}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           std::string n = i.param.preset + "_" + i.param.mode;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
 
 int64_t measured_activations(const std::string& mode, int layers) {
   TrainConfig c = small("gpt-mini", mode);

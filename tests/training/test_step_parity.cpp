@@ -25,11 +25,13 @@ void check_step(const std::string& prefix, nn::Module& model, bool language) {
   model.train();
   Tensor x = file.tensors.at(prefix + ".x"), y = file.tensors.at(prefix + ".y");
   Tensor logits = model.forward(x);
-  Tensor loss = language ? cross_entropy(reshape(logits, {-1, logits.shape().back()}), reshape(y, {-1}))
-                         : cross_entropy(logits, y);
+  Tensor loss = language
+                    ? cross_entropy(reshape(logits, {-1, logits.shape().back()}), reshape(y, {-1}))
+                    : cross_entropy(logits, y);
   loss.backward();
   // f32 throughout; PyTorch's reduction orders differ from ours, hence the tolerance.
-  EXPECT_NEAR(loss.item<double>(), file.tensors.at(prefix + ".loss").item<double>(), 1e-5) << prefix;
+  EXPECT_NEAR(loss.item<double>(), file.tensors.at(prefix + ".loss").item<double>(), 1e-5)
+      << prefix;
   int checked = 0;
   for (auto& [name, p] : model.named_parameters()) {
     auto it = file.tensors.find(prefix + ".grad." + name);

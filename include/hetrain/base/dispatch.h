@@ -9,21 +9,36 @@ namespace hetrain {
 template <class F>
 void dispatch_float(Dtype dt, const char* op, F&& f) {
   switch (dt) {
-    case Dtype::f64: f.template operator()<double>(); return;
-    case Dtype::f32: f.template operator()<float>(); return;
-    case Dtype::f16: f.template operator()<Half>(); return;
-    case Dtype::bf16: f.template operator()<BFloat16>(); return;
-    default: fail("[", op, "] does not support dtype ", dtype_name(dt), " (floating point only)");
+    case Dtype::f64:
+      f.template operator()<double>();
+      return;
+    case Dtype::f32:
+      f.template operator()<float>();
+      return;
+    case Dtype::f16:
+      f.template operator()<Half>();
+      return;
+    case Dtype::bf16:
+      f.template operator()<BFloat16>();
+      return;
+    default:
+      fail("[", op, "] does not support dtype ", dtype_name(dt), " (floating point only)");
   }
 }
 
 template <class F>
 void dispatch_numeric(Dtype dt, const char* op, F&& f) {
   switch (dt) {
-    case Dtype::i32: f.template operator()<int32_t>(); return;
-    case Dtype::i64: f.template operator()<int64_t>(); return;
-    case Dtype::boolean: fail("[", op, "] does not support dtype bool");
-    default: dispatch_float(dt, op, std::forward<F>(f));
+    case Dtype::i32:
+      f.template operator()<int32_t>();
+      return;
+    case Dtype::i64:
+      f.template operator()<int64_t>();
+      return;
+    case Dtype::boolean:
+      fail("[", op, "] does not support dtype bool");
+    default:
+      dispatch_float(dt, op, std::forward<F>(f));
   }
 }
 

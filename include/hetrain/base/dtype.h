@@ -11,7 +11,7 @@ namespace hetrain {
 
 enum class Dtype : uint8_t { f64, f32, f16, bf16, i32, i64, boolean };
 
-inline constexpr Dtype kAllDtypes[] = {Dtype::f64, Dtype::f32, Dtype::f16, Dtype::bf16,
+inline constexpr Dtype kAllDtypes[] = {Dtype::f64, Dtype::f32, Dtype::f16,    Dtype::bf16,
                                        Dtype::i32, Dtype::i64, Dtype::boolean};
 
 size_t dtype_size(Dtype dt);
@@ -108,12 +108,33 @@ using compute_t = decltype(to_compute(T{}));
 
 template <class T>
 constexpr Dtype dtype_of();
-template <> constexpr Dtype dtype_of<double>() { return Dtype::f64; }
-template <> constexpr Dtype dtype_of<float>() { return Dtype::f32; }
-template <> constexpr Dtype dtype_of<Half>() { return Dtype::f16; }
-template <> constexpr Dtype dtype_of<BFloat16>() { return Dtype::bf16; }
-template <> constexpr Dtype dtype_of<int32_t>() { return Dtype::i32; }
-template <> constexpr Dtype dtype_of<int64_t>() { return Dtype::i64; }
-template <> constexpr Dtype dtype_of<bool>() { return Dtype::boolean; }
+template <>
+constexpr Dtype dtype_of<double>() {
+  return Dtype::f64;
+}
+template <>
+constexpr Dtype dtype_of<float>() {
+  return Dtype::f32;
+}
+template <>
+constexpr Dtype dtype_of<Half>() {
+  return Dtype::f16;
+}
+template <>
+constexpr Dtype dtype_of<BFloat16>() {
+  return Dtype::bf16;
+}
+template <>
+constexpr Dtype dtype_of<int32_t>() {
+  return Dtype::i32;
+}
+template <>
+constexpr Dtype dtype_of<int64_t>() {
+  return Dtype::i64;
+}
+template <>
+constexpr Dtype dtype_of<bool>() {
+  return Dtype::boolean;
+}
 
 }  // namespace hetrain

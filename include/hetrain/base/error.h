@@ -31,8 +31,7 @@ template <class... Args>
 }  // namespace hetrain
 
 /// Internal invariant; a failure is a Hetrain bug, reported as an exception with file:line.
-#define HT_ASSERT(cond)                                                                    \
-  do {                                                                                     \
-    if (!(cond))                                                                           \
-      ::hetrain::fail("internal error: ", #cond, " at ", __FILE__, ":", __LINE__);          \
+#define HT_ASSERT(cond)                                                                       \
+  do {                                                                                        \
+    if (!(cond)) ::hetrain::fail("internal error: ", #cond, " at ", __FILE__, ":", __LINE__); \
   } while (0)

@@ -106,7 +106,7 @@ std::unique_ptr<Communicator> make_local_communicator();
 
 /// Checks the arguments every implementation shares (count >= 0, root in range, reductions only
 /// on numeric dtypes); `op` names the collective in the error.
-void check_collective(const Communicator& c, const char* op, int64_t count, Dtype dt,
-                      bool reduces, int root = 0);
+void check_collective(const Communicator& c, const char* op, int64_t count, Dtype dt, bool reduces,
+                      int root = 0);
 
 }  // namespace hetrain::distributed

@@ -42,17 +42,17 @@ struct BucketOptions {
   double bucket_mb = 25;       // MiB of f32 gradients per bucket
   double first_bucket_mb = 1;  // the first bucket (the last parameters), reduced soonest
   // The ZeRO layouts (distributed/sharded_optimizer.h).
-  bool gather = true;         // all-gather the reduced shards (false: a rank keeps its shard)
-  bool keep_buffers = true;   // each bucket's full gradient buffer lives between steps (false:
-                              // allocated for the step, the reduced shard copied out, freed)
-  bool install_grads = true;  // reduce() sets the parameters' .grad (copies)
+  bool gather = true;          // all-gather the reduced shards (false: a rank keeps its shard)
+  bool keep_buffers = true;    // each bucket's full gradient buffer lives between steps (false:
+                               // allocated for the step, the reduced shard copied out, freed)
+  bool install_grads = true;   // reduce() sets the parameters' .grad (copies)
   int64_t shard_multiple = 1;  // shards are padded to a multiple of this many elements
 };
 
 /// Time spent on the reductions of one step.
 struct ReduceTimes {
-  double comm_s = 0;          // from the first bucket's start to the last one's completion
-  double exposed_comm_s = 0;  // time the caller waited for collectives to complete
+  double comm_s = 0;               // from the first bucket's start to the last one's completion
+  double exposed_comm_s = 0;       // time the caller waited for collectives to complete
   int64_t overlapped_buckets = 0;  // buckets whose exchange started while backward ran
 };
 
@@ -83,7 +83,9 @@ class GradReducer final : private NodeObserver {
   int64_t bucket_numel(size_t b) const { return buckets_[b].numel; }
   int64_t bucket_shard(size_t b) const { return buckets_[b].shard; }
   size_t bucket_of(size_t param) const { return bucket_of_[param]; }
-  int64_t offset_of(size_t param) const { return buckets_[bucket_of_[param]].offsets[slot_of_[param]]; }
+  int64_t offset_of(size_t param) const {
+    return buckets_[bucket_of_[param]].offsets[slot_of_[param]];
+  }
   /// Whether parameter k had a gradient on this rank in the last step.
   bool received_gradient(size_t k) const { return had_grad_[k]; }
   /// After reduce(): the whole reduced bucket (with gather) and this rank's shard of it. The
@@ -119,8 +121,8 @@ class GradReducer final : private NodeObserver {
   // The step's pipeline state.
   std::mutex mu_;
   bool watching_ = false, watch_first_ = false;
-  std::vector<bool> taken_;             // per parameter: its gradient is in the bucket
-  std::vector<size_t> missing_;         // per bucket: parameters not yet taken
+  std::vector<bool> taken_;      // per parameter: its gradient is in the bucket
+  std::vector<size_t> missing_;  // per bucket: parameters not yet taken
   size_t next_start_ = 0, next_sum_ = 0;
   std::vector<WorkPtr> exchange_;
   int64_t overlapped_ = 0;

@@ -67,9 +67,9 @@ class RecomputeScope {
 /// carries everything later nodes read: a transformer's residual stream between and inside
 /// blocks, a ResNet's block outputs.
 struct ForwardUnits {
-  std::vector<Node*> nodes;   // topological order
-  std::vector<int> unit_of;   // per node
-  std::vector<Node*> cut;     // per unit but the last: the node whose output crosses its end
+  std::vector<Node*> nodes;  // topological order
+  std::vector<int> unit_of;  // per node
+  std::vector<Node*> cut;    // per unit but the last: the node whose output crosses its end
   int units() const { return static_cast<int>(cut.size()) + 1; }
 };
 ForwardUnits forward_units(const std::vector<std::shared_ptr<Node>>& topo);

@@ -142,7 +142,7 @@ class Catalog {
   bool contains(const std::string& id) const;
   const std::vector<Hardware>& all() const { return items_; }
   void add(Hardware h);
-  std::string path;  // file it came from
+  std::string path;            // file it came from
   EfficiencyModel efficiency;  // the catalog's "efficiency_model", given to every entry
 
  private:

@@ -51,7 +51,7 @@ struct Job {
   /// Kernel rate per device: replaces the compute model only; communication, the pipeline
   /// bubble and the optimizer step come on top.
   std::optional<double> kernel_tflops;
-  std::optional<double> price_per_hour;   // replaces the catalog price
+  std::optional<double> price_per_hour;  // replaces the catalog price
   /// A fused attention kernel (FlashAttention, cuDNN, xformers): the s x s scores are neither
   /// stored for backward nor passed over by mask/softmax/dropout, and the core runs at the
   /// efficiency model's fused rate (its backward recomputes the scores: 2.5 x forward).
@@ -156,8 +156,8 @@ struct SearchResult {
 SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions& opt);
 
 /// The plan that fits on `gpus` x `hw` nearest to strategy `s`: fewest strategy dimensions
-/// changed (tp, pp, virtual stages, ZeRO stage, recomputed layers, offload, recompute, micro-batch), then the shortest training
-/// time. Empty when nothing fits on that many devices.
+/// changed (tp, pp, virtual stages, ZeRO stage, recomputed layers, offload, recompute,
+/// micro-batch), then the shortest training time. Empty when nothing fits on that many devices.
 std::optional<Plan> nearest_fitting(const Job& job, const Hardware& hw, int gpus,
                                     const Strategy& s);
 /// "zero 0 -> 1, recompute none -> selective": what `to` changes in `from`.

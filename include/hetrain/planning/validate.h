@@ -15,7 +15,13 @@
 
 namespace hetrain::planning {
 
-enum class ReportedMetric { achieved_tflops_per_gpu, mfu, tokens_per_s_per_gpu, train_days, gpu_hours };
+enum class ReportedMetric {
+  achieved_tflops_per_gpu,
+  mfu,
+  tokens_per_s_per_gpu,
+  train_days,
+  gpu_hours
+};
 const char* to_string(ReportedMetric m);
 
 struct PublishedRun {
@@ -48,9 +54,9 @@ std::string default_published_runs_path();
 
 struct RunPrediction {
   const PublishedRun* run = nullptr;
-  Plan plan;              // the predicted plan (published strategy, open dimensions searched)
-  double predicted = 0;   // in the reported figure's unit
-  double error = 0;       // on time: predicted time / the time the reported figure implies - 1
+  Plan plan;             // the predicted plan (published strategy, open dimensions searched)
+  double predicted = 0;  // in the reported figure's unit
+  double error = 0;      // on time: predicted time / the time the reported figure implies - 1
 };
 
 struct SplitSummary {

@@ -32,7 +32,6 @@ struct MemoryPrediction {
 
 /// Predicts eval(targets, release_graph) on the host allocator from its current counters. The
 /// caller must hold no more references to the graph's nodes than the eval's caller will.
-MemoryPrediction predict_eval_memory(const std::vector<Tensor>& targets,
-                                     bool release_graph = true);
+MemoryPrediction predict_eval_memory(const std::vector<Tensor>& targets, bool release_graph = true);
 
 }  // namespace hetrain::runtime

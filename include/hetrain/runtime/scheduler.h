@@ -47,8 +47,9 @@ const char* placement_name(PlacementPolicy p);
 
 /// Parses a device list: "cpu,sim:0,sim:1@4,sim:2:mem=64MiB" (sim:N@S runs kernels S times
 /// slower than on one CPU core, S >= 1; sim:N:mem=SIZE gives its memory node a capacity, a size
-/// as parse_byte_size reads it; both may be given, in either order). The CPU must be listed first, names are unique. An unknown or absent
-/// device is an error naming it and listing the devices this build has.
+/// as parse_byte_size reads it; both may be given, in either order). The CPU must be listed first,
+/// names are unique. An unknown or absent device is an error naming it and listing the devices this
+/// build has.
 std::vector<DeviceModel> parse_devices(const std::string& list);
 /// The devices this build can run nodes on ("cpu, sim:0 .. sim:7").
 std::string available_devices();
@@ -82,9 +83,9 @@ struct TaskNode {
   double size = 0;              // perf-model size: bytes read + written
   uint64_t footprint = 0;       // perf-model history key: input and output shapes
   std::vector<TaskInput> inputs;
-  int pin = -1;       // device index the node must run on; -1: free
+  int pin = -1;         // device index the node must run on; -1: free
   uint32_t forbid = 0;  // bit d: device d has no kernel for this node (never placed there)
-  bool view = false;  // aliases its first input: no work, stays with its input
+  bool view = false;    // aliases its first input: no work, stays with its input
 };
 
 /// Durations the policies and the list scheduler use.

@@ -99,10 +99,11 @@ double unigram_entropy(const std::vector<uint16_t>& tokens);
 
 /// Batches over a dataset, epoch after epoch. With shuffle, epoch e visits the examples in a
 /// permutation made by Fisher-Yates from a PCG32 stream seeded by (seed, e), so runs are identical
-/// on every machine (tools/shuffle_reference.py reproduces it in Python). With drop_last the final partial batch of an epoch is skipped. With prefetch a
-/// background thread prepares the next batches while the caller trains; an exception there is
-/// rethrown by next(). State (epoch, position) can be read and restored exactly: a resumed run sees
-/// the same batches as an uninterrupted one.
+/// on every machine (tools/shuffle_reference.py reproduces it in Python). With drop_last the final
+/// partial batch of an epoch is skipped. With prefetch a background thread prepares the next
+/// batches while the caller trains; an exception there is rethrown by next(). State (epoch,
+/// position) can be read and restored exactly: a resumed run sees the same batches as an
+/// uninterrupted one.
 class DataLoader {
  public:
   DataLoader(std::shared_ptr<const Dataset> ds, int64_t batch_size, bool shuffle, uint64_t seed,

@@ -25,8 +25,8 @@ namespace hetrain::training {
 
 /// What the step does besides its graph.
 struct StepShape {
-  int state_slots = 2;         // optimizer state tensors per parameter: adamw 2, sgd 1 or 0
-  bool clip = false;           // gradient clipping (the scaled gradients are new buffers)
+  int state_slots = 2;           // optimizer state tensors per parameter: adamw 2, sgd 1 or 0
+  bool clip = false;             // gradient clipping (the scaled gradients are new buffers)
   bool state_allocated = false;  // the optimizer state already lives in the allocator
   std::vector<Tensor> with;      // evaluated with the backward (BatchNorm running statistics)
 };
@@ -35,7 +35,7 @@ struct StepMemory {
   std::array<int64_t, kNumMemoryTags> start{};  // live before the step
   std::array<int64_t, kNumMemoryTags> peak{};   // highest per tag over the step
   int64_t start_total = 0, peak_total = 0;
-  int64_t parameter_bytes = 0;  // of the parameters with gradients
+  int64_t parameter_bytes = 0;         // of the parameters with gradients
   runtime::MemoryPrediction backward;  // the forward + backward eval alone
   int64_t at(MemoryTag t) const { return peak[static_cast<size_t>(t)]; }
 };

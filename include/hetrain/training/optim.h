@@ -80,10 +80,10 @@ double clip_grad_norm(const std::vector<Tensor*>& params, double max_norm);
 struct LrSchedule {
   std::string kind = "constant";  // constant | step | cosine
   double base_lr = 1e-3;
-  int64_t warmup_steps = 0;   // linear warm-up from 0 (all kinds)
-  int64_t total_steps = 0;    // cosine: decay to min_lr at total_steps
-  double min_lr = 0;          // cosine floor
-  int64_t step_size = 1000;   // step: multiply by gamma every step_size steps
+  int64_t warmup_steps = 0;  // linear warm-up from 0 (all kinds)
+  int64_t total_steps = 0;   // cosine: decay to min_lr at total_steps
+  double min_lr = 0;         // cosine floor
+  int64_t step_size = 1000;  // step: multiply by gamma every step_size steps
   double gamma = 0.1;
   double at(int64_t step) const;
 };

@@ -47,11 +47,11 @@ struct TrainConfig {
   // data parallelism and accumulation: a step is grad_accum micro-batches on each of the
   // world's ranks, batch_size examples in all (the global batch)
   int64_t grad_accum = 1;
-  double bucket_mb = 25;       // gradient bucket size (the first bucket: at most 1 MiB)
+  double bucket_mb = 25;  // gradient bucket size (the first bucket: at most 1 MiB)
   // ZeRO stage of the sharded optimizer (distributed/sharded_optimizer.h): 0 replicates the
   // optimizer state, 1 shards it, 2 also shards the reduced gradients
   int64_t zero = 0;
-  double comm_timeout = 600;   // seconds a collective may take before the job is aborted
+  double comm_timeout = 600;  // seconds a collective may take before the job is aborted
   // mixed precision (graph/autocast.h, training/amp.h)
   std::string precision = "fp32";    // fp32 | bf16 | fp16
   std::string grad_scaler = "auto";  // auto (on for fp16 only) | on | off
@@ -102,13 +102,13 @@ struct TrainResult {
   std::vector<double> step_seconds;  // wall time of each step of this run (data to optimizer)
   int threads = 1;                   // worker threads used
   std::string precision = "fp32";
-  int world_size = 1;         // ranks that trained together
-  double comm_s = 0;          // time in gradient collectives over the run
-  double exposed_comm_s = 0;  // time the step waited for them
+  int world_size = 1;           // ranks that trained together
+  double comm_s = 0;            // time in gradient collectives over the run
+  double exposed_comm_s = 0;    // time the step waited for them
   bool ranks_identical = true;  // every rank ended with the same parameter bytes
-  bool grad_scaler = false;   // whether dynamic loss scaling ran
-  double loss_scale = 0;      // the scale at the end (0 without a scaler)
-  int64_t skipped_steps = 0;  // optimizer steps skipped for non-finite gradients
+  bool grad_scaler = false;     // whether dynamic loss scaling ran
+  double loss_scale = 0;        // the scale at the end (0 without a scaler)
+  int64_t skipped_steps = 0;    // optimizer steps skipped for non-finite gradients
 };
 
 /// Median of step_seconds without the first `skip` steps (warm-up: primitive creation,

@@ -1,9 +1,9 @@
 // oneDNN convolutions for f32 and bf16 (the same code, the data type a parameter; bf16 only
-// where the CPU computes in bf16: AVX512-BF16 or AMX, whose kernels oneDNN picks). Each call splits the batch into one chunk per hetrain thread and
-// runs a single-threaded oneDNN primitive on each chunk inside hetrain's pool: oneDNN's OpenMP team
-// stays at one thread, so kernels that the executor runs side by side (inter-op parallelism) do not
-// oversubscribe the cores, and the thread count is hetrain's num_threads(). Primitives are built
-// once per (pass, shape, chunk) and cached.
+// where the CPU computes in bf16: AVX512-BF16 or AMX, whose kernels oneDNN picks). Each call splits
+// the batch into one chunk per hetrain thread and runs a single-threaded oneDNN primitive on each
+// chunk inside hetrain's pool: oneDNN's OpenMP team stays at one thread, so kernels that the
+// executor runs side by side (inter-op parallelism) do not oversubscribe the cores, and the thread
+// count is hetrain's num_threads(). Primitives are built once per (pass, shape, chunk) and cached.
 //
 // Layouts: the primitives run in the layout oneDNN picks (nChw8c / OIhw8i8o on AVX2), with
 // reorders from and to the caller's NCHW arrays. That pays for kernels larger than 1x1 with at
@@ -311,8 +311,7 @@ bool backward_data(const ConvShape& s, const void* gy, const void* w, void* dx, 
   auto cp = chunked_plans(Pass::backward_data, s, false, dt);
   if (!cp) return false;
   for_chunks(*cp, s.N, [&](int64_t, int64_t n0, int64_t n) {
-    run(cp->plan_for(n),
-        {at(gy, n0 * s.O * s.Ho * s.Wo, dt), w, at(dx, n0 * s.C * s.H * s.W, dt)});
+    run(cp->plan_for(n), {at(gy, n0 * s.O * s.Ho * s.Wo, dt), w, at(dx, n0 * s.C * s.H * s.W, dt)});
   });
   ++runs;
   return true;
@@ -357,8 +356,8 @@ bool dnnl_bf16_conv() {
   const CpuFeatures& f = cpu_features();
   return f.avx512bf16 || f.amx_bf16;
 }
-bool dnnl_conv_forward(const ConvShape& s, const BFloat16* x, const BFloat16* w,
-                       const BFloat16* b, BFloat16* y) {
+bool dnnl_conv_forward(const ConvShape& s, const BFloat16* x, const BFloat16* w, const BFloat16* b,
+                       BFloat16* y) {
   return dnnl_bf16_conv() && forward(s, x, w, b, y, Dt::bf16);
 }
 bool dnnl_conv_backward_data(const ConvShape& s, const BFloat16* gy, const BFloat16* w,

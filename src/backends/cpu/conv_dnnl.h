@@ -29,8 +29,8 @@ bool dnnl_conv_backward_weights(const ConvShape& s, const float* x, const float*
 /// accumulation, bf16 outputs except the weight gradient, which is f32 (one rounding after the
 /// chunks' sum, by the caller). False where oneDNN has no fast bf16 kernel for the shape.
 bool dnnl_bf16_conv();
-bool dnnl_conv_forward(const ConvShape& s, const BFloat16* x, const BFloat16* w,
-                       const BFloat16* b, BFloat16* y);
+bool dnnl_conv_forward(const ConvShape& s, const BFloat16* x, const BFloat16* w, const BFloat16* b,
+                       BFloat16* y);
 bool dnnl_conv_backward_data(const ConvShape& s, const BFloat16* gy, const BFloat16* w,
                              BFloat16* dx);
 bool dnnl_conv_backward_weights(const ConvShape& s, const BFloat16* x, const BFloat16* gy,

@@ -40,20 +40,20 @@ void copy_strided(const Array& x, Array& y) {
     dispatch_all(y.dtype, "cast", [&]<class D>() {
       const S* sp = x.data<S>();
       D* dp = y.data<D>();
-      for_each_run<2>(x.shape, {&y.strides, &x.strides}, kElementwiseGrain,
-                      [&](const std::array<int64_t, 2>& pos, const std::array<int64_t, 2>& step,
-                          int64_t len) {
-                        D* o = dp + pos[0];
-                        const S* a = sp + pos[1];
-                        if (step[0] == 1 && step[1] == 1 && cast_run_fast(a, o, len)) return;
-                        for (int64_t i = 0; i < len; ++i) {
-                          if constexpr (std::is_same_v<D, bool>) {
-                            o[i * step[0]] = to_compute(a[i * step[1]]) != 0;
-                          } else {
-                            o[i * step[0]] = from_compute<D>(to_compute(a[i * step[1]]));
-                          }
-                        }
-                      });
+      for_each_run<2>(
+          x.shape, {&y.strides, &x.strides}, kElementwiseGrain,
+          [&](const std::array<int64_t, 2>& pos, const std::array<int64_t, 2>& step, int64_t len) {
+            D* o = dp + pos[0];
+            const S* a = sp + pos[1];
+            if (step[0] == 1 && step[1] == 1 && cast_run_fast(a, o, len)) return;
+            for (int64_t i = 0; i < len; ++i) {
+              if constexpr (std::is_same_v<D, bool>) {
+                o[i * step[0]] = to_compute(a[i * step[1]]) != 0;
+              } else {
+                o[i * step[0]] = from_compute<D>(to_compute(a[i * step[1]]));
+              }
+            }
+          });
     });
   });
 }

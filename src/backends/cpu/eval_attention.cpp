@@ -2,8 +2,6 @@
 // query rows with an online softmax, so a task holds one (Bq x Bk) score tile, never the
 // (Lq x Lk) matrix. The backward (flash-attention-2) recomputes each probability tile from
 // q, k and the saved row logsumexp. Block products go through sgemm/dgemm.
-#include "graph/prims/attention.h"
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -11,6 +9,7 @@
 #include <limits>
 
 #include "backends/cpu/compute_buffers.h"
+#include "graph/prims/attention.h"
 #include "hetrain/base/thread_pool.h"
 
 namespace hetrain {

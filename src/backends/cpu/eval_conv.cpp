@@ -4,8 +4,6 @@
 // direct stride-1 and stride-2 kernels (conv_direct.cpp) where they apply, then oneDNN's
 // convolution primitives (conv_dnnl.cpp); f64, and shapes neither has a fast kernel for, use im2col
 // + GEMM per image (col2im for the input gradient).
-#include "graph/prims/conv.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,6 +16,7 @@
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_dnnl.h"
 #include "backends/cpu/conv_winograd.h"
+#include "graph/prims/conv.h"
 #include "hetrain/base/dispatch.h"
 #include "hetrain/base/thread_pool.h"
 
@@ -254,9 +253,8 @@ bool backward_weight_bf16(const std::vector<const Array*>& in, Array& dw, const 
   if (!cpu::dnnl_bf16_conv()) return false;
   Array x = as_contiguous(*in[0], Dtype::bf16), gy = as_contiguous(*in[1], Dtype::bf16);
   Array acc = start_output(dw, Dtype::f32);
-  if (!cpu::dnnl_conv_backward_weights(dnnl_shape(geom(x.shape, gy.shape, win)),
-                                       x.data<BFloat16>(), gy.data<BFloat16>(),
-                                       acc.data<float>()))
+  if (!cpu::dnnl_conv_backward_weights(dnnl_shape(geom(x.shape, gy.shape, win)), x.data<BFloat16>(),
+                                       gy.data<BFloat16>(), acc.data<float>()))
     return false;
   finish_output(acc, dw);
   return true;

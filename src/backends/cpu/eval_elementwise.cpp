@@ -102,50 +102,52 @@ void fast_map(const float* a, const float* b, float* o, int64_t n) {
 }  // namespace
 
 template <class Op>
-void Unary<Op>::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+void Unary<Op>::eval_cpu(const std::vector<const Array*>& in,
+                         const std::vector<Array*>& out) const {
   const Array& x = *in[0];
   Array& y = *out[0];
   if (!y.has_data()) y.allocate();
   auto body = [&]<class T>() {
     const T* xp = x.data<T>();
     T* yp = y.data<T>();
-    for_each_run<2>(x.shape, {&y.strides, &x.strides}, kElementwiseGrain,
-                    [&](const std::array<int64_t, 2>& pos, const std::array<int64_t, 2>& step,
-                        int64_t len) {
-                      T* o = yp + pos[0];
-                      const T* a = xp + pos[1];
-                      if constexpr (std::is_same_v<Op, ExpOp> && std::is_same_v<T, float>) {
-                        if (step[0] == 1 && step[1] == 1) {
-                          cpu::exp_f32(a, o, len);  // vectorised where the CPU allows
-                          return;
-                        }
-                      }
-                      // f16/bf16 compute in f32 too: the same loops, converting per element
-                      // (std::tanh there cost more than the GEMMs of a bf16 GPT step).
-                      if constexpr (FastF32<Op>::has && std::is_same_v<T, float>) {
-                        if (step[0] == 1 && step[1] == 1) {
-                          fast_map<FastF32<Op>>(a, nullptr, o, len);
-                          return;
-                        }
-                      }
-                      if constexpr (FastF32<Op>::has && std::is_same_v<compute_t<T>, float>) {
-                        if (step[0] == 1 && step[1] == 1) {
-                          for (int64_t i = 0; i < len; ++i)
-                            o[i] = from_compute<T>(FastF32<Op>::f(to_compute(a[i])));
-                          return;
-                        }
-                      }
-                      if (step[1] == 1) {
-                        for (int64_t i = 0; i < len; ++i)
-                          o[i] = from_compute<T>(Op::f(to_compute(a[i])));
-                      } else {
-                        for (int64_t i = 0; i < len; ++i)
-                          o[i] = from_compute<T>(Op::f(to_compute(a[i * step[1]])));
-                      }
-                    });
+    for_each_run<2>(
+        x.shape, {&y.strides, &x.strides}, kElementwiseGrain,
+        [&](const std::array<int64_t, 2>& pos, const std::array<int64_t, 2>& step, int64_t len) {
+          T* o = yp + pos[0];
+          const T* a = xp + pos[1];
+          if constexpr (std::is_same_v<Op, ExpOp> && std::is_same_v<T, float>) {
+            if (step[0] == 1 && step[1] == 1) {
+              cpu::exp_f32(a, o, len);  // vectorised where the CPU allows
+              return;
+            }
+          }
+          // f16/bf16 compute in f32 too: the same loops, converting per element
+          // (std::tanh there cost more than the GEMMs of a bf16 GPT step).
+          if constexpr (FastF32<Op>::has && std::is_same_v<T, float>) {
+            if (step[0] == 1 && step[1] == 1) {
+              fast_map<FastF32<Op>>(a, nullptr, o, len);
+              return;
+            }
+          }
+          if constexpr (FastF32<Op>::has && std::is_same_v<compute_t<T>, float>) {
+            if (step[0] == 1 && step[1] == 1) {
+              for (int64_t i = 0; i < len; ++i)
+                o[i] = from_compute<T>(FastF32<Op>::f(to_compute(a[i])));
+              return;
+            }
+          }
+          if (step[1] == 1) {
+            for (int64_t i = 0; i < len; ++i) o[i] = from_compute<T>(Op::f(to_compute(a[i])));
+          } else {
+            for (int64_t i = 0; i < len; ++i)
+              o[i] = from_compute<T>(Op::f(to_compute(a[i * step[1]])));
+          }
+        });
   };
-  if constexpr (Op::float_only) dispatch_float(x.dtype, Op::name, body);
-  else dispatch_numeric(x.dtype, Op::name, body);
+  if constexpr (Op::float_only)
+    dispatch_float(x.dtype, Op::name, body);
+  else
+    dispatch_numeric(x.dtype, Op::name, body);
 }
 
 template class Unary<NegOp>;
@@ -164,7 +166,8 @@ template class Unary<ErfOp>;
 template class Unary<SiluOp>;
 
 template <class Op>
-void Binary<Op>::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
+void Binary<Op>::eval_cpu(const std::vector<const Array*>& in,
+                          const std::vector<Array*>& out) const {
   const Array &a = *in[0], &b = *in[1];
   Array& y = *out[0];
   if (!y.has_data()) y.allocate();
@@ -173,47 +176,47 @@ void Binary<Op>::eval_cpu(const std::vector<const Array*>& in, const std::vector
     const T* ap = a.data<T>();
     const T* bp = b.data<T>();
     O* yp = y.data<O>();
-    for_each_run<3>(a.shape, {&y.strides, &a.strides, &b.strides}, kElementwiseGrain,
-                    [&](const std::array<int64_t, 3>& pos, const std::array<int64_t, 3>& step,
-                        int64_t len) {
-                      O* o = yp + pos[0];
-                      const T* x0 = ap + pos[1];
-                      const T* x1 = bp + pos[2];
-                      if constexpr (FastF32Binary<Op>::has && std::is_same_v<T, float>) {
-                        if (step[0] == 1 && step[1] == 1 && step[2] == 1) {
-                          fast_map<FastF32Binary<Op>>(x0, x1, o, len);
-                          return;
-                        }
-                      }
-                      if constexpr (FastF32Binary<Op>::has && std::is_same_v<compute_t<T>, float>) {
-                        if (step[0] == 1 && step[1] == 1 && step[2] == 1) {  // f16, bf16
-                          for (int64_t i = 0; i < len; ++i)
-                            o[i] = from_compute<T>(
-                                FastF32Binary<Op>::f(to_compute(x0[i]), to_compute(x1[i])));
-                          return;
-                        }
-                      }
-                      if (step[1] == 1 && step[2] == 1) {
-                        for (int64_t i = 0; i < len; ++i)
-                          o[i] = from_compute<O>(Op::f(to_compute(x0[i]), to_compute(x1[i])));
-                      } else if (step[1] == 1 && step[2] == 0) {
-                        const auto s = to_compute(x1[0]);
-                        for (int64_t i = 0; i < len; ++i)
-                          o[i] = from_compute<O>(Op::f(to_compute(x0[i]), s));
-                      } else if (step[1] == 0 && step[2] == 1) {
-                        const auto s = to_compute(x0[0]);
-                        for (int64_t i = 0; i < len; ++i)
-                          o[i] = from_compute<O>(Op::f(s, to_compute(x1[i])));
-                      } else {
-                        for (int64_t i = 0; i < len; ++i)
-                          o[i] = from_compute<O>(
-                              Op::f(to_compute(x0[i * step[1]]), to_compute(x1[i * step[2]])));
-                      }
-                    });
+    for_each_run<3>(
+        a.shape, {&y.strides, &a.strides, &b.strides}, kElementwiseGrain,
+        [&](const std::array<int64_t, 3>& pos, const std::array<int64_t, 3>& step, int64_t len) {
+          O* o = yp + pos[0];
+          const T* x0 = ap + pos[1];
+          const T* x1 = bp + pos[2];
+          if constexpr (FastF32Binary<Op>::has && std::is_same_v<T, float>) {
+            if (step[0] == 1 && step[1] == 1 && step[2] == 1) {
+              fast_map<FastF32Binary<Op>>(x0, x1, o, len);
+              return;
+            }
+          }
+          if constexpr (FastF32Binary<Op>::has && std::is_same_v<compute_t<T>, float>) {
+            if (step[0] == 1 && step[1] == 1 && step[2] == 1) {  // f16, bf16
+              for (int64_t i = 0; i < len; ++i)
+                o[i] = from_compute<T>(FastF32Binary<Op>::f(to_compute(x0[i]), to_compute(x1[i])));
+              return;
+            }
+          }
+          if (step[1] == 1 && step[2] == 1) {
+            for (int64_t i = 0; i < len; ++i)
+              o[i] = from_compute<O>(Op::f(to_compute(x0[i]), to_compute(x1[i])));
+          } else if (step[1] == 1 && step[2] == 0) {
+            const auto s = to_compute(x1[0]);
+            for (int64_t i = 0; i < len; ++i) o[i] = from_compute<O>(Op::f(to_compute(x0[i]), s));
+          } else if (step[1] == 0 && step[2] == 1) {
+            const auto s = to_compute(x0[0]);
+            for (int64_t i = 0; i < len; ++i) o[i] = from_compute<O>(Op::f(s, to_compute(x1[i])));
+          } else {
+            for (int64_t i = 0; i < len; ++i)
+              o[i] =
+                  from_compute<O>(Op::f(to_compute(x0[i * step[1]]), to_compute(x1[i * step[2]])));
+          }
+        });
   };
-  if constexpr (Op::float_only) dispatch_float(a.dtype, Op::name, body);
-  else if constexpr (Op::is_compare) dispatch_all(a.dtype, Op::name, body);
-  else dispatch_numeric(a.dtype, Op::name, body);
+  if constexpr (Op::float_only)
+    dispatch_float(a.dtype, Op::name, body);
+  else if constexpr (Op::is_compare)
+    dispatch_all(a.dtype, Op::name, body);
+  else
+    dispatch_numeric(a.dtype, Op::name, body);
 }
 
 template class Binary<AddOp>;
@@ -241,13 +244,13 @@ void Where::eval_cpu(const std::vector<const Array*>& in, const std::vector<Arra
     const T* ap = a.data<T>();
     const T* bp = b.data<T>();
     T* yp = y.data<T>();
-    for_each_run<4>(a.shape, {&y.strides, &c.strides, &a.strides, &b.strides}, kElementwiseGrain,
-                    [&](const std::array<int64_t, 4>& pos, const std::array<int64_t, 4>& step,
-                        int64_t len) {
-                      for (int64_t i = 0; i < len; ++i)
-                        yp[pos[0] + i] = cp[pos[1] + i * step[1]] ? ap[pos[2] + i * step[2]]
-                                                                  : bp[pos[3] + i * step[3]];
-                    });
+    for_each_run<4>(
+        a.shape, {&y.strides, &c.strides, &a.strides, &b.strides}, kElementwiseGrain,
+        [&](const std::array<int64_t, 4>& pos, const std::array<int64_t, 4>& step, int64_t len) {
+          for (int64_t i = 0; i < len; ++i)
+            yp[pos[0] + i] =
+                cp[pos[1] + i * step[1]] ? ap[pos[2] + i * step[2]] : bp[pos[3] + i * step[3]];
+        });
   });
 }
 

@@ -2,11 +2,10 @@
 // dimensions; for each block every step runs its own kernel on the block's slices, its
 // intermediate in a per-thread scratch buffer that stays in cache, the last step writing the
 // block of the output in place.
-#include "graph/prims/fused.h"
-
 #include <algorithm>
 
 #include "backends/cpu/strided.h"
+#include "graph/prims/fused.h"
 #include "hetrain/base/thread_pool.h"
 
 namespace hetrain {

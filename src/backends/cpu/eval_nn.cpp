@@ -8,13 +8,12 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
-#include "graph/prims/nn.h"
-
 #include <cmath>
 #include <vector>
 
 #include "backends/cpu/vec_math.h"
 #include "graph/prims/elementwise.h"
+#include "graph/prims/nn.h"
 #include "hetrain/base/dispatch.h"
 #include "hetrain/base/thread_pool.h"
 

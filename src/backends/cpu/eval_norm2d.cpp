@@ -8,8 +8,6 @@
 // and a 16-channel 28x28 batch norm and relu forward and backward ran at 6-8 GB/s in a
 // fashion-cnn step.) On f32 with AVX2 the plane loops run in 8-float vectors that hold the same
 // eight partial sums and round the same way (no FMA): results are the same bits on any CPU.
-#include "graph/prims/norm2d.h"
-
 #include <immintrin.h>
 
 #include <algorithm>
@@ -22,6 +20,7 @@
 
 #include "backends/cpu/vec_math.h"
 #include "graph/prims/elementwise.h"
+#include "graph/prims/norm2d.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/dispatch.h"
 #include "hetrain/base/thread_pool.h"

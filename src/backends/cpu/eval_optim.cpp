@@ -1,9 +1,8 @@
 // Fused optimizer kernels: one pass over a parameter and its state.
-#include "graph/prims/optim.h"
-
 #include <cmath>
 
 #include "graph/prims/elementwise.h"
+#include "graph/prims/optim.h"
 #include "hetrain/base/dispatch.h"
 #include "hetrain/base/thread_pool.h"
 

@@ -21,9 +21,12 @@ Array prepare(const Array& x, const std::vector<int>& axes, ORI& ori) {
   for (size_t i = 1; i < axes.size(); ++i) block = block && axes[i] == axes[i - 1] + 1;
   if (block) {
     for (int d = 0; d < nd; ++d) {
-      if (d < axes.front()) ori.O *= x.shape[static_cast<size_t>(d)];
-      else if (d <= axes.back()) ori.R *= x.shape[static_cast<size_t>(d)];
-      else ori.I *= x.shape[static_cast<size_t>(d)];
+      if (d < axes.front())
+        ori.O *= x.shape[static_cast<size_t>(d)];
+      else if (d <= axes.back())
+        ori.R *= x.shape[static_cast<size_t>(d)];
+      else
+        ori.I *= x.shape[static_cast<size_t>(d)];
     }
     return contiguous_array(x);
   }
@@ -41,8 +44,10 @@ Array prepare(const Array& x, const std::vector<int>& axes, ORI& ori) {
   v.buffer = x.buffer;
   v.offset = x.offset;
   for (size_t i = 0; i < perm.size(); ++i) {
-    if (i < perm.size() - axes.size()) ori.O *= v.shape[i];
-    else ori.R *= v.shape[i];
+    if (i < perm.size() - axes.size())
+      ori.O *= v.shape[i];
+    else
+      ori.R *= v.shape[i];
   }
   return contiguous_array(v);
 }
@@ -52,9 +57,12 @@ void reduce_ori(const T* x, T* y, const ORI& s) {
   using C = compute_t<T>;
   using Acc = std::conditional_t<std::is_same_v<C, float>, float, C>;
   auto init = [] {
-    if constexpr (K == ReduceKind::sum) return Acc(0);
-    else if constexpr (K == ReduceKind::max) return std::numeric_limits<Acc>::lowest();
-    else return std::numeric_limits<Acc>::max();
+    if constexpr (K == ReduceKind::sum)
+      return Acc(0);
+    else if constexpr (K == ReduceKind::max)
+      return std::numeric_limits<Acc>::lowest();
+    else
+      return std::numeric_limits<Acc>::max();
   };
   auto combine = [](Acc a, Acc v) {
     if constexpr (K == ReduceKind::sum) {
@@ -66,21 +74,24 @@ void reduce_ori(const T* x, T* y, const ORI& s) {
     }
   };
   if (s.I == 1) {
-    parallel_for(s.O, std::max<int64_t>(1, 32768 / std::max<int64_t>(s.R, 1)), [&](int64_t b, int64_t e) {
-      for (int64_t o = b; o < e; ++o) {
-        const T* row = x + o * s.R;
-        // Eight partial accumulators: vectorisable and more accurate than one chain.
-        Acc acc[8];
-        for (auto& a : acc) a = init();
-        int64_t r = 0;
-        for (; r + 8 <= s.R; r += 8)
-          for (int j = 0; j < 8; ++j) acc[j] = combine(acc[j], static_cast<Acc>(to_compute(row[r + j])));
-        for (; r < s.R; ++r) acc[0] = combine(acc[0], static_cast<Acc>(to_compute(row[r])));
-        Acc t = acc[0];
-        for (int j = 1; j < 8; ++j) t = combine(t, acc[j]);
-        y[o] = from_compute<T>(t);
-      }
-    });
+    parallel_for(s.O, std::max<int64_t>(1, 32768 / std::max<int64_t>(s.R, 1)),
+                 [&](int64_t b, int64_t e) {
+                   for (int64_t o = b; o < e; ++o) {
+                     const T* row = x + o * s.R;
+                     // Eight partial accumulators: vectorisable and more accurate than one chain.
+                     Acc acc[8];
+                     for (auto& a : acc) a = init();
+                     int64_t r = 0;
+                     for (; r + 8 <= s.R; r += 8)
+                       for (int j = 0; j < 8; ++j)
+                         acc[j] = combine(acc[j], static_cast<Acc>(to_compute(row[r + j])));
+                     for (; r < s.R; ++r)
+                       acc[0] = combine(acc[0], static_cast<Acc>(to_compute(row[r])));
+                     Acc t = acc[0];
+                     for (int j = 1; j < 8; ++j) t = combine(t, acc[j]);
+                     y[o] = from_compute<T>(t);
+                   }
+                 });
     return;
   }
   constexpr int64_t IB = 256;
@@ -111,9 +122,15 @@ void reduce_block(ReduceKind kind, const char* name, const Array& in, const std:
   y.allocate();
   dispatch_numeric(x.dtype, name, [&]<class T>() {
     switch (kind) {
-      case ReduceKind::sum: reduce_ori<T, ReduceKind::sum>(x.data<T>(), y.data<T>(), s); break;
-      case ReduceKind::max: reduce_ori<T, ReduceKind::max>(x.data<T>(), y.data<T>(), s); break;
-      case ReduceKind::min: reduce_ori<T, ReduceKind::min>(x.data<T>(), y.data<T>(), s); break;
+      case ReduceKind::sum:
+        reduce_ori<T, ReduceKind::sum>(x.data<T>(), y.data<T>(), s);
+        break;
+      case ReduceKind::max:
+        reduce_ori<T, ReduceKind::max>(x.data<T>(), y.data<T>(), s);
+        break;
+      case ReduceKind::min:
+        reduce_ori<T, ReduceKind::min>(x.data<T>(), y.data<T>(), s);
+        break;
     }
   });
 }

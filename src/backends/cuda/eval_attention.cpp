@@ -1,7 +1,6 @@
 // eval_cuda of the fused attention forward and backward; kernels in attention.cu.
-#include "graph/prims/attention.h"
-
 #include "backends/cuda/common.h"
+#include "graph/prims/attention.h"
 
 namespace hetrain {
 

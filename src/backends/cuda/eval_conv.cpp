@@ -9,14 +9,13 @@
 //                    into K (g permuted to (O, nb, HoWo)), accumulated in f32 over chunks.
 // A 1x1, stride 1, unpadded convolution reads x and writes dx without columns. Pooling kernels
 // are in conv.cu.
-#include "graph/prims/conv.h"
-
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 
 #include "backends/cuda/common.h"
 #include "backends/cuda/gemm.h"
+#include "graph/prims/conv.h"
 
 namespace hetrain {
 

@@ -1,8 +1,7 @@
 // eval_cuda of the elementwise primitives (unary, binary, where, cast, concat,
 // slice_scatter) and of reshape's copying case; kernels in elementwise.cu.
-#include "graph/prims/elementwise.h"
-
 #include "backends/cuda/common.h"
+#include "graph/prims/elementwise.h"
 #include "graph/prims/views.h"
 
 namespace hetrain {

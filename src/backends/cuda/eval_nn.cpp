@@ -1,11 +1,10 @@
 // eval_cuda of reductions, softmax, layer/rms norm, take/index_add (embedding),
 // cross-entropy and the fused AdamW step; kernels in reduce.cu and nn.cu.
-#include "graph/prims/nn.h"
-
 #include <algorithm>
 #include <cmath>
 
 #include "backends/cuda/common.h"
+#include "graph/prims/nn.h"
 #include "graph/prims/optim.h"
 #include "graph/prims/reduce.h"
 

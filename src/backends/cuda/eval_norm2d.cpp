@@ -1,9 +1,8 @@
 // eval_cuda of the fused batch norm forward and backward; kernels in norm2d.cu.
-#include "graph/prims/norm2d.h"
-
 #include <algorithm>
 
 #include "backends/cuda/common.h"
+#include "graph/prims/norm2d.h"
 
 namespace hetrain {
 

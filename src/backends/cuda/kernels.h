@@ -188,9 +188,9 @@ struct BatchNormDims {
 int64_t batch_norm_workspace(const BatchNormDims& d);
 /// Training forward: mean and biased var (C, stats type) by two passes (mean, then squared
 /// deviations), y = (x - mean) * w / sqrt(var + eps) + b, or relu of it when `relu`.
-void launch_batch_norm(Dtype dt, const BatchNormDims& d, double eps, bool relu, void* y,
-                       void* mean, void* var, void* workspace, const void* x, const void* w,
-                       const void* b, cudaStream_t s);
+void launch_batch_norm(Dtype dt, const BatchNormDims& d, double eps, bool relu, void* y, void* mean,
+                       void* var, void* workspace, const void* x, const void* w, const void* b,
+                       cudaStream_t s);
 /// Its backward: db = sum(g), dw = sum(g * xhat), dx = w * invstd * (g - db / M - xhat * dw /
 /// M) with M = N * HW (dw, db, dx of dtype dt; mean, var of the stats type). With `relu`, g is
 /// zeroed where the forward's pre-activation (recomputed from x, w, b, mean, var) was <= 0.

@@ -93,8 +93,8 @@ template <class T>
 __device__ void affine(int64_t c, double eps, acc_of<T>* scale, acc_of<T>* shift,
                        const acc_of<T>* mean, const acc_of<T>* var, const T* w, const T* b) {
   using A = acc_of<T>;
-  const A sc = static_cast<A>(static_cast<double>(load(w[c])) /
-                              sqrt(static_cast<double>(var[c]) + eps));
+  const A sc =
+      static_cast<A>(static_cast<double>(load(w[c])) / sqrt(static_cast<double>(var[c]) + eps));
   scale[c] = sc;
   shift[c] = load(b[c]) - mean[c] * sc;
 }
@@ -190,9 +190,9 @@ dim3 partial_grid(const BatchNormDims& d, int64_t chunks) {
 
 int64_t batch_norm_workspace(const BatchNormDims& d) { return (2 * chunks_of(d) + 5) * d.C; }
 
-void launch_batch_norm(Dtype dt, const BatchNormDims& d, double eps, bool relu, void* y,
-                       void* mean, void* var, void* workspace, const void* x, const void* w,
-                       const void* b, cudaStream_t s) {
+void launch_batch_norm(Dtype dt, const BatchNormDims& d, double eps, bool relu, void* y, void* mean,
+                       void* var, void* workspace, const void* x, const void* w, const void* b,
+                       cudaStream_t s) {
   if (d.C == 0 || d.N * d.HW == 0) return;
   const int64_t chunks = chunks_of(d), per = (d.N * d.HW + chunks - 1) / chunks;
   dispatch_device_float(dt, "batch_norm2d", [&]<class T>() {
@@ -251,16 +251,15 @@ void launch_batch_norm_backward(Dtype dt, const BatchNormDims& d, double eps, bo
       bn_affine_kernel<T>
           <<<grid_for(d.C, kThreads), kThreads, 0, s>>>(d, eps, scale, shift, mp, vp, wp, bp);
       HT_CUDA_CHECK_LAUNCH("bn_affine_kernel");
-      bn_partial_kernel<T, BnSums::grad, true><<<partial_grid(d, chunks), kThreads, 0, s>>>(
-          d, per, p0, p1, xp, gp, mp, scale, shift);
+      bn_partial_kernel<T, BnSums::grad, true>
+          <<<partial_grid(d, chunks), kThreads, 0, s>>>(d, per, p0, p1, xp, gp, mp, scale, shift);
     } else {
       bn_partial_kernel<T, BnSums::grad>
           <<<partial_grid(d, chunks), kThreads, 0, s>>>(d, per, p0, p1, xp, gp, mp);
     }
     HT_CUDA_CHECK_LAUNCH("bn_partial_kernel");
     bn_backward_scalars_kernel<T><<<grid_for(d.C, kThreads), kThreads, 0, s>>>(
-        d, chunks, eps, static_cast<T*>(dw), static_cast<T*>(db), k, gmean, proj,
-        vp, p0, p1, wp);
+        d, chunks, eps, static_cast<T*>(dw), static_cast<T*>(db), k, gmean, proj, vp, p0, p1, wp);
     HT_CUDA_CHECK_LAUNCH("bn_backward_scalars_kernel");
     const int64_t total = d.N * d.C * d.HW;
     if (relu)

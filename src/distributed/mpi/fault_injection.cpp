@@ -31,11 +31,16 @@ std::optional<Fault> fault_from_env() {
     return bad();
   }
   const std::string kind = s.substr(c2 + 1);
-  if (kind == "exit") f.kind = Fault::Kind::exit;
-  else if (kind == "abort") f.kind = Fault::Kind::abort;
-  else if (kind == "segv") f.kind = Fault::Kind::segv;
-  else if (kind == "hang") f.kind = Fault::Kind::hang;
-  else return bad();
+  if (kind == "exit")
+    f.kind = Fault::Kind::exit;
+  else if (kind == "abort")
+    f.kind = Fault::Kind::abort;
+  else if (kind == "segv")
+    f.kind = Fault::Kind::segv;
+  else if (kind == "hang")
+    f.kind = Fault::Kind::hang;
+  else
+    return bad();
   if (f.rank < 0 || f.step < 0) return bad();
   return f;
 }

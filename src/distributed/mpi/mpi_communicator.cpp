@@ -21,16 +21,16 @@ namespace hetrain::distributed {
 
 namespace {
 
-#define HT_MPI_CHECK(call)                                                                  \
-  do {                                                                                      \
-    const int rc_ = (call);                                                                 \
-    if (rc_ != MPI_SUCCESS) {                                                               \
-      char msg_[MPI_MAX_ERROR_STRING];                                                      \
-      int len_ = 0;                                                                         \
-      MPI_Error_string(rc_, msg_, &len_);                                                   \
+#define HT_MPI_CHECK(call)                                                                        \
+  do {                                                                                            \
+    const int rc_ = (call);                                                                       \
+    if (rc_ != MPI_SUCCESS) {                                                                     \
+      char msg_[MPI_MAX_ERROR_STRING];                                                            \
+      int len_ = 0;                                                                               \
+      MPI_Error_string(rc_, msg_, &len_);                                                         \
       ::hetrain::fail("[mpi] ", #call, " failed: ", std::string(msg_, static_cast<size_t>(len_)), \
-                      " at ", __FILE__, ":", __LINE__);                                     \
-    }                                                                                       \
+                      " at ", __FILE__, ":", __LINE__);                                           \
+    }                                                                                             \
   } while (0)
 
 using Clock = std::chrono::steady_clock;
@@ -79,8 +79,7 @@ class MpiCommunicator;
 
 class MpiWork final : public Work {
  public:
-  MpiWork(MpiCommunicator& c, MPI_Request r, int64_t seq, std::string name,
-          CollectiveContext ctx)
+  MpiWork(MpiCommunicator& c, MPI_Request r, int64_t seq, std::string name, CollectiveContext ctx)
       : c_(c), req_(r), seq_(seq), name_(std::move(name)), ctx_(std::move(ctx)) {}
   bool test() override;
   void wait() override;
@@ -241,8 +240,8 @@ class MpiCommunicator final : public Communicator {
     while (!announced_.empty()) {  // retire completed announcements
       int flag = 0;
       Announcement& a = announced_.front();
-      HT_MPI_CHECK(MPI_Testall(static_cast<int>(a.reqs.size()), a.reqs.data(), &flag,
-                               MPI_STATUSES_IGNORE));
+      HT_MPI_CHECK(
+          MPI_Testall(static_cast<int>(a.reqs.size()), a.reqs.data(), &flag, MPI_STATUSES_IGNORE));
       if (!flag) break;
       announced_.pop_front();
     }
@@ -251,7 +250,8 @@ class MpiCommunicator final : public Communicator {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       a.reqs.emplace_back();
-      HT_MPI_CHECK(MPI_Isend(a.value.get(), 1, MPI_INT64_T, r, kArrivalTag, watch_, &a.reqs.back()));
+      HT_MPI_CHECK(
+          MPI_Isend(a.value.get(), 1, MPI_INT64_T, r, kArrivalTag, watch_, &a.reqs.back()));
     }
     announced_.push_back(std::move(a));
   }
@@ -262,8 +262,8 @@ class MpiCommunicator final : public Communicator {
       HT_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kArrivalTag, watch_, &flag, &st));
       if (!flag) return;
       int64_t v = 0;
-      HT_MPI_CHECK(MPI_Recv(&v, 1, MPI_INT64_T, st.MPI_SOURCE, kArrivalTag, watch_,
-                            MPI_STATUS_IGNORE));
+      HT_MPI_CHECK(
+          MPI_Recv(&v, 1, MPI_INT64_T, st.MPI_SOURCE, kArrivalTag, watch_, MPI_STATUS_IGNORE));
       int64_t& a = arrived_[static_cast<size_t>(st.MPI_SOURCE)];
       a = std::max(a, v);
     }

@@ -8,8 +8,9 @@ namespace hetrain::distributed {
 bool nccl_available() { return false; }
 std::string nccl_version() { return ""; }
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, const NcclOptions&) {
-  fail("[nccl] this build has no NCCL (configure with the CUDA backend on and a CUDA toolkit "
-       "that ships nccl.h and libnccl)");
+  fail(
+      "[nccl] this build has no NCCL (configure with the CUDA backend on and a CUDA toolkit "
+      "that ships nccl.h and libnccl)");
 }
 
 }  // namespace hetrain::distributed

@@ -15,19 +15,19 @@ namespace hetrain::distributed {
 
 namespace {
 
-#define HT_NCCL_CHECK(call)                                                              \
-  do {                                                                                   \
-    const ncclResult_t r_ = (call);                                                      \
-    if (r_ != ncclSuccess)                                                               \
-      ::hetrain::fail("[nccl] ", #call, " failed: ", ncclGetErrorString(r_), " at ",     \
-                      __FILE__, ":", __LINE__);                                          \
+#define HT_NCCL_CHECK(call)                                                                    \
+  do {                                                                                         \
+    const ncclResult_t r_ = (call);                                                            \
+    if (r_ != ncclSuccess)                                                                     \
+      ::hetrain::fail("[nccl] ", #call, " failed: ", ncclGetErrorString(r_), " at ", __FILE__, \
+                      ":", __LINE__);                                                          \
   } while (0)
-#define HT_CUDA_CHECK(call)                                                              \
-  do {                                                                                   \
-    const cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess)                                                               \
-      ::hetrain::fail("[nccl] ", #call, " failed: ", cudaGetErrorString(e_), " at ",     \
-                      __FILE__, ":", __LINE__);                                          \
+#define HT_CUDA_CHECK(call)                                                                    \
+  do {                                                                                         \
+    const cudaError_t e_ = (call);                                                             \
+    if (e_ != cudaSuccess)                                                                     \
+      ::hetrain::fail("[nccl] ", #call, " failed: ", cudaGetErrorString(e_), " at ", __FILE__, \
+                      ":", __LINE__);                                                          \
   } while (0)
 
 using Clock = std::chrono::steady_clock;
@@ -134,8 +134,8 @@ class NcclCommunicator final : public Communicator {
     const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
     HT_NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < size(); ++r) {
-      HT_NCCL_CHECK(ncclSend(static_cast<const char*>(send) + r * bytes,
-                             static_cast<size_t>(count), nccl_type(dt), r, comm_, stream_));
+      HT_NCCL_CHECK(ncclSend(static_cast<const char*>(send) + r * bytes, static_cast<size_t>(count),
+                             nccl_type(dt), r, comm_, stream_));
       HT_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + r * bytes, static_cast<size_t>(count),
                              nccl_type(dt), r, comm_, stream_));
     }
@@ -144,15 +144,15 @@ class NcclCommunicator final : public Communicator {
   }
   WorkPtr ibroadcast(void* buf, int64_t count, Dtype dt, int root) override {
     check_collective(*this, "broadcast", count, dt, false, root);
-    HT_NCCL_CHECK(ncclBroadcast(buf, buf, static_cast<size_t>(count), nccl_type(dt), root, comm_,
-                                stream_));
+    HT_NCCL_CHECK(
+        ncclBroadcast(buf, buf, static_cast<size_t>(count), nccl_type(dt), root, comm_, stream_));
     return record("broadcast");
   }
   WorkPtr ibarrier() override {
     // NCCL has no barrier: an all-reduce of one value on the device.
     if (!barrier_buf_) HT_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
-    HT_NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_,
-                                stream_));
+    HT_NCCL_CHECK(
+        ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
     return record("barrier");
   }
   void abort_job(int code) override {

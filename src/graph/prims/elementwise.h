@@ -385,7 +385,6 @@ class Cast final : public Primitive {
   Dtype to_;
 };
 
-
 /// g where x > 0, else 0 (ReluGradOp): the gradient through a relu, from its input or, as
 /// relu(x) > 0 exactly where x > 0, from its output.
 Tensor relu_grad(const Tensor& x, const Tensor& g);

@@ -199,7 +199,6 @@ class CrossEntropyBackward final : public Primitive {
   int64_t ignore_;
 };
 
-
 /// The first value of an integer index array outside [0, bound), other than skip (an array
 /// in a GPU's memory is read through a host copy).
 std::optional<int64_t> find_bad_index(const Array& index, int64_t bound,

@@ -117,7 +117,8 @@ class Concat final : public Primitive {
   bool has_kernel(DeviceKind) const override { return true; }
 #endif
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
-                          const std::vector<Tensor>& g, const std::vector<int>& argnums) const override;
+                          const std::vector<Tensor>& g,
+                          const std::vector<int>& argnums) const override;
 
  private:
   int axis_;
