@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "distributed/host_buffers.h"
 #include "hetrain/base/error.h"
 #include "hetrain/graph/ops.h"
 
@@ -15,36 +16,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-Array host_f32(int64_t n, MemoryTag tag) {
-  Array a;
-  a.shape = {n};
-  a.dtype = Dtype::f32;
-  a.tag = tag;
-  a.allocate();
-  if (n > 0) std::memset(a.raw(), 0, a.nbytes());
-  return a;
-}
-
-/// A gradient's values as contiguous host f32 (a copy only when it is not already so).
-struct HostGrad {
-  Tensor holder;
-  std::vector<float> copy;
-  const float* data = nullptr;
-};
-HostGrad host_values(const Tensor& g) {
-  HostGrad h;
-  g.eval();
-  const Array& a = g.array();
-  if (a.dtype == Dtype::f32 && a.contiguous() && a.device().kind == DeviceKind::cpu) {
-    h.holder = g;
-    h.data = a.data<float>();
-  } else {
-    h.copy = g.to_vector<float>();
-    h.data = h.copy.data();
-  }
-  return h;
 }
 
 }  // namespace
@@ -134,7 +105,7 @@ void GradReducer::add_grad(size_t k, bool first) {
   if (g.shape() != params_[k]->shape())
     fail("[ddp] gradient of parameter ", k, " has shape ", shape_str(g.shape()), ", the parameter ",
          shape_str(params_[k]->shape()));
-  const HostGrad h = host_values(g);
+  const HostValues h = host_values(g);
   add_values(k, h.data);
   params_[k]->zero_grad();
 }

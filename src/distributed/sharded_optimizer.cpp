@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "distributed/host_buffers.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/ops.h"
@@ -13,16 +14,6 @@
 namespace hetrain::distributed {
 
 namespace {
-
-Array host_f32(int64_t n, MemoryTag tag) {
-  Array a;
-  a.shape = {n};
-  a.dtype = Dtype::f32;
-  a.tag = tag;
-  a.allocate();
-  if (n > 0) std::memset(a.raw(), 0, a.nbytes());
-  return a;
-}
 
 /// A leaf tensor over elements [off, off + numel(shape)) of a flat f32 array (no copy).
 Tensor view_leaf(const Array& flat, int64_t off, const Shape& shape, bool requires_grad) {
@@ -34,26 +25,6 @@ Tensor view_leaf(const Array& flat, int64_t off, const Shape& shape, bool requir
   Tensor t = make_leaf(std::move(a));
   if (requires_grad) t.requires_grad_(true);
   return t;
-}
-
-/// A tensor's values as contiguous host f32 (copied only when they are not already so).
-struct HostValues {
-  Tensor holder;
-  std::vector<float> copy;
-  const float* data = nullptr;
-};
-HostValues host_values(const Tensor& t) {
-  HostValues h;
-  t.eval();
-  const Array& a = t.array();
-  if (a.dtype == Dtype::f32 && a.contiguous() && a.device().kind == DeviceKind::cpu) {
-    h.holder = t;
-    h.data = a.data<float>();
-  } else {
-    h.copy = t.to_vector<float>();
-    h.data = h.copy.data();
-  }
-  return h;
 }
 
 std::string shard_name(size_t b) { return "zero_bucket_" + std::to_string(b); }

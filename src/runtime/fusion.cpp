@@ -118,8 +118,7 @@ const Node* sole_elementwise_producer(const Tensor& t, const Node& consumer) {
 /// Builds a chain's inputs and steps, an input used twice taking one slot.
 struct ChainBuilder {
   std::vector<Tensor> inputs;
-  std::vector<std::pair<std::shared_ptr<Primitive>, std::vector<int>>> steps;  // input slots
-  std::vector<TensorMeta> metas;
+  std::vector<ElementwiseChain::Step> steps;  // operands in the encoding of step()
 
   int input(const Tensor& t) {
     for (size_t i = 0; i < inputs.size(); ++i)
@@ -130,8 +129,7 @@ struct ChainBuilder {
   }
   // Step operands are encoded as >= 0: an input, < 0: step -1 - k.
   int step(std::shared_ptr<Primitive> prim, std::vector<int> args, TensorMeta out) {
-    steps.emplace_back(std::move(prim), std::move(args));
-    metas.push_back(std::move(out));
+    steps.push_back({std::move(prim), std::move(args), std::move(out)});
     return -static_cast<int>(steps.size());
   }
   /// Adds node p's work (one step, or the steps of the chain it already is) over the given
@@ -153,15 +151,13 @@ struct ChainBuilder {
     for (const Tensor& t : p.inputs) slot.push_back(input(t));
     return append(p, std::move(slot));
   }
-  std::shared_ptr<Primitive> build() const {
+  /// The chain, with step results numbered after the inputs as ElementwiseChain wants.
+  std::shared_ptr<Primitive> build() {
     const int n = static_cast<int>(inputs.size());
-    std::vector<ElementwiseChain::Step> out;
-    for (size_t k = 0; k < steps.size(); ++k) {
-      std::vector<int> args;
-      for (int a : steps[k].second) args.push_back(a >= 0 ? a : n + (-1 - a));
-      out.push_back({steps[k].first, std::move(args), metas[k]});
-    }
-    return std::make_shared<ElementwiseChain>(n, std::move(out));
+    for (auto& s : steps)
+      for (int& a : s.args)
+        if (a < 0) a = n + (-1 - a);
+    return std::make_shared<ElementwiseChain>(n, std::move(steps));
   }
 };
 
