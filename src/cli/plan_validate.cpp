@@ -79,8 +79,13 @@ int plan_validate(const Catalog& catalog, const std::string& path, bool json_out
                            {"predicted", p.predicted},
                            {"error", p.error},
                            {"strategy", p.plan.strategy.describe()},
+                           {"fits_memory_model", p.plan.fits},
+                           {"software", p.run->software},
+                           {"software_in_train", p.stack_in_train},
                            {"source", p.run->source}});
-    for (auto [key, s] : {std::pair{"train", rep.train}, std::pair{"held_out", rep.held_out}})
+    for (auto [key, s] : {std::pair{"train", rep.train}, std::pair{"held_out", rep.held_out},
+                          std::pair{"held_out_seen_software", rep.held_out_seen_stack},
+                          std::pair{"held_out_new_software", rep.held_out_new_stack}})
       j[key] = {{"count", s.count},
                 {"median_abs_error", s.median_abs_error},
                 {"mean_abs_error", s.mean_abs_error},
@@ -100,9 +105,28 @@ int plan_validate(const Catalog& catalog, const std::string& path, bool json_out
               << pad(figure(r.metric, p.predicted), 16) << pad(fmt("%+.1f%%", 100 * p.error), 8)
               << p.plan.strategy.describe() << "\n";
   }
+  bool header = false;
+  for (const auto& p : rep.runs) {
+    if (p.plan.fits) continue;
+    if (!header)
+      std::cout << "\nran as published, although the memory model says it does not fit (judged "
+                   "on time):\n";
+    header = true;
+    std::cout << "  " << pad(p.run->id, 22) << p.plan.fit_reason << "\n";
+  }
+  std::string unseen;
+  for (const auto& p : rep.runs)
+    if (!p.run->train() && !p.stack_in_train)
+      unseen += "\n  " + pad(p.run->id, 22) + p.run->software;
+  if (!unseen.empty())
+    std::cout << "\nheld out on software no train run used (the fit extrapolates):" << unseen
+              << "\n";
   std::cout << "\n";
   print_summary("train", rep.train);
   print_summary("held-out", rep.held_out);
+  std::cout << "  of the held-out runs:\n";
+  print_summary("  software the fit saw", rep.held_out_seen_stack);
+  print_summary("  software it did not", rep.held_out_new_stack);
   std::cout << "\nefficiency model\n";
   print_model("catalog (used above)", catalog.efficiency);
   print_model("refit on the train runs", refit);

@@ -5,9 +5,11 @@
 #include <array>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "hetrain/base/error.h"
 #include "hetrain/base/file_input.h"
+#include "planning/internal.h"
 
 namespace hetrain::planning {
 
@@ -110,6 +112,9 @@ PublishedRun run_from(const json& e, const std::string& file, size_t index) {
     fail("[plan] ", where, ": 'split' must be \"train\" or \"held-out\"");
   r.source = e.value("source", std::string());
   if (r.source.empty()) fail("[plan] ", where, ": 'source' (the citation) is missing");
+  r.software = e.value("software", std::string());
+  if (r.software.empty())
+    fail("[plan] ", where, ": 'software' (the training code the run used) is missing");
   r.params_reported = e.value("params_reported", std::string());
   r.strategy_note = e.value("strategy_note", std::string());
   r.job.model = model_from(e.value("model", json()), where);
@@ -175,15 +180,32 @@ Hardware hardware_for(const PublishedRun& r, const Catalog& cat, const Efficienc
   return hw;
 }
 
-// The published strategy; open dimensions searched for the fastest plan that fits.
+// The published strategy; open dimensions searched for the fastest plan that fits. A run that
+// publishes every dimension that decides its memory (tp, pp, ZeRO stage, offload, recompute,
+// micro-batch) ran in the memory it had: it is judged on that strategy even where the memory
+// model says it does not fit (the plan's `fits` says so), and an interleaved schedule whose
+// chunks per device are not published takes the fastest valid count (2, 4 or 8).
 Plan predict_plan(const PublishedRun& r, const Hardware& hw) {
-  if (r.tp && r.pp && r.zero && r.offload && r.recompute && r.micro_batch && r.virtual_stages) {
+  if (r.tp && r.pp && r.zero && r.offload && r.recompute && r.micro_batch) {
     Strategy s;
-    s.virtual_stages = *r.virtual_stages;
     s.recompute_layers = r.recompute_layers.value_or(0);
     s.tp = *r.tp, s.pp = *r.pp, s.zero = *r.zero, s.offload = *r.offload;
     s.recompute = *r.recompute, s.micro_batch = *r.micro_batch;
-    return evaluate(r.job, hw, r.gpus, s);
+    if (r.virtual_stages) {
+      s.virtual_stages = *r.virtual_stages;
+      return evaluate(r.job, hw, r.gpus, s);
+    }
+    std::optional<Plan> best;
+    for (int v : {2, 4, 8}) {
+      s.virtual_stages = v;
+      if (!detail::strategy_problem(r.job, hw, r.gpus, s).empty()) continue;
+      Plan p = evaluate(r.job, hw, r.gpus, s);
+      if (!best || p.train_days < best->train_days) best = std::move(p);
+    }
+    if (!best)
+      fail("[plan] published run '", r.id, "': no interleaved schedule with 2, 4 or 8 chunks ",
+           "per device is valid for its strategy");
+    return *best;
   }
   Catalog one;
   Hardware h = hw;
@@ -260,18 +282,25 @@ std::vector<PublishedRun> load_published_runs(const std::string& path) {
 ValidationReport validate(const std::vector<PublishedRun>& runs, const Catalog& catalog,
                           const EfficiencyModel& m) {
   ValidationReport rep;
-  std::vector<double> train, held;
+  std::set<std::string> train_stacks;
+  for (const auto& r : runs)
+    if (r.train()) train_stacks.insert(r.software);
+  std::vector<double> train, held, held_seen, held_new;
   for (const auto& r : runs) {
     RunPrediction p;
     p.run = &r;
     p.plan = predict_plan(r, hardware_for(r, catalog, m));
     p.predicted = figure(r.metric, p.plan);
     p.error = is_rate(r.metric) ? r.reported / p.predicted - 1 : p.predicted / r.reported - 1;
+    p.stack_in_train = train_stacks.count(r.software) > 0;
     (r.train() ? train : held).push_back(p.error);
+    if (!r.train()) (p.stack_in_train ? held_seen : held_new).push_back(p.error);
     rep.runs.push_back(std::move(p));
   }
   rep.train = summarise(train);
   rep.held_out = summarise(held);
+  rep.held_out_seen_stack = summarise(held_seen);
+  rep.held_out_new_stack = summarise(held_new);
   return rep;
 }
 

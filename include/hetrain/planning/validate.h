@@ -26,6 +26,10 @@ const char* to_string(ReportedMetric m);
 
 struct PublishedRun {
   std::string id, split, source, params_reported, text, strategy_note;
+  /// The training code the run used ('software': megatron-lm, llm.c, mesh-transformer-jax..).
+  /// The efficiency model is fitted on the train runs' stacks; a held-out run on a stack no
+  /// train run used is an extrapolation, and the report says so.
+  std::string software;
   Job job;
   std::string hardware;
   std::optional<double> network_gbs;  // the published cluster's scale-out bandwidth per device
@@ -57,6 +61,7 @@ struct RunPrediction {
   Plan plan;             // the predicted plan (published strategy, open dimensions searched)
   double predicted = 0;  // in the reported figure's unit
   double error = 0;      // on time: predicted time / the time the reported figure implies - 1
+  bool stack_in_train = false;  // some train run used the same software
 };
 
 struct SplitSummary {
@@ -67,6 +72,8 @@ struct SplitSummary {
 struct ValidationReport {
   std::vector<RunPrediction> runs;
   SplitSummary train, held_out;
+  /// The held-out runs split by whether the fit saw their software stack.
+  SplitSummary held_out_seen_stack, held_out_new_stack;
 };
 
 /// Predicts every run with the catalog's hardware under efficiency model `m`.
