@@ -283,6 +283,9 @@ int cmd_plan(const Args& args) {
               "fused (FlashAttention-style: no s x s scores kept) or unfused (Megatron-LM 2021)",
               "fused")
       .flag("no-sequence-parallel", "do not shard activations along the sequence under tp")
+      .flag("no-dp-overlap",
+            "all-reduce the data-parallel gradients after the backward instead of overlapping "
+            "them with it (Megatron-LM 2019's local DDP)")
       .option("achieved-tflops", "X",
               "end-to-end TFLOP/s per device as papers publish it (FLOPs incl. recompute / "
               "wall time): the step is FLOPs / (devices x X), nothing added")
@@ -497,6 +500,7 @@ int cmd_plan(const Args& args) {
   if (p.given("virtual-stages"))
     s.virtual_stages = static_cast<int>(positive_int(p, "virtual-stages", kMaxDevices));
   s.sequence_parallel = !p.get_flag("no-sequence-parallel");
+  s.overlap_dp = !p.get_flag("no-dp-overlap");
 
   if (fixed_plan) {
     const Hardware& hw = cat.get(hw_ids[0]);
@@ -547,6 +551,7 @@ int cmd_plan(const Args& args) {
   if (p.given("micro-batch")) opt.micro_batch = s.micro_batch;
   if (p.given("virtual-stages")) opt.virtual_stages = s.virtual_stages;
   if (p.given("recompute-layers")) opt.recompute_layers = s.recompute_layers;
+  opt.sequence_parallel = s.sequence_parallel, opt.overlap_dp = s.overlap_dp;
   if (p.given("budget")) opt.budget_usd = parse_count(p.get("budget"), "--budget");
   if (p.given("deadline")) {
     opt.deadline_days = p.get_double("deadline");

@@ -57,6 +57,7 @@ std::string Strategy::describe() const {
     os << " recompute-layers=" << recompute_layers;
   if (virtual_stages > 1) os << " virtual-stages=" << virtual_stages;
   if (tp > 1 && !sequence_parallel) os << " no-sp";
+  if (!overlap_dp) os << " no-dp-overlap";
   return os.str();
 }
 
@@ -666,6 +667,7 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
       T.dp_exposed =
           mbs * (std::max(ag - c.fwd, 0.0) + std::max(ag + rs - bwd_mb, 0.0)) + std::min(rs, tail);
     }
+    if (!st.overlap_dp) T.dp_exposed = T.dp_comm;  // all of it after the backward
   }
 
   // Optimizer step: Adam is memory bound: read and write the K bytes of state, read the

@@ -21,7 +21,8 @@ json to_json(const Plan& p) {
                    {"micro_batches_per_step", p.micro_batches},
                    {"virtual_stages", s.virtual_stages},
                    {"recompute_layers", s.recompute_layers},
-                   {"sequence_parallel", s.sequence_parallel}};
+                   {"sequence_parallel", s.sequence_parallel},
+                   {"overlap_dp", s.overlap_dp}};
   j["params"] = p.params;
   j["flops_per_step"] = p.flops_per_step;
   j["model_flops_per_step"] = p.model_flops_per_step;

@@ -201,6 +201,7 @@ SearchResult search(const Job& job, const Catalog& catalog, const SearchOptions&
                   Strategy s;
                   s.tp = tp, s.pp = pp, s.zero = z, s.offload = off, s.recompute = rc;
                   s.micro_batch = mb, s.virtual_stages = base_vs, s.recompute_layers = rco.layers;
+                  s.sequence_parallel = opt.sequence_parallel, s.overlap_dp = opt.overlap_dp;
                   std::string problem = detail::strategy_problem(job, *hw, n, s);
                   if (!problem.empty()) {
                     if (o.first_problem.empty()) o.first_problem = problem;

@@ -156,6 +156,7 @@ PublishedRun run_from(const json& e, const std::string& file, size_t index) {
         fail("[plan] ", sw, ": 'recompute_layers' must be a whole number >= 0 (0: every layer)");
       r.recompute_layers = s["recompute_layers"].get<int>();
     }
+    r.overlap_dp = flag(s, "dp_overlap", true, sw);
     const std::string schedule = s.value("schedule", std::string("1f1b"));
     if (schedule != "1f1b" && schedule != "interleaved")
       fail("[plan] ", sw, ": 'schedule' must be \"1f1b\" or \"interleaved\", got '", schedule, "'");
@@ -191,6 +192,7 @@ Plan predict_plan(const PublishedRun& r, const Hardware& hw) {
     s.recompute_layers = r.recompute_layers.value_or(0);
     s.tp = *r.tp, s.pp = *r.pp, s.zero = *r.zero, s.offload = *r.offload;
     s.recompute = *r.recompute, s.micro_batch = *r.micro_batch;
+    s.overlap_dp = r.overlap_dp;
     if (r.virtual_stages) {
       s.virtual_stages = *r.virtual_stages;
       return evaluate(r.job, hw, r.gpus, s);
@@ -218,6 +220,7 @@ Plan predict_plan(const PublishedRun& r, const Hardware& hw) {
   o.tp = r.tp, o.pp = r.pp, o.zero = r.zero, o.offload = r.offload, o.recompute = r.recompute;
   o.micro_batch = r.micro_batch;
   o.virtual_stages = r.virtual_stages;
+  o.overlap_dp = r.overlap_dp;
   // A published recompute mode without a layer count is every layer; an open one is searched.
   if (r.recompute || r.recompute_layers) o.recompute_layers = r.recompute_layers.value_or(0);
   o.top = 1;

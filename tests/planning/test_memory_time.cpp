@@ -169,6 +169,39 @@ TEST(PlanTime, InterleavedScheduleDividesTheBubble) {
   EXPECT_THROW(evaluate(j, hw, 1024, s), Error);
 }
 
+TEST(PlanTime, GradientsAllReducedAfterTheBackwardAreAllExposed) {
+  // Megatron-LM 2019's local DDP all-reduced every gradient after the backward: the whole
+  // data-parallel time is on the step, where the overlapped all-reduce hides all but what
+  // outlasts the last backward and the last bucket.
+  Job j;
+  j.model = gpt_model(72, 3072, 32, 1024, 51200);
+  j.global_batch = 512;
+  j.tokens = 512.0 * 1024;
+  j.precision = Precision::fp16;
+  j.fused_attention = false;
+  Strategy s;
+  s.tp = 8, s.recompute = Recompute::full, s.micro_batch = 8;
+  const Hardware& hw = catalog().get("v100-sxm2-32gb");
+  const Plan overlapped = evaluate(j, hw, 512, s);
+  s.overlap_dp = false;
+  const Plan after = evaluate(j, hw, 512, s);
+  ASSERT_GT(overlapped.time.dp_comm, 0);
+  EXPECT_DOUBLE_EQ(after.time.dp_comm, overlapped.time.dp_comm);
+  EXPECT_LT(overlapped.time.dp_exposed, overlapped.time.dp_comm);
+  EXPECT_DOUBLE_EQ(after.time.dp_exposed, after.time.dp_comm);
+  // Only the exposed part moves, and the end-to-end overhead scales with the step.
+  const double k = 1 + hw.efficiency.step_overhead;
+  EXPECT_NEAR(after.time.step - overlapped.time.step,
+              k * (after.time.dp_comm - overlapped.time.dp_exposed), 1e-9 * after.time.step);
+  EXPECT_NE(after.strategy.describe().find("no-dp-overlap"), std::string::npos);
+  // Without data parallelism there is nothing to overlap.
+  s.micro_batch = 1;
+  j.global_batch = 8;
+  const Plan one = evaluate(j, hw, 8, s);
+  s.overlap_dp = true;
+  EXPECT_DOUBLE_EQ(evaluate(j, hw, 8, s).time.step, one.time.step);
+}
+
 TEST(PlanTime, RecomputingSomeLayersInterpolatesMemoryAndTime) {
   // Full recompute of k of a device's L layers (Megatron-LM's --recompute-num-layers): the
   // recomputed forward is k/L of full recompute's, two tensor-parallel all-reduces per
@@ -243,6 +276,25 @@ TEST(PlanSearch, InterleavingIsSearchedWithAPipeline) {
   ASSERT_FALSE(plain.plans.empty());
   EXPECT_GT(open.plans.front().strategy.virtual_stages, 1);
   EXPECT_LT(open.plans.front().train_days, plain.plans.front().train_days);
+}
+
+TEST(PlanSearch, SoftwarePropertiesReachEveryCandidate) {
+  // Sequence parallelism and the data-parallel overlap are the software's, not searched: every
+  // plan of a search carries the ones given, and the interleaved variants keep them.
+  Job j = gpt3_job();
+  SearchOptions o;
+  o.hardware = {"a100-80gb-sxm"};
+  o.gpus = {1024};
+  o.tp = 8, o.pp = 16, o.top = 5;
+  o.sequence_parallel = false, o.overlap_dp = false;
+  SearchResult r = search(j, catalog(), o);
+  ASSERT_FALSE(r.plans.empty());
+  for (const auto& ps : {r.plans, r.alternatives})
+    for (const Plan& p : ps) {
+      EXPECT_FALSE(p.strategy.sequence_parallel) << p.strategy.describe();
+      EXPECT_FALSE(p.strategy.overlap_dp) << p.strategy.describe();
+      EXPECT_DOUBLE_EQ(p.time.dp_exposed, p.time.dp_comm) << p.strategy.describe();
+    }
 }
 
 TEST(PlanTime, InconsistentInputIsAnError) {

@@ -54,6 +54,9 @@ TEST(PlanValidate, PublishedRunsTableCoversScalesAndHardware) {
   EXPECT_FALSE(by_id("llama3-405b-8192").virtual_stages.has_value());
   EXPECT_EQ(by_id("megatron-gpt-1008b").virtual_stages, 1);
   EXPECT_EQ(by_id("megatron2019-gpt-8.3b").job.model.params() / 100'000'000, 83);
+  // Megatron-LM 2019's released code all-reduced the gradients after the backward.
+  EXPECT_FALSE(by_id("megatron2019-gpt-8.3b").overlap_dp);
+  EXPECT_TRUE(by_id("megatron-gpt-1008b").overlap_dp);
 }
 
 TEST(PlanValidate, CatalogEfficiencyModelIsTheFitOnTheTrainRuns) {

@@ -26,6 +26,11 @@ struct Strategy {
   Recompute recompute = Recompute::none;
   int64_t micro_batch = 1;
   bool sequence_parallel = true;  // Megatron-style, only meaningful with tp > 1
+  /// Data-parallel gradient traffic overlapped with the backward pass (bucketed all-reduce,
+  /// PyTorch DDP, Megatron-LM since 2020). false: the gradients are all-reduced after the
+  /// backward, all of it exposed (Megatron-LM 2019's local DDP: one flattened all-reduce
+  /// after backward).
+  bool overlap_dp = true;
   /// Interleaved 1F1B pipeline schedule (Narayanan et al. 2021, section 2.2.2): each device
   /// holds this many non-adjacent chunks of its layers; the bubble is divided by it, the
   /// point-to-point traffic multiplied. 1: the plain 1F1B schedule. Needs pp > 1.
@@ -139,6 +144,8 @@ struct SearchOptions {
   std::optional<int64_t> micro_batch;
   std::optional<double> budget_usd, deadline_days;
   size_t top = 10;
+  /// Properties of the software every candidate shares (Strategy's fields of the same name).
+  bool sequence_parallel = true, overlap_dp = true;
 };
 
 struct Rejection {

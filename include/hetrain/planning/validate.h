@@ -46,6 +46,9 @@ struct PublishedRun {
   /// Layers per device recomputed under full recompute ('recompute_layers'; 0: all). When the
   /// row gives recompute without it, every layer; when recompute is open, searched.
   std::optional<int> recompute_layers;
+  /// The software's data-parallel gradient all-reduce overlaps the backward ('dp_overlap',
+  /// default true; Megatron-LM 2019's local DDP all-reduced after the backward).
+  bool overlap_dp = true;
   ReportedMetric metric = ReportedMetric::achieved_tflops_per_gpu;
   double reported = 0;
   bool train() const { return split == "train"; }
