@@ -306,8 +306,12 @@ int train_on(const ArgParser& p, const Args& args, training::TrainConfig& cfg,
   }
 
   const TransferStats moved0 = transfer_stats();
-  if (fault)
+  if (fault && fault->point.empty())
     hooks.begin = [&](int64_t step) { distributed::inject_fault(*fault, comm.rank(), step); };
+  if (fault && !fault->point.empty())
+    hooks.checkpoint = [&](int64_t step, const std::string& point) {
+      if (point == fault->point) distributed::inject_fault(*fault, comm.rank(), step);
+    };
   if (!leader) hooks.finished = nullptr;  // rank 0 exports
   training::TrainResult r = training::train(cfg, hooks, comm);
   if (!leader) return 0;

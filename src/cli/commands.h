@@ -26,6 +26,7 @@ int cmd_simulate(const Args& args);
 int cmd_perfmodel(const Args& args);
 int cmd_export(const Args& args);
 int cmd_run(const Args& args);
+int cmd_checkpoint(const Args& args);
 
 /// Every subcommand, in the order `hetrain --help` lists them.
 const std::vector<Command>& commands();

@@ -11,6 +11,8 @@ const std::vector<Command>& commands() {
       {"train", "train a model on this machine (presets fashion-mlp, fashion-cnn, gpt-mini)",
        cmd_train},
       {"export", "write a trained checkpoint as an ONNX model (inference form)", cmd_export},
+      {"checkpoint", "inspect a checkpoint; consolidate a sharded (ZeRO) one into a plain one",
+       cmd_checkpoint},
       {"run", "run an ONNX model on input files; compare with expected outputs", cmd_run},
       {"plan", "memory, time and cost of a training job; search hardware and strategy", cmd_plan},
       {"profile", "per-primitive time, FLOPs, bytes and roofline of a few training steps; trace",

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "distributed/host_buffers.h"
 #include "hetrain/base/error.h"
@@ -240,6 +241,42 @@ std::map<std::string, Tensor> ShardedOptimizer::state_dict() const {
           from_blob(full.data() + reducer_.offset_of(k), p.shape(), Dtype::f32).eval();
     }
   }
+  return out;
+}
+
+std::vector<training::checkpoint::Piece> ShardedOptimizer::checkpoint_pieces() const {
+  std::vector<training::checkpoint::Piece> out;
+  const std::map<std::string, Tensor> state = inner_->state_dict();
+  for (size_t b = 0; b < shard_.size(); ++b) {
+    const int64_t lo = comm_.rank() * reducer_.bucket_shard(b), hi = lo + reducer_.bucket_shard(b);
+    // The state slots of this bucket's shard ("exp_avg", ...), over [own_begin, + own_count).
+    std::vector<std::pair<std::string, HostValues>> slots;
+    for (const auto& [key, t] : state)
+      if (key.substr(key.find('.') + 1) == shard_name(b))
+        slots.emplace_back(key.substr(0, key.find('.')), host_values(t));
+    const float* params = flat_[b].data<float>();
+    for (size_t k : reducer_.buckets()[b]) {
+      const auto& [pname, p] = model_params_[k];
+      const int64_t off = reducer_.offset_of(k);
+      const int64_t begin = std::max(off, lo), end = std::min(off + p->numel(), hi);
+      if (begin >= end) continue;
+      out.push_back(
+          {"model", pname, begin - off, from_blob(params + begin, {end - begin}, Dtype::f32)});
+      for (const auto& [slot, v] : slots)
+        out.push_back({"train_state", slot + "." + pname, begin - off,
+                       from_blob(v.data + (begin - own_begin(b)), {end - begin}, Dtype::f32)});
+    }
+  }
+  for (auto& piece : out) piece.values.eval();
+  return out;
+}
+
+std::map<std::string, training::checkpoint::TensorLayout> ShardedOptimizer::state_layout() const {
+  std::set<std::string> slots;
+  for (const auto& [key, t] : inner_->state_dict()) slots.insert(key.substr(0, key.find('.')));
+  std::map<std::string, training::checkpoint::TensorLayout> out;
+  for (const std::string& slot : slots)
+    for (const auto& [pname, p] : model_params_) out[slot + "." + pname] = {Dtype::f32, p->shape()};
   return out;
 }
 

@@ -4,11 +4,13 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -17,6 +19,7 @@
 
 #include "hetrain/base/error.h"
 #include "hetrain/base/file_output.h"
+#include "hetrain/graph/ops.h"
 
 namespace hetrain::training::checkpoint {
 
@@ -26,6 +29,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr int kVersion = 2;
+constexpr int kShardedVersion = 3;
 constexpr const char* kLegacyFiles[][2] = {{"model", "model.safetensors"},
                                            {"train_state", "train_state.safetensors"}};
 
@@ -49,10 +53,89 @@ struct Entry {
   uint32_t crc32 = 0;
 };
 struct Index {
+  int version = kVersion;
   int64_t step = 0;
   uint64_t generation = 0;
   std::map<std::string, Entry> parts;
+  // Version 3: the ranks, the stage and each logical part's metadata and tensor layouts.
+  int world_size = 1, stage = 0;
+  std::vector<ShardedPart> sharded;
 };
+
+/// "shard-<r>" -> r, or -1 for any other name.
+int shard_rank(const std::string& part) {
+  if (part.rfind("shard-", 0) != 0 || part.size() == 6 || part.size() > 12) return -1;
+  int r = -1;
+  const auto [end, ec] = std::from_chars(part.data() + 6, part.data() + part.size(), r);
+  return ec == std::errc() && end == part.data() + part.size() &&
+                 std::to_string(r) == part.substr(6)
+             ? r
+             : -1;
+}
+
+/// The "sharded" object of a version-3 index.
+void parse_sharded(const json& j, Index& idx, const std::function<void(const std::string&)>& bad) {
+  if (!j.contains("sharded") || !j["sharded"].is_object())
+    bad("'sharded' is missing (a version-3 index describes its shards)");
+  const json& s = j["sharded"];
+  for (const char* k : {"world_size", "stage"})
+    if (!s.contains(k) || !s[k].is_number_unsigned() || s[k].get<uint64_t>() > 1000000)
+      bad(std::string("sharded.") + k + " is missing or not a non-negative integer");
+  idx.world_size = s["world_size"].get<int>();
+  idx.stage = s["stage"].get<int>();
+  if (idx.world_size < 1) bad("sharded.world_size must be at least 1");
+  if (!s.contains("parts") || !s["parts"].is_object() || s["parts"].empty())
+    bad("sharded.parts is missing or empty");
+  for (auto it = s["parts"].begin(); it != s["parts"].end(); ++it) {
+    const std::string where = "sharded part '" + it.key() + "'";
+    if (!plain_word(it.key())) bad(where + ": not a plain name");
+    const json& v = it.value();
+    if (!v.is_object() || !v.contains("tensors") || !v["tensors"].is_object() ||
+        !v.contains("metadata") || !v["metadata"].is_object())
+      bad(where + ": 'tensors' and 'metadata' must be objects");
+    ShardedPart part{it.key(), {}, {}};
+    for (auto m = v["metadata"].begin(); m != v["metadata"].end(); ++m) {
+      if (!m.value().is_string()) bad(where + ": metadata '" + m.key() + "' is not a string");
+      part.metadata[m.key()] = m.value().get<std::string>();
+    }
+    for (auto t = v["tensors"].begin(); t != v["tensors"].end(); ++t) {
+      const json& tv = t.value();
+      const std::string tw = where + ", tensor '" + t.key() + "'";
+      if (!tv.is_object() || !tv.contains("dtype") || !tv["dtype"].is_string() ||
+          !tv.contains("shape") || !tv["shape"].is_array())
+        bad(tw + ": needs 'dtype' (a string) and 'shape' (an array)");
+      TensorLayout l;
+      try {
+        l.dtype = safetensors::dtype_from_name(tv["dtype"].get<std::string>());
+      } catch (const Error& e) {
+        bad(tw + ": " + e.what());
+      }
+      int64_t n = 1;
+      for (const json& d : tv["shape"]) {
+        if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40))
+          bad(tw + ": shape entries must be non-negative integers below 2^40");
+        l.shape.push_back(d.get<int64_t>());
+        if (__builtin_mul_overflow(n, l.shape.back(), &n) || n > (int64_t{1} << 40))
+          bad(tw + ": more than 2^40 elements");
+      }
+      part.tensors.emplace(t.key(), std::move(l));
+    }
+    idx.sharded.push_back(std::move(part));
+  }
+  // The parts are the shards 0..N-1, each once.
+  std::vector<bool> seen(static_cast<size_t>(idx.world_size), false);
+  for (const auto& [name, e] : idx.parts) {
+    const int r = shard_rank(name);
+    if (r < 0 || r >= idx.world_size)
+      bad("part '" + name + "' is not one of the " + std::to_string(idx.world_size) +
+          " shards shard-0 .. shard-" + std::to_string(idx.world_size - 1));
+    seen[static_cast<size_t>(r)] = true;
+  }
+  for (int r = 0; r < idx.world_size; ++r)
+    if (!seen[static_cast<size_t>(r)])
+      bad("the index names no file for shard " + std::to_string(r) + " of " +
+          std::to_string(idx.world_size));
+}
 
 Index parse_index(const std::string& path) {
   auto bad = [&](const auto&... what) -> void { fail("[checkpoint] ", path, ": ", what...); };
@@ -71,10 +154,11 @@ Index parse_index(const std::string& path) {
     bad("not a Hetrain checkpoint index ('format' is not \"hetrain-checkpoint\")");
   if (!j.contains("version") || !j["version"].is_number_unsigned())
     bad("'version' is missing or not a non-negative integer");
-  if (j["version"].get<uint64_t>() != kVersion)
+  if (j["version"].get<uint64_t>() != kVersion && j["version"].get<uint64_t>() != kShardedVersion)
     bad("checkpoint format version ", j["version"].get<uint64_t>(), "; this Hetrain reads ",
-        kVersion);
+        kVersion, " and ", kShardedVersion);
   Index idx;
+  idx.version = j["version"].get<int>();
   if (!j.contains("step") || !j["step"].is_number_unsigned() ||
       j["step"].get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()})
     bad("'step' is missing or not a non-negative integer");
@@ -106,6 +190,8 @@ Index parse_index(const std::string& path) {
     e.crc32 = c;
     idx.parts.emplace(it.key(), std::move(e));
   }
+  if (idx.version == kShardedVersion)
+    parse_sharded(j, idx, [&](const std::string& what) { bad(what); });
   return idx;
 }
 
@@ -115,12 +201,13 @@ bool is_file(const fs::path& p) {
 }
 
 /// Removes what an earlier generation or an interrupted write left in dir: files named
-/// "<part>.<n>.safetensors" other than the current ones, version-1 files of the same parts, and
-/// temporary files. Best-effort: the new checkpoint is already complete.
-void remove_stale(const fs::path& dir, const std::vector<Part>& parts,
+/// "<part>.<n>.safetensors" other than the current ones (parts: the names given, "model",
+/// "train_state" and "shard-<r>"), version-1 files of those parts, and temporary files.
+/// Best-effort: the new checkpoint is already complete.
+void remove_stale(const fs::path& dir, std::set<std::string> names,
                   const std::set<std::string>& keep) {
-  std::set<std::string> names;
-  for (const Part& p : parts) names.insert(p.name);
+  names.insert(kLegacyFiles[0][0]);
+  names.insert(kLegacyFiles[1][0]);
   std::error_code ec;
   for (const auto& de : fs::directory_iterator(dir, ec)) {
     const std::string f = de.path().filename().string();
@@ -130,14 +217,13 @@ void remove_stale(const fs::path& dir, const std::vector<Part>& parts,
     if (f.size() > 1 && f[0] == '.' && f.find(".tmp.") != std::string::npos)
       stale = f.rfind(".checkpoint.json.tmp.", 0) == 0 ||
               f.find(".safetensors.tmp.") != std::string::npos;
-    for (const std::string& n : names) {
-      if (f == n + ".safetensors") stale = true;  // version 1
-      const std::string pre = n + ".", post = ".safetensors";
-      if (f.size() > pre.size() + post.size() && f.rfind(pre, 0) == 0 &&
-          f.compare(f.size() - post.size(), post.size(), post) == 0) {
-        const std::string mid = f.substr(pre.size(), f.size() - pre.size() - post.size());
-        stale = stale || mid.find_first_not_of("0123456789") == std::string::npos;
-      }
+    const std::string post = ".safetensors";
+    const std::string stem = f.substr(0, f.find('.'));
+    if (names.count(stem) && f == stem + post) stale = true;  // version 1
+    if ((names.count(stem) || shard_rank(stem) >= 0) && f.size() > stem.size() + 1 + post.size() &&
+        f.compare(f.size() - post.size(), post.size(), post) == 0) {
+      const std::string mid = f.substr(stem.size() + 1, f.size() - stem.size() - 1 - post.size());
+      stale = stale || mid.find_first_not_of("0123456789") == std::string::npos;
     }
     if (stale) fs::remove(de.path(), ec);
   }
@@ -157,7 +243,208 @@ T metadata_number(const std::map<std::string, std::string>& m, const std::string
   return x;
 }
 
+/// The generation a new checkpoint's files take: one past the current index's. Its file names
+/// then differ from every file the current index names, so the current checkpoint stays whole
+/// until the new index replaces it.
+uint64_t next_generation(const fs::path& index_path) {
+  if (!is_file(index_path)) return 1;
+  try {
+    return parse_index(index_path.string()).generation + 1;
+  } catch (const Error&) {
+    return 1;  // a damaged index names no checkpoint: nothing to preserve
+  }
+}
+
+std::string piece_name(const Piece& p) {
+  return p.part + ":" + p.tensor + "@" + std::to_string(p.begin);
+}
+
+/// Gathers the pieces of the shard files into whole tensors, part by part, checking that every
+/// element comes from exactly one piece. Throws Error naming the file or the tensor at fault.
+void assemble(const Index& idx, const std::vector<std::string>& paths,
+              const std::vector<safetensors::File>& shards, const std::string& index_path,
+              Contents& c) {
+  struct Run {
+    int64_t begin, end;
+    size_t shard;
+  };
+  struct Whole {
+    const TensorLayout* layout;
+    std::vector<unsigned char> bytes;
+    std::vector<Run> runs;
+  };
+  std::map<std::string, std::map<std::string, Whole>> whole;
+  for (const ShardedPart& p : idx.sharded)
+    for (const auto& [name, l] : p.tensors)
+      whole[p.name][name] = Whole{
+          &l,
+          std::vector<unsigned char>(static_cast<size_t>(numel(l.shape)) * dtype_size(l.dtype)),
+          {}};
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string& path = paths[s];
+    const auto& meta = shards[s].metadata;
+    const auto rank = meta.find("rank"), world = meta.find("world_size");
+    if (rank == meta.end() || world == meta.end() || rank->second != std::to_string(s) ||
+        world->second != std::to_string(idx.world_size))
+      fail("[checkpoint] ", path, " is not shard ", s, " of ", idx.world_size,
+           " (its metadata says rank '", rank == meta.end() ? "?" : rank->second, "' of '",
+           world == meta.end() ? "?" : world->second, "')");
+    for (const auto& [key, t] : shards[s].tensors) {
+      const size_t colon = key.find(':'), at = key.rfind('@');
+      int64_t begin = -1;
+      if (colon != std::string::npos && at != std::string::npos && at > colon) {
+        const auto [end, ec] = std::from_chars(key.data() + at + 1, key.data() + key.size(), begin);
+        if (ec != std::errc() || end != key.data() + key.size()) begin = -1;
+      }
+      if (begin < 0)
+        fail("[checkpoint] ", path, ": tensor '", key,
+             "' is not a piece named <part>:<tensor>@<first element>");
+      const std::string part = key.substr(0, colon), name = key.substr(colon + 1, at - colon - 1);
+      auto pit = whole.find(part);
+      if (pit == whole.end() || !pit->second.count(name))
+        fail("[checkpoint] ", path, ": piece '", key, "' is of tensor '", name, "' of part '", part,
+             "', which ", index_path, " does not list");
+      Whole& w = pit->second.at(name);
+      const int64_t n = t.numel(), total = numel(w.layout->shape);
+      if (t.dtype() != w.layout->dtype || begin > total || n > total - begin)
+        fail("[checkpoint] ", path, ": piece '", key, "' (", dtype_name(t.dtype()), ", ", n,
+             " elements) does not fit tensor '", name, "' (", dtype_name(w.layout->dtype), ", ",
+             total, " elements)");
+      const Array& a = t.eval().array();
+      HT_ASSERT(a.contiguous() && a.device().kind == DeviceKind::cpu);
+      const size_t es = dtype_size(a.dtype);
+      if (n > 0) std::memcpy(w.bytes.data() + static_cast<size_t>(begin) * es, a.raw(), n * es);
+      w.runs.push_back({begin, begin + n, s});
+    }
+  }
+  for (auto& [part, tensors] : whole) {
+    safetensors::File f;
+    for (auto& [name, w] : tensors) {
+      std::sort(w.runs.begin(), w.runs.end(),
+                [](const Run& a, const Run& b) { return a.begin < b.begin; });
+      int64_t covered = 0;
+      for (const Run& r : w.runs) {
+        if (r.begin < covered)
+          fail("[checkpoint] ", paths[r.shard], ": elements [", r.begin, ", ",
+               std::min(covered, r.end), ") of '", part, ":", name,
+               "' are also in another shard; the shard set is not one checkpoint's");
+        if (r.begin > covered) break;
+        covered = r.end;
+      }
+      if (covered != numel(w.layout->shape))
+        fail("[checkpoint] ", index_path, ": elements from ", covered, " of the ",
+             numel(w.layout->shape), " of '", part, ":", name,
+             "' are in no shard file; the shard set is incomplete");
+      f.tensors.emplace(name, from_blob(w.bytes.data(), w.layout->shape, w.layout->dtype).eval());
+      w.bytes = {};
+    }
+    for (const ShardedPart& p : idx.sharded)
+      if (p.name == part) f.metadata = p.metadata;
+    c.files[part] = index_path;
+    c.parts.emplace(part, std::move(f));
+  }
+}
+
+/// A version-3 checkpoint: every shard file checked against the index, no shard file of this
+/// generation beyond the index's, the pieces gathered.
+void read_sharded(const fs::path& d, const Index& idx, Contents& c) {
+  const std::string index_path = (d / kIndexFile).string();
+  c.version = kShardedVersion;
+  c.step = idx.step;
+  c.world_size = idx.world_size;
+  c.stage = idx.stage;
+  // A shard file of this generation that the index does not name (copied in, or left by a
+  // larger world): refused, since it would be silently ignored.
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(d, ec)) {
+    const std::string f = de.path().filename().string();
+    const std::string suffix = "." + std::to_string(idx.generation) + ".safetensors";
+    if (f.size() <= suffix.size() || f.compare(f.size() - suffix.size(), suffix.size(), suffix))
+      continue;
+    const int r = shard_rank(f.substr(0, f.size() - suffix.size()));
+    if (r >= idx.world_size)
+      fail("[checkpoint] ", de.path().string(), " is an extra shard: ", index_path, " names ",
+           idx.world_size, " shard(s) of generation ", idx.generation,
+           "; remove the file or restore the checkpoint it came from");
+  }
+  std::vector<std::string> paths(static_cast<size_t>(idx.world_size));
+  std::vector<safetensors::File> shards(paths.size());
+  for (const auto& [name, e] : idx.parts) {
+    const size_t r = static_cast<size_t>(shard_rank(name));
+    paths[r] = (d / e.file).string();
+    if (!is_file(paths[r]))
+      fail("[checkpoint] ", paths[r], " (shard ", r, " of ", idx.world_size, ") is missing; ",
+           index_path, " names it");
+    shards[r] = safetensors::load(paths[r]);
+    if (shards[r].bytes != e.bytes || shards[r].crc32 != e.crc32)
+      fail("[checkpoint] ", paths[r], " does not match ", index_path, ": the file has ",
+           shards[r].bytes, " bytes with CRC-32 ", hex32(shards[r].crc32), ", the index records ",
+           e.bytes, " bytes with CRC-32 ", hex32(e.crc32),
+           "; it is not the shard this checkpoint was written with (truncated, copied from "
+           "another checkpoint, or modified)");
+  }
+  c.shard_files = paths;
+  assemble(idx, paths, shards, index_path, c);
+}
+
 }  // namespace
+
+uint64_t begin_sharded(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail("[checkpoint] cannot create checkpoint directory ", dir, ": ", ec.message());
+  return next_generation(fs::path(dir) / kIndexFile);
+}
+
+std::string shard_file(int rank, uint64_t generation) {
+  return "shard-" + std::to_string(rank) + "." + std::to_string(generation) + ".safetensors";
+}
+
+ShardWritten write_shard(const std::string& dir, uint64_t generation, int rank, int world_size,
+                         const std::vector<Piece>& pieces) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  tensors.reserve(pieces.size());
+  for (const Piece& p : pieces) {
+    if (!plain_word(p.part) || p.tensor.empty() || p.begin < 0)
+      fail("[checkpoint] invalid piece '", piece_name(p), "'");
+    tensors.emplace_back(piece_name(p), reshape(p.values, {p.values.numel()}));
+  }
+  return safetensors::save((fs::path(dir) / shard_file(rank, generation)).string(), tensors,
+                           {{"format", "hetrain-shard"},
+                            {"rank", std::to_string(rank)},
+                            {"world_size", std::to_string(world_size)},
+                            {"generation", std::to_string(generation)}});
+}
+
+void commit_sharded(const std::string& dir, int64_t step, uint64_t generation, int stage,
+                    const std::vector<ShardedPart>& parts,
+                    const std::vector<ShardWritten>& shards) {
+  if (parts.empty() || shards.empty()) fail("[checkpoint] ", dir, ": nothing to commit");
+  json j = {
+      {"format", "hetrain-checkpoint"},
+      {"version", kShardedVersion},
+      {"step", step},
+      {"generation", generation},
+      {"parts", json::object()},
+      {"sharded", {{"world_size", shards.size()}, {"stage", stage}, {"parts", json::object()}}}};
+  std::set<std::string> keep = {kIndexFile};
+  for (size_t r = 0; r < shards.size(); ++r) {
+    const std::string file = shard_file(static_cast<int>(r), generation);
+    j["parts"]["shard-" + std::to_string(r)] = {
+        {"file", file}, {"bytes", shards[r].bytes}, {"crc32", hex32(shards[r].crc32)}};
+    keep.insert(file);
+  }
+  for (const ShardedPart& p : parts) {
+    if (!plain_word(p.name)) fail("[checkpoint] invalid part name '", p.name, "'");
+    json t = json::object();
+    for (const auto& [name, l] : p.tensors)
+      t[name] = {{"dtype", safetensors::dtype_to_name(l.dtype)}, {"shape", l.shape}};
+    j["sharded"]["parts"][p.name] = {{"metadata", p.metadata}, {"tensors", t}};
+  }
+  const fs::path d(dir);
+  write_output_file((d / kIndexFile).string(), j.dump(1) + "\n", "checkpoint index");
+  remove_stale(d, {}, keep);
+}
 
 int64_t metadata_int(const std::map<std::string, std::string>& m, const std::string& key,
                      const std::string& file) {
@@ -174,16 +461,7 @@ void write(const std::string& dir, int64_t step, const std::vector<Part>& parts)
   fs::create_directories(dir, ec);
   if (ec) fail("[checkpoint] cannot create checkpoint directory ", dir, ": ", ec.message());
   const fs::path d(dir), index_path = d / kIndexFile;
-  // The next generation's file names differ from every file the current index names, so the
-  // current checkpoint stays whole until the new index replaces it.
-  uint64_t generation = 1;
-  if (is_file(index_path)) {
-    try {
-      generation = parse_index(index_path.string()).generation + 1;
-    } catch (const Error&) {
-      // A damaged index names no checkpoint: nothing to preserve.
-    }
-  }
+  const uint64_t generation = next_generation(index_path);
   json j = {{"format", "hetrain-checkpoint"},
             {"version", kVersion},
             {"step", step},
@@ -199,7 +477,9 @@ void write(const std::string& dir, int64_t step, const std::vector<Part>& parts)
     keep.insert(file);
   }
   write_output_file(index_path.string(), j.dump(1) + "\n", "checkpoint index");
-  remove_stale(d, parts, keep);
+  std::set<std::string> names;
+  for (const Part& p : parts) names.insert(p.name);
+  remove_stale(d, names, keep);
 }
 
 std::string latest(const std::string& dir) {
@@ -244,6 +524,10 @@ Contents read(const std::string& dir) {
   Contents c;
   if (is_file(index_path)) {
     const Index idx = parse_index(index_path.string());
+    if (idx.version == kShardedVersion) {
+      read_sharded(d, idx, c);
+      return c;
+    }
     c.version = kVersion;
     c.step = idx.step;
     for (const auto& [name, e] : idx.parts) {

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -42,6 +43,7 @@
 #include "hetrain/training/optim.h"
 #include "training/data_parallel.h"
 #include "training/step.h"
+#include "training/train_checkpoint.h"
 
 namespace hetrain::training {
 
@@ -341,179 +343,6 @@ class Progress {
   bool tty_;
 };
 
-// ---- checkpoints --------------------------------------------------------------------------
-
-struct ResumeState {
-  int64_t step = 0, data_epoch = 0, data_position = 0;
-  int64_t micro_batches = 1;  // ranks x grad-accum: the gradient's summation
-  uint64_t dropout_seed = 0, dropout_offset = 0;
-  const amp::GradScaler* scaler = nullptr;  // saved when training with one
-  int64_t data_examples = 0;                // training examples: the data order depends on it
-};
-
-/// opt_state: opt.state_dict(), which every rank computes (a sharded optimizer gathers it).
-void save_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
-                     const std::map<std::string, Tensor>& opt_state, const TrainConfig& cfg,
-                     bool leader, const ResumeState& st) {
-  if (!leader) return;  // the others only took part in gathering opt_state
-  checkpoint::Part weights{"model", {}, {{"format", "pt"}, {"step", std::to_string(st.step)}}};
-  for (auto& [n, t] : model.state_dict()) weights.tensors.emplace_back(n, t);
-  checkpoint::Part state{"train_state", {}, {}};
-  for (auto& [n, t] : opt_state) state.tensors.emplace_back(n, t);
-  state.metadata = {
-      {"format", "hetrain-train-state"},
-      {"version", "1"},
-      {"step", std::to_string(st.step)},
-      {"optimizer", opt.name()},
-      {"optimizer_steps", std::to_string(opt.steps())},
-      {"data_epoch", std::to_string(st.data_epoch)},
-      {"data_position", std::to_string(st.data_position)},
-      {"data_sample", std::to_string(st.data_position * cfg.batch_size)},
-      {"micro_batches", std::to_string(st.micro_batches)},
-      {"data_examples", std::to_string(st.data_examples)},
-      {"dropout_seed", std::to_string(st.dropout_seed)},
-      {"dropout_offset", std::to_string(st.dropout_offset)},
-      {"config", config_to_toml(cfg)},
-      {"precision", cfg.precision},
-  };
-  if (st.scaler) {
-    const amp::GradScalerState s = st.scaler->state();
-    state.metadata["loss_scale"] = amp::float_to_exact_string(s.scale);
-    state.metadata["loss_scale_growth_tracker"] = std::to_string(s.growth_tracker);
-    state.metadata["skipped_steps"] = std::to_string(s.skipped_steps);
-  }
-  checkpoint::write(dir, st.step, {weights, state});
-}
-
-/// "key = value" lines of config_to_toml as a map.
-std::map<std::string, std::string> settings_of(const std::string& toml) {
-  std::map<std::string, std::string> m;
-  std::istringstream in(toml);
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t eq = line.find(" = ");
-    if (eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 3);
-  }
-  return m;
-}
-
-/// Settings that decide which examples come next: a resume that changed one would skip or
-/// repeat examples, so it is refused. Other changed settings are listed.
-void compare_settings(const std::map<std::string, std::string>& meta, const TrainConfig& cfg,
-                      int64_t data_examples, const std::string& file) {
-  if (meta.count("data_examples")) {
-    const int64_t saved = checkpoint::metadata_int(meta, "data_examples", file);
-    if (saved != data_examples)
-      fail("[train] checkpoint ", file, " was trained on ", saved,
-           " training examples but this run's data has ", data_examples,
-           "; the data order would differ (examples skipped or repeated); resume on the same data");
-  }
-  auto it = meta.find("config");
-  if (it == meta.end()) return;  // written before the settings were saved
-  const auto saved = settings_of(it->second), now = settings_of(config_to_toml(cfg));
-  std::string changed;
-  for (const auto& [key, value] : now) {
-    auto old = saved.find(key);
-    if (old == saved.end() || old->second == value) continue;
-    std::string flag = key;
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    if (key == "batch_size" || key == "seed" || key == "context")
-      fail("[train] checkpoint ", file, " was trained with --", flag, " ", old->second,
-           " but this run uses --", flag, " ", value,
-           "; the data order would differ (examples skipped or repeated); resume with --", flag,
-           " ", old->second);
-    changed += (changed.empty() ? "" : ", ") + flag + " " + old->second + " -> " + value;
-  }
-  if (!changed.empty())
-    std::fprintf(stderr,
-                 "note: resuming with changed settings (the run differs from an uninterrupted one "
-                 "from here on): %s\n",
-                 changed.c_str());
-}
-
-ResumeState load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
-                            const TrainConfig& cfg, amp::GradScaler* scaler,
-                            int64_t data_examples) {
-  const checkpoint::Contents c = checkpoint::read(dir);
-  for (const char* part : {"model", "train_state"})
-    if (!c.parts.count(part))
-      fail("[train] checkpoint ", dir, " has no '", part,
-           "' part; it is not a training checkpoint");
-  const safetensors::File& weights = c.parts.at("model");
-  const safetensors::File& state = c.parts.at("train_state");
-  const std::string& mfile = c.files.at("model");
-  const std::string& sfile = c.files.at("train_state");
-  std::map<std::string, std::string> meta = state.metadata;
-  auto fmt = meta.find("format");
-  if (fmt == meta.end() || fmt->second != "hetrain-train-state")
-    fail("[train] ", sfile,
-         " is not a Hetrain training state (metadata 'format' missing or wrong)");
-  if (meta["optimizer"] != opt.name())
-    fail("[train] checkpoint ", sfile, " was written with optimizer '", meta["optimizer"],
-         "' but this run uses '", opt.name(), "'");
-  ResumeState st;
-  st.step = checkpoint::metadata_int(meta, "step", sfile);
-  st.data_epoch = checkpoint::metadata_int(meta, "data_epoch", sfile);
-  st.data_position = checkpoint::metadata_int(meta, "data_position", sfile);
-  // The global sample index (independent of the rank count) where the checkpoint has one.
-  if (meta.count("data_sample")) {
-    const int64_t sample = checkpoint::metadata_int(meta, "data_sample", sfile);
-    if (sample % cfg.batch_size != 0)
-      fail("[train] checkpoint ", sfile, " is at sample ", sample,
-           " of its epoch, not a multiple of --batch-size ", cfg.batch_size);
-    st.data_position = sample / cfg.batch_size;
-  }
-  st.dropout_seed = checkpoint::metadata_uint(meta, "dropout_seed", sfile);
-  st.dropout_offset = checkpoint::metadata_uint(meta, "dropout_offset", sfile);
-  // Checkpoints from before mixed precision are fp32 runs.
-  const auto prec = meta.find("precision");
-  const std::string saved_precision = prec == meta.end() ? "fp32" : prec->second;
-  if (saved_precision != cfg.precision)
-    fail("[train] checkpoint ", sfile, " was trained with --precision ", saved_precision,
-         " but this run uses --precision ", cfg.precision, "; resume with the same precision");
-  const bool saved_scaler = meta.count("loss_scale") > 0;
-  if (saved_scaler != (scaler != nullptr))
-    fail("[train] checkpoint ", sfile, saved_scaler ? " holds" : " holds no",
-         " loss-scaler state but this run trains ", scaler ? "with" : "without",
-         " a grad scaler; resume with the same --grad-scaler");
-  compare_settings(meta, cfg, data_examples, sfile);
-  if (scaler) {
-    amp::GradScalerState s;
-    s.scale = amp::float_from_exact_string(meta["loss_scale"],
-                                           "checkpoint " + sfile + " metadata 'loss_scale'");
-    s.growth_tracker = checkpoint::metadata_int(meta, "loss_scale_growth_tracker", sfile);
-    s.skipped_steps = checkpoint::metadata_int(meta, "skipped_steps", sfile);
-    try {
-      scaler->load_state(s);
-    } catch (const Error& e) {
-      fail("[train] checkpoint ", sfile, ": ", e.what());
-    }
-  }
-  const int64_t wstep = checkpoint::metadata_int(weights.metadata, "step", mfile);
-  if (wstep != st.step || c.step != st.step)
-    fail("[train] checkpoint ", dir, " is inconsistent: weights are from step ", wstep,
-         " but the training state is from step ", st.step);
-  // A checkpoint holds each tensor in the model's own dtype; anything else was not written by
-  // this model (or was edited), and converting it would not resume the run exactly.
-  for (const auto& [name, t] : model.state_dict()) {
-    auto w = weights.tensors.find(name);
-    if (w != weights.tensors.end() && w->second.dtype() != t.dtype())
-      fail("[train] checkpoint ", mfile, ": tensor '", name, "' is ", dtype_name(w->second.dtype()),
-           " but the model's is ", dtype_name(t.dtype()));
-  }
-  try {
-    model.load_state_dict(weights.tensors);
-  } catch (const Error& e) {
-    fail("[train] checkpoint ", mfile, " does not match this model: ", e.what());
-  }
-  try {
-    opt.load_state_dict(state.tensors, checkpoint::metadata_int(meta, "optimizer_steps", sfile));
-  } catch (const Error& e) {
-    fail("[train] checkpoint ", sfile, " does not match this model's optimizer: ", e.what());
-  }
-  return st;
-}
-
 /// The --json-log file: checked before any work but emptied only when training starts (a run
 /// that fails on its inputs leaves an old log as it was); a record that cannot be written whole
 /// fails the run, and the part of it that was written is cut off again.
@@ -765,6 +594,22 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   Divergence divergence(cfg);
   RecomputeState recompute = recompute_state(cfg, leader);
   model->train();
+  // Under ZeRO every rank writes its shard; otherwise rank 0 writes the whole state (a stage-0
+  // sharded optimizer's state_dict() is every rank's call).
+  auto save = [&](const std::string& dir) {
+    const ResumeState st{step,
+                         loader.epoch(),
+                         loader.position(),
+                         micro_batches,
+                         default_generator().seed(),
+                         default_generator().offset(),
+                         scaler_ptr,
+                         data.train->size()};
+    if (sharded && cfg.zero > 0)
+      save_sharded(dir, *model, *sharded, cfg, comm, st, hooks.checkpoint);
+    else if (leader || sharded)
+      save_checkpoint(dir, *model, *opt, opt->state_dict(), cfg, leader, st);
+  };
   // Kernel times are recorded (when on) for steps 3 to 22 only: enough to calibrate the
   // performance models, without the first steps' warm-up or the cost in every step.
   const bool recording = runtime::perf_recording();
@@ -839,13 +684,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
       interval_comm = interval_exposed = 0;
       interval_overlapped = 0;
     }
-    if (!cfg.save_dir.empty() && cfg.save_every > 0 && step % cfg.save_every == 0 && step < total &&
-        (leader || sharded))
-      save_checkpoint(
-          cfg.save_dir + "/step-" + std::to_string(step), *model, *opt, opt->state_dict(), cfg,
-          leader,
-          {step, loader.epoch(), loader.position(), micro_batches, default_generator().seed(),
-           default_generator().offset(), scaler_ptr, data.train->size()});
+    if (!cfg.save_dir.empty() && cfg.save_every > 0 && step % cfg.save_every == 0 && step < total)
+      save(cfg.save_dir + "/step-" + std::to_string(step));
   }
   progress.finish();
   runtime::set_perf_recording(false);
@@ -892,11 +732,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
     r.test_loss = tl;
     r.test_accuracy = acc;
   }
-  if (!cfg.save_dir.empty() && (leader || sharded))
-    save_checkpoint(
-        cfg.save_dir, *model, *opt, opt->state_dict(), cfg, leader,
-        {step, loader.epoch(), loader.position(), micro_batches, default_generator().seed(),
-         default_generator().offset(), scaler_ptr, data.train->size()});
+  if (!cfg.save_dir.empty()) save(cfg.save_dir);
   if (hooks.finished) {
     model->eval();
     hooks.finished(*model);

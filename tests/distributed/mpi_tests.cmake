@@ -77,3 +77,25 @@ foreach(np 2 4)
   set_tests_properties(distributed.zero_plan_np${np} PROPERTIES TIMEOUT 600
                        PASS_REGULAR_EXPRESSION "ZeRO -np ${np}: model states within 3% of the plan")
 endforeach()
+# Resharding checkpoints (tests/distributed/zero_reshard.sh): saved at step 10 on 4 ranks under
+# --zero 1 and 2 (a shard per rank), consolidated equal to zero 0's plain files, loaded on 2
+# ranks and on 1 process bitwise, resumed on 1 process to the 4-rank run's end.
+add_test(NAME distributed.zero_reshard_mlp
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/zero_reshard.sh $<TARGET_FILE:hetrain>
+                 ${HT_DDP_MLP})
+add_test(NAME distributed.zero_reshard_gpt
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/zero_reshard.sh $<TARGET_FILE:hetrain>
+                 ${HT_DDP_GPT} --bucket-mb 0.01)
+set_tests_properties(distributed.zero_reshard_mlp distributed.zero_reshard_gpt PROPERTIES
+                     TIMEOUT 900 PASS_REGULAR_EXPRESSION "saved on 4 ranks, loaded on 2 and 1, bitwise")
+# Broken shard sets (missing, extra, truncated, foreign) refused by every reader, naming the file.
+add_test(NAME distributed.zero_broken_shards
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/zero_broken.sh $<TARGET_FILE:hetrain>)
+set_tests_properties(distributed.zero_broken_shards PROPERTIES TIMEOUT 300
+                     PASS_REGULAR_EXPRESSION "broken shard sets refused by name")
+# A rank SIGKILLed while a sharded checkpoint is written: the previous one stays loadable, the
+# new one is complete or rejected, and the resumed runs end as the uninterrupted one.
+add_test(NAME distributed.zero_kill_during_save
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/zero_kill.sh $<TARGET_FILE:hetrain>)
+set_tests_properties(distributed.zero_kill_during_save PROPERTIES TIMEOUT 600
+                     PASS_REGULAR_EXPRESSION "previous checkpoint kept, new one complete or rejected")

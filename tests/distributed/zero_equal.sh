@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ZeRO stages 1 and 2 against stage 0: `mpirun -np NP hetrain train --zero S ARGS` must write
-# model and training-state files (optimizer state gathered per parameter) byte-identical to
-# --zero 0, log the same losses, and every rank's model-state bytes, read from the allocator
+# sharded checkpoints that, consolidated (`hetrain checkpoint consolidate`), are model and
+# training-state files byte-identical to --zero 0's, log the same losses, and every rank's model-state bytes, read from the allocator
 # when the optimizer updates, must equal the formulas with P = parameters + stated padding:
 #   stage 0: 4P + 4P + 8P,  stage 1: 4P + 4P + 8P/N,  stage 2: 4P + 4P/N + 8P/N.
 # Usage: zero_equal.sh HETRAIN NP ARGS...
@@ -22,19 +22,22 @@ run() {  # run NAME ARGS...
 run z0 --zero 0
 run z1 --zero 1
 run z2 --zero 2 --save-every 10
-# The stage-2 checkpoint of step 10 (optimizer state gathered from the shards) resumed under
+# The stage-2 checkpoint of step 10 (one shard per rank, gathered on loading) resumed under
 # stage 1: the shards are cut again from it, and the run ends where stage 0 does.
 run resumed --zero 1 --resume "$dir/z2/step-10"
+for name in z1 z2 resumed; do
+  "$ht" checkpoint consolidate "$dir/$name" -o "$dir/$name.c" > /dev/null || exit 1
+done
 status=0
 for f in model.1.safetensors train_state.1.safetensors; do
-  cmp "$dir/z0/$f" "$dir/resumed/$f" && echo "resumed at step 10 (zero 2 -> 1): $f identical" \
+  cmp "$dir/z0/$f" "$dir/resumed.c/$f" && echo "resumed at step 10 (zero 2 -> 1): $f identical" \
     || { echo "FAIL: $f differs after resuming zero 2's step-10 checkpoint under zero 1"; status=1; }
 done
 losses() { grep -o '"loss":[^,]*' "$1"; }
 for z in 1 2; do
   for f in model.1.safetensors train_state.1.safetensors checkpoint.json; do
-    if cmp "$dir/z0/$f" "$dir/z$z/$f"; then
-      echo "zero $z: $f identical to zero 0 ($(stat -c %s "$dir/z$z/$f") bytes)"
+    if cmp "$dir/z0/$f" "$dir/z$z.c/$f"; then
+      echo "zero $z: $f (consolidated) identical to zero 0 ($(stat -c %s "$dir/z$z.c/$f") bytes)"
     else
       echo "FAIL: $f differs between --zero 0 and --zero $z at -np $np"
       status=1

@@ -40,13 +40,16 @@ std::string mpi_thread_level();
 /// The host name as MPI reports it.
 std::string mpi_processor_name();
 
-/// Fault injection for tests, from HETRAIN_FAULT_INJECT="RANK:STEP:KIND" (KIND: exit, abort,
-/// segv or hang): rank RANK fails at the start of step STEP (0-based).
+/// Fault injection for tests, from HETRAIN_FAULT_INJECT="RANK:STEP:KIND[@POINT]" (KIND: exit,
+/// abort, segv, hang or kill, a SIGKILL): rank RANK fails at the start of step STEP (0-based),
+/// or with @POINT while writing the sharded checkpoint of step STEP (steps done): @shard once
+/// its shard file is written, @commit (rank 0) once the index is.
 struct Fault {
-  enum class Kind { exit, abort, segv, hang };
+  enum class Kind { exit, abort, segv, hang, kill };
   int rank = 0;
   int64_t step = 0;
   Kind kind = Kind::exit;
+  std::string point;  // empty: the start of the step; "shard" or "commit"
 };
 /// The fault the environment asks for; throws naming the variable for a malformed value.
 std::optional<Fault> fault_from_env();

@@ -33,6 +33,7 @@
 #include "hetrain/distributed/communicator.h"
 #include "hetrain/distributed/grad_reducer.h"
 #include "hetrain/memory/allocator.h"
+#include "hetrain/training/checkpoint_piece.h"
 #include "hetrain/training/optim.h"
 
 namespace hetrain::distributed {
@@ -62,6 +63,15 @@ class ShardedOptimizer final : public optim::Optimizer {
   /// Per model parameter ("exp_avg.<param>", ...), gathered from every rank's shard.
   std::map<std::string, Tensor> state_dict() const override;
   void load_state_dict(const std::map<std::string, Tensor>& state, int64_t steps) override;
+
+  /// This rank's part of a sharded checkpoint (training/checkpoint.h): elements
+  /// [rank * shard, (rank + 1) * shard) of every bucket, as pieces of the model's parameters
+  /// (part "model") and of their optimizer state (part "train_state", named as state_dict()
+  /// names them). Every rank's pieces together cover each tensor once, at any stage.
+  std::vector<training::checkpoint::Piece> checkpoint_pieces() const;
+  /// The tensors of the optimizer state those pieces make up: name -> layout (f32, the
+  /// parameter's shape), as state_dict() would return them.
+  std::map<std::string, training::checkpoint::TensorLayout> state_layout() const;
 
   int stage() const { return stage_; }
   /// Bytes by memory tag live on this rank just before an optimizer update (the model states'

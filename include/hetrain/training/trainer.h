@@ -126,6 +126,10 @@ struct StepHooks {
   /// Called once after the final evaluation and checkpoint, with the trained model in eval
   /// mode (`hetrain train --export-onnx`).
   std::function<void(nn::Module& model)> finished;
+  /// Called while a sharded checkpoint of `step` is written (fault injection for the crash
+  /// tests): at "shard" on every rank once its shard file is written, at "commit" on rank 0
+  /// once the index is.
+  std::function<void(int64_t step, const std::string& point)> checkpoint;
   /// When set, builds the model instead of build_model (its input and output must be the
   /// family's: images -> 10 logits, or byte ids -> 256 logits per position).
   ModelFactory make_model;

@@ -16,7 +16,8 @@ std::optional<Fault> fault_from_env() {
   const std::string s(v);
   const auto bad = [&]() -> std::optional<Fault> {
     fail("[fault] HETRAIN_FAULT_INJECT='", s,
-         "' is not RANK:STEP:KIND (KIND: exit, abort, segv or hang), e.g. 1:5:hang");
+         "' is not RANK:STEP:KIND[@POINT] (KIND: exit, abort, segv, hang or kill; POINT: "
+         "shard or commit), e.g. 1:5:hang or 1:10:kill@shard");
   };
   const auto c1 = s.find(':'), c2 = s.find(':', c1 == std::string::npos ? c1 : c1 + 1);
   if (c1 == std::string::npos || c2 == std::string::npos) return bad();
@@ -30,7 +31,12 @@ std::optional<Fault> fault_from_env() {
   } catch (const std::exception&) {
     return bad();
   }
-  const std::string kind = s.substr(c2 + 1);
+  std::string kind = s.substr(c2 + 1);
+  if (const auto at = kind.find('@'); at != std::string::npos) {
+    f.point = kind.substr(at + 1);
+    kind = kind.substr(0, at);
+    if (f.point != "shard" && f.point != "commit") return bad();
+  }
   if (kind == "exit")
     f.kind = Fault::Kind::exit;
   else if (kind == "abort")
@@ -39,6 +45,8 @@ std::optional<Fault> fault_from_env() {
     f.kind = Fault::Kind::segv;
   else if (kind == "hang")
     f.kind = Fault::Kind::hang;
+  else if (kind == "kill")
+    f.kind = Fault::Kind::kill;
   else
     return bad();
   if (f.rank < 0 || f.step < 0) return bad();
@@ -47,9 +55,14 @@ std::optional<Fault> fault_from_env() {
 
 void inject_fault(const Fault& f, int rank, int64_t step) {
   if (f.rank != rank || f.step != step) return;
-  static const char* const names[] = {"exit", "abort", "segv", "hang"};
-  std::fprintf(stderr, "[fault] rank %d: injected %s at step %lld\n", rank,
-               names[static_cast<int>(f.kind)], static_cast<long long>(step + 1));
+  static const char* const names[] = {"exit", "abort", "segv", "hang", "kill"};
+  if (f.point.empty())
+    std::fprintf(stderr, "[fault] rank %d: injected %s at step %lld\n", rank,
+                 names[static_cast<int>(f.kind)], static_cast<long long>(step + 1));
+  else
+    std::fprintf(
+        stderr, "[fault] rank %d: injected %s at the %s point of the checkpoint of step %lld\n",
+        rank, names[static_cast<int>(f.kind)], f.point.c_str(), static_cast<long long>(step));
   std::fflush(stderr);
   switch (f.kind) {
     case Fault::Kind::exit:
@@ -61,6 +74,9 @@ void inject_fault(const Fault& f, int rank, int64_t step) {
       std::_Exit(139);
     case Fault::Kind::hang:
       while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+    case Fault::Kind::kill:
+      std::raise(SIGKILL);
+      std::_Exit(137);
   }
 }
 
