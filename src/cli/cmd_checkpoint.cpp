@@ -86,8 +86,9 @@ int cmd_checkpoint(const Args& args) {
   if (!p.parse(a)) return 0;
   const auto& pos = p.positional();
   if (pos.size() != 2 || (pos[0] != "info" && pos[0] != "consolidate"))
-    fail("[checkpoint] expected 'info DIR' or 'consolidate DIR -o OUT'; see 'hetrain checkpoint "
-         "--help'");
+    fail(
+        "[checkpoint] expected 'info DIR' or 'consolidate DIR -o OUT'; see 'hetrain checkpoint "
+        "--help'");
   const std::string& dir = pos[1];
   if (pos[0] == "info") {
     const ckpt::Contents c = ckpt::read(dir);
@@ -108,8 +109,7 @@ int cmd_checkpoint(const Args& args) {
   }
   ckpt::write(out, c.step, parts);
   std::printf("consolidated %s (step %lld, %d shard(s)) into %s\n", dir.c_str(),
-              static_cast<long long>(c.step), static_cast<int>(c.shard_files.size()),
-              out.c_str());
+              static_cast<long long>(c.step), static_cast<int>(c.shard_files.size()), out.c_str());
   return 0;
 }
 

@@ -13,8 +13,6 @@ namespace hetrain::training {
 
 namespace {
 
-
-
 /// The training state's metadata: where the run is (step, data position, RNG, loss scale) and
 /// how it was configured. The data position and the RNG are global, not per rank.
 std::map<std::string, std::string> train_state_metadata(const optim::Optimizer& opt,
@@ -233,6 +231,5 @@ ResumeState load_checkpoint(const std::string& dir, nn::Module& model, optim::Op
   }
   return st;
 }
-
 
 }  // namespace hetrain::training

@@ -43,7 +43,6 @@ void save_sharded(const std::string& dir, nn::Module& model,
 /// Loads a checkpoint (plain or sharded, any rank count) into model and opt; returns where the
 /// run stood. Refuses a checkpoint of another model, optimizer, precision or data order.
 ResumeState load_checkpoint(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
-                            const TrainConfig& cfg, amp::GradScaler* scaler,
-                            int64_t data_examples);
+                            const TrainConfig& cfg, amp::GradScaler* scaler, int64_t data_examples);
 
 }  // namespace hetrain::training
