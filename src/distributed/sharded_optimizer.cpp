@@ -183,6 +183,16 @@ double ShardedOptimizer::clip_grad_norm(double max_norm) {
   return norm;
 }
 
+bool ShardedOptimizer::any_nonfinite(bool local) {
+  if (stage_ == 0 || comm_.size() == 1) return local;  // every rank has every gradient
+  int32_t flag = local ? 1 : 0;
+  CollectiveContext ctx = comm_.context();
+  ctx.what = "all_reduce of the gradients' overflow flag";
+  comm_.set_context(ctx);
+  comm_.all_reduce(&flag, 1, Dtype::i32, ReduceOp::max);
+  return flag != 0;
+}
+
 void ShardedOptimizer::step() {
   for (size_t k = 0; k < model_params_.size(); ++k)
     if (!reducer_.received_gradient(k))

@@ -70,6 +70,9 @@ void GradScaler::unscale(optim::Optimizer& opt) {
     }
     it.param->set_grad(it.unscaled.detach());
   }
+  const bool local = found_inf_;
+  found_inf_ = opt.any_nonfinite(local);
+  if (found_inf_ && !local) first_nonfinite_ = "(a gradient shard of another rank)";
   unscaled_ = true;
 }
 

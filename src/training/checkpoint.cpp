@@ -274,12 +274,14 @@ void assemble(const Index& idx, const std::vector<std::string>& paths,
     std::vector<Run> runs;
   };
   std::map<std::string, std::map<std::string, Whole>> whole;
-  for (const ShardedPart& p : idx.sharded)
+  for (const ShardedPart& p : idx.sharded) {
+    whole[p.name];  // a part may have no tensors (no optimizer state before the first update)
     for (const auto& [name, l] : p.tensors)
       whole[p.name][name] = Whole{
           &l,
           std::vector<unsigned char>(static_cast<size_t>(numel(l.shape)) * dtype_size(l.dtype)),
           {}};
+  }
   for (size_t s = 0; s < shards.size(); ++s) {
     const std::string& path = paths[s];
     const auto& meta = shards[s].metadata;

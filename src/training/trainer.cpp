@@ -552,10 +552,6 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   distributed::ShardedOptimizer* sharded = nullptr;
   if (reducer) {
     // Flat buffers, this rank's shard of the optimizer state (taken from opt: a checkpoint's).
-    if (cfg.zero > 0 && scaler)
-      fail("[train] --zero ", cfg.zero,
-           " with fp16's dynamic loss scaling is not implemented "
-           "(the overflow check would see one shard); use --zero 0, bf16 or --grad-scaler off");
     auto so = std::make_unique<distributed::ShardedOptimizer>(
         model->named_parameters(), *reducer, comm, static_cast<int>(cfg.zero),
         [&](const optim::NamedParams& p) { return make_optimizer(cfg, p); }, opt.get());

@@ -3,7 +3,9 @@
 # sharded checkpoints that, consolidated (`hetrain checkpoint consolidate`), are model and
 # training-state files byte-identical to --zero 0's, log the same losses, and every rank's model-state bytes, read from the allocator
 # when the optimizer updates, must equal the formulas with P = parameters + stated padding:
-#   stage 0: 4P + 4P + 8P,  stage 1: 4P + 4P + 8P/N,  stage 2: 4P + 4P/N + 8P/N.
+#   stage 0: 4P + 4P + 8P,  stage 1: 4P + 4P + 8P/N,  stage 2: 4P + 4P/N + 8P/N
+# (with fp16's grad scaler the gradients gain the unscaled copy of what the rank updates: 4P
+# under stage 0, 4P/N under stages 1-2).
 # Usage: zero_equal.sh HETRAIN NP ARGS...
 set -euo pipefail
 ht=$1 np=$2
@@ -68,6 +70,8 @@ for z in (0, 1, 2):
     p = psi + fin["zero_padding_elements"]
     want = {0: (4 * p, 4 * p, 8 * p), 1: (4 * p, 4 * p, 8 * p // n),
             2: (4 * p, 4 * p // n, 8 * p // n)}[z]
+    if "loss_scale" in fin:  # the grad scaler's unscaled copy of the gradients this rank updates
+        want = (want[0], want[1] + (4 * p if z == 0 else 4 * p // n), want[2])
     if len(fin["rank_memory"]) != n:
         print(f"FAIL: zero {z}: rank_memory has {len(fin['rank_memory'])} ranks, not {n}")
         ok = False
@@ -80,5 +84,6 @@ for z in (0, 1, 2):
         ok = ok and got == want
 sys.exit(0 if ok else 1)
 EOF
-[[ $status == 0 ]] && echo "ZeRO -np $np: stages 1 and 2 equal stage 0"
+skipped=$(grep '"final"' "$dir/z2.jsonl" | grep -o '"skipped_steps":[0-9]*' | cut -d: -f2)
+[[ $status == 0 ]] && echo "ZeRO -np $np: stages 1 and 2 equal stage 0 (skipped steps: $skipped)"
 exit $status

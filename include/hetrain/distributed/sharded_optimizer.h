@@ -60,6 +60,9 @@ class ShardedOptimizer final : public optim::Optimizer {
   const char* name() const override { return inner_->name(); }
   void zero_grad() override;
   double clip_grad_norm(double max_norm) override;
+  /// Stages 1-2: the logical or of every rank's answer (an all-reduce), since each rank checks
+  /// only its shard of the gradients.
+  bool any_nonfinite(bool local) override;
   /// Per model parameter ("exp_avg.<param>", ...), gathered from every rank's shard.
   std::map<std::string, Tensor> state_dict() const override;
   void load_state_dict(const std::map<std::string, Tensor>& state, int64_t steps) override;

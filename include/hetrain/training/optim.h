@@ -26,6 +26,10 @@ class Optimizer {
   /// Scales the gradients so their global L2 norm is at most max_norm; returns the norm
   /// before (clip_grad_norm below over params(); a sharded optimizer sums its shards).
   virtual double clip_grad_norm(double max_norm);
+  /// Whether any gradient holds an inf or NaN, given this process's answer (the grad scaler's
+  /// overflow check). A sharded optimizer, whose ranks see different gradient shards, combines
+  /// every rank's answer, so that all skip the same steps.
+  virtual bool any_nonfinite(bool local) { return local; }
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
   int64_t steps() const { return steps_; }
