@@ -105,8 +105,7 @@ TEST_F(ShardedCheckpointTest, ANewSaveReplacesTheShardsOfAnotherWorldSize) {
   // A plain checkpoint into the same directory: the shards go once its index is written.
   checkpoint::write(dir_, 6, {{"model", {{"w", zeros({7})}}, {{"step", "6"}}}});
   for (const auto& e : fs::directory_iterator(dir_))
-    EXPECT_EQ(e.path().filename().string().rfind("shard-", 0), std::string::npos)
-        << e.path();
+    EXPECT_EQ(e.path().filename().string().rfind("shard-", 0), std::string::npos) << e.path();
   // And a 2-rank sharded one over it: generation 3, no plain part left.
   EXPECT_EQ(save(7, {{{0, 4}}, {{4, 3}}}), 3u);
   std::vector<std::string> names;
