@@ -2,8 +2,8 @@
 # Resharding checkpoints: a sharded checkpoint saved at step 10 on 4 ranks under --zero S
 # (each rank writes its shard) must
 #   - consolidate into files byte-identical to the plain checkpoint --zero 0 writes at step 10;
-#   - load on 2 ranks under the other stage and on 1 process (tensors bitwise equal once
-#     saved again and consolidated);
+#   - load on 2 ranks under the other stage with other bucket sizes, and on 1 process (tensors
+#     bitwise equal once saved again and consolidated);
 #   - resume on 1 process with --grad-accum 4 (the same global data order and RNG) and end
 #     byte-identical to the uninterrupted 4-rank run.
 # Usage: zero_reshard.sh HETRAIN ARGS...   (ARGS: the model, --steps 20)
@@ -43,8 +43,9 @@ for s in 1 2; do
     cmp "$dir/z0/step-10/$f" "$dir/z$s.c10/$f" || fail "zero $s step 10 consolidated: $f differs"
   done
   echo "zero $s, 4 ranks, step 10: consolidated files identical to zero 0's plain checkpoint"
-  # Loaded on 2 ranks under the other stage, and on one process; saved again at step 10.
-  run 2 "z$s.np2" --zero "$other" --resume "$dir/z$s/step-10" --steps 10
+  # Loaded on 2 ranks under the other stage and other buckets (--bucket-mb 0.05: the shards cut
+  # elsewhere), and on one process; saved again at step 10.
+  run 2 "z$s.np2" --zero "$other" --resume "$dir/z$s/step-10" --steps 10 --bucket-mb 0.05
   consolidate "$dir/z$s.np2" "$dir/z$s.np2c"
   same "$dir/z0/step-10" "$dir/z$s.np2c" "saved on 4 ranks zero $s, loaded on 2 ranks zero $other:"
   run 1 "z$s.np1" --resume "$dir/z$s/step-10" --steps 10
