@@ -355,6 +355,7 @@ thread_local Allocator* g_alloc = nullptr;  // nullptr: the host allocator
 AllocationDeviceScope::AllocationDeviceScope(Device d) : prev_(g_alloc) {
   g_alloc = d.kind == DeviceKind::cpu ? nullptr : &allocator_for(d);
 }
+AllocationDeviceScope::AllocationDeviceScope(Allocator& a) : prev_(g_alloc) { g_alloc = &a; }
 AllocationDeviceScope::~AllocationDeviceScope() { g_alloc = prev_; }
 Allocator& AllocationDeviceScope::current() { return g_alloc ? *g_alloc : host_allocator(); }
 

@@ -87,6 +87,19 @@ struct TaskDeps {
 void build_tasks(const std::vector<Node*>& order, uint64_t base, const std::vector<int>* device,
                  TaskDeps& deps);
 
+// ---- kernels' scratch memory (kernel_scratch.cpp)
+
+/// What a node's CPU kernel takes from the allocator while it runs, beyond its inputs.
+struct KernelScratch {
+  int64_t total = 0;      // the highest bytes alive at once: outputs and scratch together
+  int64_t workspace = 0;  // the highest bytes of the workspace tag alive at once
+};
+/// Measured by running the node's own kernel once on inputs of its shapes, dtypes and layout
+/// (its evaluated inputs as they are, the others zero-filled) with a private allocator,
+/// parallel loops inline; remembered per kind of node (primitive, attributes, input and output
+/// shapes, thread count). A view, or a kernel that throws on the zeros, takes nothing.
+KernelScratch kernel_scratch(const Node& n);
+
 // ---- the plan cache (plan_cache.cpp)
 
 /// The configured device of each node of order (marked base + position): the plan cached for

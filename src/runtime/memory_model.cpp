@@ -25,6 +25,12 @@ struct Counters {
     p.peak[t] = std::max(p.peak[t], cur[t]);
     p.peak_total = std::max(p.peak_total, total);
   }
+  /// A kernel runs: its outputs and scratch, `s.total` bytes, are alive at once at its height.
+  void kernel(const KernelScratch& s) {
+    constexpr auto w = static_cast<size_t>(MemoryTag::workspace);
+    p.peak[w] = std::max(p.peak[w], cur[w] + s.workspace);
+    p.peak_total = std::max(p.peak_total, total + s.total);
+  }
 };
 
 /// Buffers and node lifetimes of one replay.
@@ -42,11 +48,13 @@ class Replay {
     for (Node* n : order) refs(n);
   }
 
-  /// Node n runs: its outputs are allocated (a view's alias its input's buffer), then, with the
-  /// graph released, its references to its inputs go.
+  /// Node n runs: its kernel's outputs and scratch are allocated, the scratch freed again (a
+  /// view's outputs alias its input's buffer), then, with the graph released, its references
+  /// to its inputs go.
   void run(Node* n, bool release_graph) {
     std::vector<int>& bufs = buffers_[n];
     const bool view = n->prim->is_view();
+    if (!view) c_.kernel(kernel_scratch(*n));
     for (const Array& o : n->outs) {
       if (view && !n->inputs.empty()) {
         const int b = buffer_of(n->inputs[0]);
@@ -65,6 +73,28 @@ class Replay {
       released_.emplace(n, true);
       for (const Tensor& t : n->inputs) drop(t.node());
     }
+  }
+
+  /// Live per tag once the targets marked are detached: each keeps its own buffer (now a
+  /// leaf's), and its node, which nothing else holds once the graph is released, lets go of
+  /// the buffers it held.
+  std::array<int64_t, kNumMemoryTags> detached(const std::vector<Tensor>& targets,
+                                               const std::vector<char>& mask) const {
+    std::array<int64_t, kNumMemoryTags> cur = c_.cur;
+    std::vector<int> h = holders_;
+    std::unordered_map<const Node*, bool> gone;
+    for (size_t i = 0; i < targets.size() && i < mask.size(); ++i) {
+      auto it = buffers_.find(targets[i].node());
+      if (!mask[i] || it == buffers_.end()) continue;
+      const int b = it->second[static_cast<size_t>(targets[i].index())];
+      if (b >= 0) ++h[static_cast<size_t>(b)];
+      gone.emplace(it->first, true);
+    }
+    for (const auto& [n, unused] : gone)
+      for (int b : buffers_.at(n))
+        if (b >= 0 && --h[static_cast<size_t>(b)] == 0)
+          cur[static_cast<size_t>(tags_[static_cast<size_t>(b)])] -= bytes_[static_cast<size_t>(b)];
+    return cur;
   }
 
  private:
@@ -117,11 +147,11 @@ struct GraphCopy {
   std::vector<std::shared_ptr<Node>> nodes;
   std::vector<std::shared_ptr<Node>> outside;  // the outside references
   std::vector<Node*> order;
+  std::unordered_map<const Node*, Node*> copy_of;
   /// References the original graph holds to evaluated data (which both graphs share).
   std::unordered_map<const Node*, int> graph_refs;
 
   explicit GraphCopy(const std::vector<Node*>& original) {
-    std::unordered_map<const Node*, Node*> copy_of;
     for (const Node* n : original)
       for (const Tensor& t : n->inputs) ++graph_refs[t.node()];
     for (const Node* n : original) {
@@ -154,7 +184,8 @@ struct GraphCopy {
 
 }  // namespace
 
-MemoryPrediction predict_eval_memory(const std::vector<Tensor>& targets, bool release_graph) {
+MemoryPrediction predict_eval_memory(const std::vector<Tensor>& targets, bool release_graph,
+                                     const std::vector<std::vector<char>>& detach) {
   Counters c;
   const MemoryStats s = host_allocator().stats();
   c.p.start = c.p.peak = c.cur = s.current;
@@ -190,8 +221,17 @@ MemoryPrediction predict_eval_memory(const std::vector<Tensor>& targets, bool re
         if (--deps.pending[static_cast<size_t>(cons)] == 0) ready.push_back(cons);
       }
     }
+    std::vector<Tensor> copies;  // the targets in the copy (evaluated ones as they are)
+    for (const Tensor& t : targets) {
+      auto it = copy.copy_of.find(t.node());
+      copies.push_back(
+          it == copy.copy_of.end() ? t : Tensor(it->second->shared_from_this(), t.index()));
+    }
+    for (const auto& mask : detach) c.p.detached.push_back(replay.detached(copies, mask));
   }
   c.p.end = c.cur;
+  // Nothing ran: detaching frees nothing.
+  while (c.p.detached.size() < detach.size()) c.p.detached.push_back(c.cur);
   return c.p;
 }
 

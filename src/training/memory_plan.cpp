@@ -40,7 +40,15 @@ StepMemory predict_step_memory(const Tensor& loss, const RecomputePolicy& policy
     for (size_t i = 1; i + shape.with.size() < targets.size(); ++i)
       m.parameter_bytes +=
           targets[i].numel() * static_cast<int64_t>(dtype_size(targets[i].dtype()));
-    m.backward = runtime::predict_eval_memory(targets);
+    // After the eval the buffers evaluated with it are detached (BatchNorm's running
+    // statistics); clipping then replaces the gradients by scaled copies (new leaves).
+    const size_t grads_end = targets.size() - shape.with.size();
+    std::vector<char> with(targets.size(), 0), all(targets.size(), 0);
+    for (size_t i = 1; i < targets.size(); ++i) {
+      with[i] = i >= grads_end;
+      all[i] = 1;
+    }
+    m.backward = runtime::predict_eval_memory(targets, true, {with, all});
   }
   const runtime::MemoryPrediction& b = m.backward;
   const int64_t p = m.parameter_bytes;
@@ -53,14 +61,19 @@ StepMemory predict_step_memory(const Tensor& loss, const RecomputePolicy& policy
   m.peak[kState] += extra;
   m.start_total = b.start_total + extra;
   m.peak_total = b.peak_total + extra;
-  const int64_t end_total = std::accumulate(b.end.begin(), b.end.end(), int64_t{0}) + extra;
-  // After the eval the gradients are retagged; clipping writes scaled copies first.
+  auto sum = [&](const std::array<int64_t, kNumMemoryTags>& a) {
+    return std::accumulate(a.begin(), a.end(), int64_t{0}) + extra;
+  };
+  // After the eval the gradients are retagged and the running statistics detached; clipping
+  // writes scaled copies, then the gradients' nodes go (their other outputs with them).
+  const int64_t after_with = sum(b.detached[0]);
   m.peak[kGrads] = std::max(m.peak[kGrads], b.end[kGrads] + p * (shape.clip ? 2 : 1));
-  m.peak_total = std::max(m.peak_total, end_total + (shape.clip ? p : 0));
+  m.peak_total = std::max(m.peak_total, after_with + (shape.clip ? p : 0));
+  const int64_t before_update = shape.clip ? sum(b.detached[1]) : after_with;
   // The update: new parameters and state, all evaluated before the old ones are let go.
   m.peak[kParams] = std::max(m.peak[kParams], b.end[kParams] + p);
   m.peak[kState] = std::max(m.peak[kState], b.end[kState] + extra + state);
-  m.peak_total = std::max(m.peak_total, end_total + p + state);
+  m.peak_total = std::max(m.peak_total, before_update + p + state);
   return m;
 }
 

@@ -200,6 +200,8 @@ int64_t device_memory_in_use();
 class AllocationDeviceScope {
  public:
   explicit AllocationDeviceScope(Device d);
+  /// An allocator of the caller's own (the memory model measures a kernel's scratch on one).
+  explicit AllocationDeviceScope(Allocator& a);
   ~AllocationDeviceScope();
   AllocationDeviceScope(const AllocationDeviceScope&) = delete;
   AllocationDeviceScope& operator=(const AllocationDeviceScope&) = delete;

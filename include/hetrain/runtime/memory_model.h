@@ -8,7 +8,9 @@
 //   runtime::MemoryPrediction p = runtime::predict_eval_memory(targets);
 //   p.peak[MemoryTag::activations]  // what eval(targets, true) will reach, starting from now
 //
-// Kernels' private scratch memory (a few primitives allocate some) is not modelled.
+// Kernels' scratch (tag workspace: a convolution's unfolded input, attention's blocks) is what
+// each node's own kernel takes when run once on inputs of its shapes (kernel_scratch.cpp), at
+// the node's place in the order.
 #pragma once
 
 #include <array>
@@ -26,12 +28,19 @@ struct MemoryPrediction {
   std::array<int64_t, kNumMemoryTags> end{};    // live when it returns
   int64_t peak_total = 0;
   int64_t start_total = 0;
+  /// Live per tag once the caller, after the eval, replaces the targets marked in each of the
+  /// `detach` masks by fresh leaves of their values (Tensor::detach): a target's node then
+  /// goes, and with it its other outputs (a layer norm's input gradient, held by the node that
+  /// made a weight's gradient).
+  std::vector<std::array<int64_t, kNumMemoryTags>> detached;
   int64_t nodes = 0;  // nodes the eval runs
   int64_t at(MemoryTag t) const { return peak[static_cast<size_t>(t)]; }
 };
 
 /// Predicts eval(targets, release_graph) on the host allocator from its current counters. The
 /// caller must hold no more references to the graph's nodes than the eval's caller will.
-MemoryPrediction predict_eval_memory(const std::vector<Tensor>& targets, bool release_graph = true);
+/// `detach`: masks over targets, one `detached` entry each.
+MemoryPrediction predict_eval_memory(const std::vector<Tensor>& targets, bool release_graph = true,
+                                     const std::vector<std::vector<char>>& detach = {});
 
 }  // namespace hetrain::runtime
