@@ -559,6 +559,14 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
     mem.activations = act_scale * convnet_activation_bytes(m.conv, st.micro_batch, st.recompute);
     if (st.zero == 3) mem.temporary += wb * P / 4;  // a conv stage's gathered weights
   }
+  // Hetrain's own engine, one device, nothing recomputed: its measured layout (the peak over
+  // the step, which its memory model predicts: test_planning's EngineMemory).
+  if (m.engine == Engine::hetrain && st.recompute == Recompute::none && st.tp == 1 && st.pp == 1) {
+    mem.activations = hetrain_activation_bytes(m, st.micro_batch, 2 * act_scale);
+    // Its optimizer evaluates the new parameters and state before the old ones go, once the
+    // activations are freed: the step's peak where they outweigh the activations.
+    mem.temporary += std::max(0.0, mem.weights + mem.optimizer - mem.activations);
+  }
   if (p.dp > 1) mem.temporary += 2 * 25e6;  // gradient communication buckets
   mem.total =
       mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.temporary + mem.reserved;

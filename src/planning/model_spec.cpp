@@ -183,8 +183,9 @@ ModelSpec gpt_model(int64_t layers, int64_t hidden, int64_t heads, int64_t seq, 
 
 const std::vector<std::string>& preset_ids() {
   static const std::vector<std::string> ids = {
-      "gpt2-124m", "gpt2-350m", "gpt2-774m",  "gpt2-1.5b", "gpt3-175b", "llama-7b",  "llama-13b",
-      "llama-65b", "llama-70b", "bert-large", "vit-l16",   "resnet-50", "resnet-152"};
+      "gpt2-124m",  "gpt2-350m", "gpt2-774m",   "gpt2-1.5b",  "gpt3-175b", "llama-7b",
+      "llama-13b",  "llama-65b", "llama-70b",   "bert-large", "vit-l16",   "resnet-50",
+      "resnet-152", "gpt-mini",  "fashion-mlp", "fashion-cnn"};
   return ids;
 }
 
@@ -223,6 +224,16 @@ ModelSpec preset(const std::string& id) {
     m.family = ModelFamily::convnet;
     m.conv = resnet(
         id == "resnet-50" ? std::vector<int>{3, 4, 6, 3} : std::vector<int>{3, 8, 36, 3}, 1000);
+  } else if (id == "gpt-mini") {  // Hetrain's own presets (hetrain train --preset), its engine
+    m = gpt_model(4, 128, 4, 64, 256);
+    m.tf.dropout = false;
+    m.engine = Engine::hetrain;
+  } else if (id == "fashion-mlp") {
+    m = mlp_model(784, {512, 256}, 10);
+    m.engine = Engine::hetrain;
+  } else if (id == "fashion-cnn") {
+    m = small_resnet(1, 28, {16, 32, 64}, 1, 10);
+    m.engine = Engine::hetrain;
   } else {
     std::string all;
     for (const auto& p : preset_ids()) all += (all.empty() ? "" : ", ") + p;
@@ -367,6 +378,32 @@ double convnet_activation_bytes(const ConvNetSpec& c, int64_t b, Recompute rc) {
     inputs += input[blk];
   }
   return rc == Recompute::full ? inputs + largest : total;
+}
+
+double hetrain_activation_bytes(const ModelSpec& m, int64_t b, double e) {
+  const double bd = static_cast<double>(b);
+  if (m.is_transformer()) {
+    const TransformerSpec& t = m.tf;
+    const double s = static_cast<double>(t.seq), h = static_cast<double>(t.hidden);
+    const double sbh = s * bd * h, sb = s * bd, mask = t.dropout ? 1.0 : 0.0;
+    const double kv = static_cast<double>(kv_width(t)) / h,
+                 f = static_cast<double>(t.ffn_hidden) / h;
+    const double layer = e * sbh * (6.0 + 2.0 * kv + 2.0 * f + 2.0 * mask) +
+                         4.0 * sb * (4.0 + static_cast<double>(t.heads));
+    const double logits = t.lm_head ? 4.0 * sb * static_cast<double>(t.vocab) : 0.0;
+    return static_cast<double>(t.layers) * layer + e * sbh * (3.0 + f + mask) + logits;
+  }
+  double kept = 0, largest = 0;
+  std::map<int, int> norms;  // BatchNorms seen per residual block
+  for (const ConvLayer& l : m.conv.layers) {
+    const double out = e * static_cast<double>(l.out * l.out_h * l.out_w) * bd;
+    largest = std::max(largest, out);
+    // In a residual block (not the stem, block 0) the BatchNorms after the first feed the sum.
+    const bool into_sum =
+        l.kind == ConvLayer::Kind::batchnorm && l.block > 0 && norms[l.block]++ > 0;
+    if (!into_sum) kept += out;
+  }
+  return kept + 2.0 * largest;
 }
 
 const char* to_string(Recompute r) {

@@ -16,6 +16,10 @@ enum class ModelFamily { gpt, llama, bert, vit, convnet };
 enum class Norm { layernorm, rmsnorm };
 enum class MlpKind { gelu, swiglu };
 enum class Recompute { none, selective, full };
+/// Whose engine lays out the activations: Megatron-LM's (Korthikanti et al. 2022: 16-bit
+/// tensors, 1-byte dropout masks) or Hetrain's own (its presets: fp32 masks, flash-style
+/// attention, the backward's working set; see hetrain_activation_bytes).
+enum class Engine { megatron, hetrain };
 
 /// A transformer by its hyper-parameters (GPT, LLaMA, BERT, ViT are all this).
 struct TransformerSpec {
@@ -67,6 +71,7 @@ struct ModelSpec {
   ModelFamily family = ModelFamily::gpt;
   TransformerSpec tf;
   ConvNetSpec conv;
+  Engine engine = Engine::megatron;
 
   bool is_transformer() const { return family != ModelFamily::convnet; }
   int64_t params() const { return layout().total; }
@@ -126,6 +131,22 @@ ElementwisePasses transformer_elementwise_passes(const TransformerSpec& tf, int6
 /// output is kept (BN input and ReLU output); with full recompute only block inputs plus
 /// the largest block's activations.
 double convnet_activation_bytes(const ConvNetSpec& c, int64_t micro_batch, Recompute rc);
+
+/// Activation bytes of a whole model as Hetrain's engine runs it without recompute (fp32:
+/// `elem` = 4 bytes; 16-bit autocast approximated with 2), for `micro_batch` samples: the peak
+/// of its activations over a step, which its memory model (training/memory_plan.h) predicts
+/// from the graph. Transformer (GPT): per layer the block's input, both norms' outputs, the
+/// residual sum, Q, K, V, attention's output, the MLP's inner input and GELU output and two
+/// dropout masks in the activation dtype, sbh(6 + 2kv/h + 2f/h + 2m), plus per token f32
+/// statistics: two norms' mean and 1/std and attention's log-sum-exp per head, 4sb(4 + a)
+/// (flash-style attention: no s x s scores); then the last block's output, the final norm's
+/// output, the embedding's dropout mask and the backward's working set at the last block's
+/// MLP (the gradients of its inner activations and of the residual stream, the loss's f32
+/// gradient over the vocabulary, 4sbV, held until the tied embedding's gradient is formed):
+/// sbh(3 + f/h + m) + 4sbV. Conv net: each conv/BN/linear/activation output but a BN's that
+/// feeds a residual sum (the sum's gradient passes through), plus twice the largest output
+/// (the gradient arriving at a layer and the one leaving it).
+double hetrain_activation_bytes(const ModelSpec& m, int64_t micro_batch, double elem);
 
 const char* to_string(Recompute r);
 Recompute recompute_from_string(const std::string& s);
