@@ -14,6 +14,7 @@
 #include "hetrain/insight/device_profile.h"
 #include "hetrain/insight/profiler.h"
 #include "hetrain/insight/report.h"
+#include "hetrain/training/memory_plan.h"
 #include "hetrain/training/trainer.h"
 
 namespace hetrain::cli {
@@ -21,6 +22,96 @@ namespace hetrain::cli {
 namespace {
 const char* const kSettingFlags[] = {"data",    "batch-size",    "seed",
                                      "threads", "memory-budget", "recompute"};
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t end = std::min(s.find(',', at), s.size());
+    out.push_back(s.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+/// --sweep-layers: per depth and recompute mode, the memory model's prediction (dry run) and
+/// the allocator's activations peak over the steps after the warm-up; the chart to --report.
+int profile_sweep(const ArgParser& p, const training::TrainConfig& base, long long warmup,
+                  const std::string& command) {
+  if (base.model != "gpt")
+    fail(
+        "[profile] --sweep-layers applies to a GPT (gpt-mini or a config with model = \"gpt\"), "
+        "not model '",
+        base.model, "'");
+  if (!p.given("report"))
+    fail("[profile] --sweep-layers writes its chart to --report FILE (.svg: the chart alone)");
+  std::vector<int64_t> depths;
+  for (const std::string& v : split_commas(p.get("sweep-layers"))) {
+    char* end = nullptr;
+    const long long n = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n < 1 || n > 100000)
+      fail(
+          "[profile] flag --sweep-layers: expected layer counts >= 1 separated by commas, such as "
+          "8,16,32, got '",
+          p.get("sweep-layers"), "'");
+    depths.push_back(n);
+  }
+  const std::vector<std::string> modes = split_commas(p.get("sweep-recompute"));
+  std::vector<insight::DepthPoint> points;
+  constexpr auto kActs = static_cast<size_t>(MemoryTag::activations);
+  std::printf("%8s %10s %16s %16s\n", "layers", "recompute", "predicted (MiB)", "measured (MiB)");
+  for (int64_t layers : depths) {
+    for (const std::string& mode : modes) {
+      training::TrainConfig c = base;
+      c.layers = layers;
+      c.recompute = mode;
+      try {
+        training::validate(c);
+      } catch (const Error& e) {
+        fail("[profile] flag --sweep-recompute: ", e.what());
+      }
+      insight::DepthPoint d{mode, layers, 0, training::dry_run(c, nullptr).peak[kActs]};
+      training::StepHooks hooks;
+      hooks.begin = [&](int64_t step) {
+        if (step == warmup) host_allocator().reset_peak();
+      };
+      training::train(c, hooks);
+      d.measured = host_allocator().stats().peak[kActs];
+      std::printf("%8lld %10s %16.2f %16.2f\n", static_cast<long long>(layers), mode.c_str(),
+                  static_cast<double>(d.predicted) / 1048576.0,
+                  static_cast<double>(d.measured) / 1048576.0);
+      points.push_back(d);
+    }
+  }
+  const std::string file = p.get("report"),
+                    title = "Activations peak against depth: " + base.preset + ", width " +
+                            std::to_string(base.width) + ", batch " +
+                            std::to_string(base.batch_size);
+  const bool svg = file.size() >= 4 && file.compare(file.size() - 4, 4, ".svg") == 0;
+  write_output_file(file,
+                    svg ? insight::render_depth_svg(points, title)
+                        : insight::render_depth_html(points, title, command),
+                    "--report file");
+  std::printf("report: %s\n", file.c_str());
+  return 0;
+}
+
+/// The files asked for: --trace, --json, --report.
+void write_outputs(const ArgParser& p, const insight::ReportInput& in,
+                   const insight::Profiler& prof) {
+  if (p.given("trace")) {
+    write_output_file(p.get("trace"), prof.chrome_trace().dump(), "--trace file");
+    std::printf("trace: %s (%zu node events)\n", p.get("trace").c_str(), prof.nodes().size());
+  }
+  if (p.given("json")) {
+    insight::write_json_atomic(p.get("json"), insight::profile_json(in));
+    std::printf("json: %s\n", p.get("json").c_str());
+  }
+  if (p.given("report")) {
+    write_output_file(p.get("report"), insight::render_html_report(in), "--report file");
+    std::printf("report: %s\n", p.get("report").c_str());
+  }
+}
 
 }  // namespace
 
@@ -52,6 +143,12 @@ int cmd_profile(const Args& args) {
       .option("report", "FILE",
               "write a self-contained HTML page: roofline, time breakdown, memory timeline by "
               "tag, loss curve and the table (inline SVG, no scripts, no network)")
+      .option("sweep-layers", "L1,L2,..",
+              "instead of one profile: for a GPT at each depth and --sweep-recompute mode, the "
+              "activations peak the memory model predicts and the allocator measures over the "
+              "steps after the warm-up; --report FILE gets the chart (FILE.svg: the chart alone)")
+      .option("sweep-recompute", "M1,M2,..", "the recompute modes of --sweep-layers",
+              "none,full,auto")
       .option("onnx", "FILE",
               "profile an imported ONNX model's training steps (see 'hetrain train --onnx')")
       .flag("no-progress", "no live progress bar, even on a terminal")
@@ -83,6 +180,11 @@ int cmd_profile(const Args& args) {
     if (p.given(f)) insight::check_writable(p.get(f), std::string("--") + f + " file");
 
   set_num_threads(cfg.threads);
+  if (p.given("sweep-layers")) {
+    std::string command = "hetrain profile";
+    for (const auto& a : args) command += " " + a;
+    return profile_sweep(p, cfg, warmup, command);
+  }
   insight::DeviceProfile device =
       insight::stored_or_measured_profile(insight::device_profile_path());
 
@@ -124,18 +226,7 @@ int cmd_profile(const Args& args) {
       insight::format_table(in.rows, prof.step_seconds(), static_cast<int>(prof.steps().size()))
           .c_str(),
       stdout);
-  if (p.given("trace")) {
-    write_output_file(p.get("trace"), prof.chrome_trace().dump(), "--trace file");
-    std::printf("trace: %s (%zu node events)\n", p.get("trace").c_str(), prof.nodes().size());
-  }
-  if (p.given("json")) {
-    insight::write_json_atomic(p.get("json"), insight::profile_json(in));
-    std::printf("json: %s\n", p.get("json").c_str());
-  }
-  if (p.given("report")) {
-    write_output_file(p.get("report"), insight::render_html_report(in), "--report file");
-    std::printf("report: %s\n", p.get("report").c_str());
-  }
+  write_outputs(p, in, prof);
   return 0;
 }
 

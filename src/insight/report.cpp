@@ -335,7 +335,71 @@ std::string loss_svg(const ReportInput& in) {
   return p.finish();
 }
 
+const char* mode_colour(const std::string& mode) {
+  if (mode == "none") return "#d62728";
+  if (mode == "selective") return "#ff7f0e";
+  if (mode == "full") return "#1f77b4";
+  return "#2ca02c";  // auto
+}
+
 }  // namespace
+
+std::string render_depth_svg(const std::vector<DepthPoint>& points, const std::string& title) {
+  Plot p("activation-depth", title);
+  std::vector<std::string> modes;
+  double lo = 0, hi = 1, top = 1;
+  for (const DepthPoint& d : points) {
+    if (std::find(modes.begin(), modes.end(), d.mode) == modes.end()) modes.push_back(d.mode);
+    const double l = static_cast<double>(d.layers);
+    lo = lo == 0 ? l : std::min(lo, l);
+    hi = std::max(hi, l);
+    top = std::max({top, static_cast<double>(d.measured), static_cast<double>(d.predicted)});
+  }
+  constexpr double kMiB = 1024.0 * 1024.0;
+  p.x_axis(lo, std::max(hi, lo + 1), false, "transformer layers");
+  p.y_axis(0, 1.08 * top / kMiB, false, "activations peak (MiB)");
+  double legend_y = Plot::T + 18;
+  for (const std::string& m : modes) {
+    std::vector<std::pair<double, double>> meas, pred;
+    for (const DepthPoint& d : points) {
+      if (d.mode != m) continue;
+      meas.emplace_back(static_cast<double>(d.layers), static_cast<double>(d.measured) / kMiB);
+      pred.emplace_back(static_cast<double>(d.layers), static_cast<double>(d.predicted) / kMiB);
+    }
+    const std::string c = mode_colour(m);
+    p.polyline(meas, "stroke=\"" + c + "\" stroke-width=\"2\"");
+    p.polyline(pred, "stroke=\"" + c + "\" stroke-width=\"1.5\" stroke-dasharray=\"5,4\"");
+    for (const auto& [x, y] : meas)
+      p.raw() << "<circle cx=\"" << fmt("%.1f", p.px(x)) << "\" cy=\"" << fmt("%.1f", p.py(y))
+              << "\" r=\"3.5\" fill=\"" << c << "\"><title>" << esc(m) << ", " << fmt("%g", x)
+              << " layers: " << fmt("%.1f", y) << " MiB</title></circle>\n";
+    p.raw() << "<line x1=\"" << Plot::L + 12 << "\" y1=\"" << legend_y - 4 << "\" x2=\""
+            << Plot::L + 36 << "\" y2=\"" << legend_y - 4 << "\" stroke=\"" << c
+            << "\" stroke-width=\"2\"/><text x=\"" << Plot::L + 42 << "\" y=\"" << legend_y
+            << "\">--recompute " << esc(m) << "</text>\n";
+    legend_y += 16;
+  }
+  p.raw() << "<text x=\"" << Plot::L + 12 << "\" y=\"" << legend_y
+          << "\" fill=\"#555\">solid: measured (allocator), dashed: predicted (memory model)"
+             "</text>\n";
+  return p.finish();
+}
+
+std::string render_depth_html(const std::vector<DepthPoint>& points, const std::string& title,
+                              const std::string& command) {
+  std::ostringstream o;
+  o << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>"
+    << esc(title) << "</title>\n</head>\n<body>\n<h1>" << esc(title) << "</h1>\n<p><code>"
+    << esc(command) << "</code></p>\n"
+    << render_depth_svg(points, title)
+    << "<table>\n<tr><th>recompute</th><th>layers</th><th>measured (bytes)</th>"
+       "<th>predicted (bytes)</th></tr>\n";
+  for (const DepthPoint& d : points)
+    o << "<tr><td>" << esc(d.mode) << "</td><td>" << d.layers << "</td><td>" << d.measured
+      << "</td><td>" << d.predicted << "</td></tr>\n";
+  o << "</table>\n</body>\n</html>\n";
+  return o.str();
+}
 
 std::string format_table(const std::vector<RooflineRow>& rows, double step_seconds, int steps) {
   std::ostringstream o;

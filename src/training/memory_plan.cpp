@@ -92,6 +92,19 @@ std::string RecomputePlan::summary() const {
   return buf;
 }
 
+std::string RecomputePlan::announcement(int64_t budget) const {
+  std::string s = "recompute auto (" +
+                  (budget > 0 ? "budget " + format_bytes(budget)
+                              : std::string("no --memory-budget: the least peak")) +
+                  "): " + summary() + "\n";
+  if (num_threads() > 1)
+    s += "recompute auto: the peak is predicted for one worker's order; with " +
+         std::to_string(num_threads()) +
+         " threads the executor's order, hence the peak, varies from run to run "
+         "(docs/PERFORMANCE.md): keep a margin under the capacity, or use --threads 1\n";
+  return s;
+}
+
 namespace {
 
 /// The units of loss's forward and what replaying each costs and saves.

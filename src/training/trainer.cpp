@@ -225,11 +225,7 @@ const RecomputePolicy& step_policy(RecomputeState& rs, const Tensor& root, const
   rs.plan = plan_recompute(root, cfg.memory_budget, step_shape(cfg, opt, model));
   rs.policy = rs.plan.policy;
   rs.planned = true;
-  if (rs.announce)
-    std::fprintf(stderr, "recompute auto (%s): %s\n",
-                 cfg.memory_budget > 0 ? ("budget " + format_bytes(cfg.memory_budget)).c_str()
-                                       : "no --memory-budget: the least peak",
-                 rs.plan.summary().c_str());
+  if (rs.announce) std::fputs(rs.plan.announcement(cfg.memory_budget).c_str(), stderr);
   return rs.policy;
 }
 }  // namespace

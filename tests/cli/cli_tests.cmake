@@ -126,12 +126,14 @@ add_test(NAME cli.memory_budget COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/mem
 set_tests_properties(cli.memory_budget PROPERTIES TIMEOUT 300)
 # Activation checkpointing: each --recompute mode bitwise equal to none (losses, checkpoints).
 add_test(NAME cli.recompute_bitwise_gpt
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/recompute_bitwise.sh ${HT} gpt-mini 6
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/recompute_bitwise.sh ${HT} gpt-mini 20
                  --layers 2 --width 32 --heads 2 --context 16 --batch-size 8 --dropout 0.1
                  --eval-batches 2 --threads 2)
 add_test(NAME cli.recompute_bitwise_cnn
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/recompute_bitwise.sh ${HT} fashion-cnn 4
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/recompute_bitwise.sh ${HT} fashion-cnn 20
                  --widths 4,8 --blocks 1 --batch-size 16 --threads 2)
 set_tests_properties(cli.recompute_bitwise_gpt cli.recompute_bitwise_cnn PROPERTIES TIMEOUT 300)
 add_test(NAME cli.recompute_budget COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/recompute_budget.sh ${HT})
 set_tests_properties(cli.recompute_budget PROPERTIES TIMEOUT 300)
+add_test(NAME cli.profile_sweep COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/profile_sweep.sh ${HT})
+set_tests_properties(cli.profile_sweep PROPERTIES TIMEOUT 300)

@@ -45,6 +45,21 @@ struct ReportInput {
 /// The `--json` document: device ceilings, steps, and one record per primitive.
 nlohmann::json profile_json(const ReportInput& in);
 
+/// One point of a depth sweep (`hetrain profile --sweep-layers`): the activations peak of a
+/// step as the allocator measured it and as the memory model predicted it from the graph.
+struct DepthPoint {
+  std::string mode;  // the --recompute mode
+  int64_t layers = 0;
+  int64_t measured = 0, predicted = 0;  // bytes
+};
+
+/// Activations peak against depth, one colour per recompute mode (measured: solid line and
+/// dots; predicted: dashed): a standalone SVG with id activation-depth.
+std::string render_depth_svg(const std::vector<DepthPoint>& points, const std::string& title);
+/// The same chart in an HTML page with the points as a table.
+std::string render_depth_html(const std::vector<DepthPoint>& points, const std::string& title,
+                              const std::string& command);
+
 /// One HTML page, no external resources and no script: four inline SVG charts with ids
 /// roofline, time-breakdown, memory-timeline and loss-curve, plus the table.
 std::string render_html_report(const ReportInput& in);

@@ -55,6 +55,9 @@ struct RecomputePlan {
   double replayed_flops = 0, forward_flops = 0;
   int64_t smallest_peak = 0;  // the least peak any plan reaches (the smallest feasible budget)
   std::string summary() const;
+  /// What train prints on stderr for the choice under `budget` (0: none); with more than one
+  /// thread also that the peak is the one-worker prediction.
+  std::string announcement(int64_t budget) const;
 };
 
 /// auto: among plans that keep every unit, replay units in order of bytes saved per FLOP
