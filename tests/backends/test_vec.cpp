@@ -1,73 +1,87 @@
-// The run-time-selected vector kernels against the C library, across the range and at the
-// edges (overflow to inf, subnormal results, nan), with lengths that leave vector tails.
+// The CPU backend's vector math: its f32 exp and the run-time-selected half conversions,
+// against the C library and the scalar conversions, at the edges and with vector tails.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "backends/cpu/vec.h"
+#include "backends/cpu/vec_math.h"
 #include "hetrain/graph/ops.h"
 
 using namespace hetrain;
 
-TEST(Vec, ExpMatchesLibmWithin2Ulp) {
-  std::vector<float> x;
-  for (float v = -110.0f; v <= 95.0f; v += 0.0137f) x.push_back(v);
+// cpu::vexp, the backend's one f32 exp, against the C library across the range and at every
+// documented edge: overflow to inf, subnormal results, underflow to 0, infinities and NaN.
+namespace {
+void expect_exp_close(float x, float got) {
+  const float want = std::exp(x);
   const float inf = std::numeric_limits<float>::infinity();
-  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 88.0f, 88.72f, 88.73f, -87.0f, -87.5f, -103.0f, -104.0f,
-                  inf, -inf, std::numeric_limits<float>::quiet_NaN()})
-    x.push_back(v);
-  for (int64_t n : {int64_t(x.size()), int64_t(7), int64_t(9), int64_t(17)}) {
-    std::vector<float> y(static_cast<size_t>(n));
-    cpu::exp_f32(x.data() + (x.size() - static_cast<size_t>(n)), y.data(), n);
-    for (int64_t i = 0; i < n; ++i) {
-      const float xi = x[x.size() - static_cast<size_t>(n) + static_cast<size_t>(i)];
-      const float want = std::exp(xi);
-      const float got = y[static_cast<size_t>(i)];
-      if (std::isnan(want)) {
-        EXPECT_TRUE(std::isnan(got)) << xi;
-      } else if (std::isinf(want) || want == 0.0f || !std::isnormal(want)) {
-        EXPECT_EQ(got, want) << "exp(" << xi << ")";
-      } else {
-        // 2 ulp of the float result.
-        const float ulp = std::nextafter(want, inf) - want;
-        EXPECT_LE(std::abs(got - want), 2 * ulp) << "exp(" << xi << ")";
-      }
-    }
+  if (std::isnan(want)) {
+    EXPECT_TRUE(std::isnan(got)) << "exp(" << x << ")";
+  } else if (std::isinf(want) || want == 0.0f) {
+    EXPECT_EQ(got, want) << "exp(" << x << ")";
+  } else if (!std::isnormal(want)) {
+    // Subnormal: one unit of the smallest subnormal.
+    EXPECT_LE(std::abs(got - want), std::numeric_limits<float>::denorm_min()) << "exp(" << x << ")";
+  } else {
+    const float ulp = std::nextafter(want, inf) - want;
+    EXPECT_LE(std::abs(got - want), 2 * ulp) << "exp(" << x << ")";
   }
 }
 
-// An element's result depends on its value only, not on where in a run it sits: the same
-// values at every offset and run length (tails of 1 to 7 included) give the same bits (a fused
-// chain's blocks and each thread's share end at other places than a whole tensor's run).
-TEST(Vec, ExpGivesTheSameBitsWhereverARunEnds) {
+std::vector<float> exp_inputs() {
   std::vector<float> x;
-  for (float v = -90.0f; v <= 90.0f; v += 0.731f) x.push_back(v);
-  std::vector<float> whole(x.size());
-  cpu::exp_f32(x.data(), whole.data(), static_cast<int64_t>(x.size()));
-  for (size_t start : {size_t(0), size_t(3), size_t(9)})
-    for (size_t len = 1; len <= 19; ++len) {
-      std::vector<float> part(len);
-      cpu::exp_f32(x.data() + start, part.data(), static_cast<int64_t>(len));
-      for (size_t i = 0; i < len; ++i)
-        ASSERT_EQ(part[i], whole[start + i])
-            << "exp(" << x[start + i] << ") at " << i << " of " << len;
-    }
+  for (float v = -110.0f; v <= 95.0f; v += 0.0137f) x.push_back(v);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v : {0.0f,     -0.0f,
+                  1.0f,     -1.0f,
+                  88.0f,    88.5f,
+                  88.72f,   88.7228f,
+                  88.73f,   -87.0f,
+                  -87.3f,   -87.33f,
+                  -87.34f,  -87.5f,
+                  -100.0f,  -103.0f,
+                  -103.97f, -103.98f,
+                  -104.0f,  inf,
+                  -inf,     std::numeric_limits<float>::quiet_NaN()})
+    x.push_back(v);
+  return x;
+}
+}  // namespace
+
+TEST(Vec, ExpMatchesLibmWithin2UlpAndAtTheEdges) {
+  for (float v : exp_inputs()) expect_exp_close(v, cpu::vexp(v));
 }
 
-TEST(Vec, ExpOpUsesTheKernelOnContiguousAndStridedInputs) {
-  // Through the op: contiguous (vector path) and a transposed view (strided path) agree.
-  Tensor x = rand({33, 65}, -20, 20, Dtype::f32);
-  auto a = exp(x).to_vector<double>();
-  auto b = exp(transpose(x, 0, 1)).to_vector<double>();
-  auto xs = x.to_vector<double>();
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_NEAR(a[i], std::exp(xs[i]), 3e-7 * std::exp(xs[i])) << i;
-  for (int64_t r = 0; r < 33; ++r)
-    for (int64_t c = 0; c < 65; ++c)
-      EXPECT_NEAR(b[static_cast<size_t>(c * 33 + r)], a[static_cast<size_t>(r * 65 + c)],
-                  3e-7 * a[static_cast<size_t>(r * 65 + c)]);
+// Through the Exp op every layout and length runs the same compiled loop (a vector one where
+// the CPU has AVX2+FMA): contiguous runs of any length (vector tails), a transposed view and a
+// column of a wider tensor give each element the same bits, all within the bounds above.
+TEST(Vec, ExpOpGivesTheSameBitsForEveryLayoutAndLength) {
+  const std::vector<float> xs = exp_inputs();
+  const auto n = static_cast<int64_t>(xs.size());
+  Tensor x = from_vector(xs, {n});
+  const std::vector<float> whole = exp(x).to_vector<float>();
+  for (int64_t i = 0; i < n; ++i)
+    expect_exp_close(xs[static_cast<size_t>(i)], whole[static_cast<size_t>(i)]);
+  for (int64_t start : {0, 3, 9})
+    for (int64_t len = 1; len <= 19; ++len) {
+      const std::vector<float> part = exp(slice(x, 0, start, start + len)).to_vector<float>();
+      for (int64_t i = 0; i < len; ++i)
+        ASSERT_EQ(part[static_cast<size_t>(i)], whole[static_cast<size_t>(start + i)])
+            << "exp(" << xs[static_cast<size_t>(start + i)] << ") at " << i << " of " << len;
+    }
+  // Strided: the same values as the column of a [n, 3] tensor, read through a transpose.
+  std::vector<float> wide(static_cast<size_t>(n * 3), 0.5f);
+  for (int64_t i = 0; i < n; ++i) wide[static_cast<size_t>(i * 3 + 1)] = xs[static_cast<size_t>(i)];
+  const std::vector<float> col =
+      exp(transpose(from_vector(wide, {n, 3}), 0, 1)).to_vector<float>();  // [3, n]
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(col[static_cast<size_t>(n + i)]),
+              std::bit_cast<uint32_t>(whole[static_cast<size_t>(i)]))
+        << "exp(" << xs[static_cast<size_t>(i)] << ") strided";
 }
 
 // F16C conversions give the scalar conversions' bits: every half value to f32, and f32 values

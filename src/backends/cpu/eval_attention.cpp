@@ -2,6 +2,12 @@
 // query rows with an online softmax, so a task holds one (Bq x Bk) score tile, never the
 // (Lq x Lk) matrix. The backward (flash-attention-2) recomputes each probability tile from
 // q, k and the saved row logsumexp. Block products go through sgemm/dgemm.
+
+// Lets GCC if-convert the float selects of cpu::vexp so the tile exp loops vectorise (as in
+// eval_nn.cpp; nothing here reads FP exception flags).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -9,6 +15,7 @@
 #include <limits>
 
 #include "backends/cpu/compute_buffers.h"
+#include "backends/cpu/vec_math.h"
 #include "graph/prims/attention.h"
 #include "hetrain/base/thread_pool.h"
 
@@ -88,31 +95,10 @@ PackedGeom packed_geom(const Shape& qkv, int64_t heads, bool causal) {
   return {{qkv[0] * heads, L, L, d, d, causal}, heads};
 }
 
-/// e^x for f32 in a form the compiler vectorises (Cephes' expf polynomial, ~1 ulp): std::exp
-/// stays a scalar call without -ffast-math and would cost as much as the tile GEMMs.
-inline float exp_approx(float x) {
-  x = std::min(std::max(x, -87.3f), 88.3f);                     // NaN passes through
-  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round(x / ln 2)
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  return p * std::bit_cast<float>(bits);
-}
-
 /// s[c] = exp(s[c] - shift) for c < n; returns their sum.
 template <class T>
 T exp_shifted(T* s, int64_t n, T shift) {
-  if constexpr (std::is_same_v<T, float>) {
-    for (int64_t c = 0; c < n; ++c) s[c] = exp_approx(s[c] - shift);
-  } else {
-    for (int64_t c = 0; c < n; ++c) s[c] = std::exp(s[c] - shift);
-  }
+  for (int64_t c = 0; c < n; ++c) s[c] = cpu::vexp(s[c] - shift);
   T acc[8] = {};
   int64_t c = 0;
   for (; c + 8 <= n; c += 8)
@@ -160,7 +146,7 @@ void attention_forward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<T
           T mx = m[r];
           for (int64_t c = 0; c < lim; ++c) mx = std::max(mx, s[c]);
           // Row r saw key 0 in the first tile, so mx is finite from then on.
-          const T alpha = std::exp(m[r] - mx);
+          const T alpha = cpu::vexp(m[r] - mx);
           const T sum = exp_shifted(s, lim, mx);
           std::fill(s + lim, s + nk, T(0));
           l[r] = l[r] * alpha + sum;

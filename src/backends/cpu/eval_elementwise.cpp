@@ -38,6 +38,11 @@ struct FastF32 {
 }
 [[gnu::always_inline]] inline float fast_sigmoid(float x) { return 1.0f / (1.0f + cpu::vexp(-x)); }
 template <>
+struct FastF32<ExpOp> {
+  static constexpr bool has = true;
+  static float f(float x) { return cpu::vexp(x); }
+};
+template <>
 struct FastF32<TanhOp> {
   static constexpr bool has = true;
   static float f(float x) { return fast_tanh(x); }
@@ -115,26 +120,26 @@ void Unary<Op>::eval_cpu(const std::vector<const Array*>& in,
         [&](const std::array<int64_t, 2>& pos, const std::array<int64_t, 2>& step, int64_t len) {
           T* o = yp + pos[0];
           const T* a = xp + pos[1];
-          if constexpr (std::is_same_v<Op, ExpOp> && std::is_same_v<T, float>) {
-            if (step[0] == 1 && step[1] == 1) {
-              cpu::exp_f32(a, o, len);  // vectorised where the CPU allows
-              return;
-            }
-          }
-          // f16/bf16 compute in f32 too: the same loops, converting per element
-          // (std::tanh there cost more than the GEMMs of a bf16 GPT step).
-          if constexpr (FastF32<Op>::has && std::is_same_v<T, float>) {
-            if (step[0] == 1 && step[1] == 1) {
-              fast_map<FastF32<Op>>(a, nullptr, o, len);
-              return;
-            }
-          }
+          // Ops with a branch-free f32 form run it for every f32-computing dtype and layout
+          // through the same compiled loop, so an element's bits depend on its value only;
+          // strided and f16/bf16 runs are staged through a small f32 buffer. (std::tanh there
+          // cost more than the GEMMs of a bf16 GPT step.)
           if constexpr (FastF32<Op>::has && std::is_same_v<compute_t<T>, float>) {
-            if (step[0] == 1 && step[1] == 1) {
-              for (int64_t i = 0; i < len; ++i)
-                o[i] = from_compute<T>(FastF32<Op>::f(to_compute(a[i])));
-              return;
+            if constexpr (std::is_same_v<T, float>) {
+              if (step[1] == 1) {
+                fast_map<FastF32<Op>>(a, nullptr, o, len);
+                return;
+              }
             }
+            constexpr int64_t kStage = 256;
+            float buf[kStage];
+            for (int64_t i0 = 0; i0 < len; i0 += kStage) {
+              const int64_t m = std::min(kStage, len - i0);
+              for (int64_t i = 0; i < m; ++i) buf[i] = to_compute(a[(i0 + i) * step[1]]);
+              fast_map<FastF32<Op>>(buf, nullptr, buf, m);
+              for (int64_t i = 0; i < m; ++i) o[i0 + i] = from_compute<T>(buf[i]);
+            }
+            return;
           }
           if (step[1] == 1) {
             for (int64_t i = 0; i < len; ++i) o[i] = from_compute<T>(Op::f(to_compute(a[i])));

@@ -6,11 +6,6 @@
 
 namespace hetrain::cpu {
 
-/// y[i] = exp(x[i]) for n contiguous floats; a vector kernel where the CPU has AVX2 and FMA,
-/// std::exp otherwise. Within 2 ulp of std::exp; inf, nan and subnormal results are exact
-/// (lanes outside [-87, 88] go through std::exp).
-void exp_f32(const float* x, float* y, int64_t n);
-
 /// IEEE binary16 <-> f32 for n contiguous values: F16C where the CPU has it (8 lanes per
 /// instruction), the scalar half_to_float/float_to_half otherwise. Both round to nearest even;
 /// the results are the same bits (NaN payloads aside).

@@ -13,14 +13,26 @@
 
 namespace hetrain::cpu {
 
-/// exp in f32 to about 1 ulp (Cephes expf); 0 below -87.3, clamped at exp(88).
+/// The CPU backend's one f32 exp (every kernel that needs e^x in f32 calls it: the Exp op,
+/// tanh/sigmoid/silu/gelu, softmax, cross-entropy, attention). Branch-free, so loops over it
+/// vectorise (std::exp is a library call the compiler cannot); inlined, so a loop compiled for
+/// AVX2+FMA contracts its polynomial into FMAs (results may differ by an ulp between that build
+/// and the baseline one, never within one).
+///
+/// Cephes' expf: x = n ln2 + r with |r| <= ln2/2, e^r by a degree-6 polynomial, 2^n from the
+/// exponent bits (as two factors, so that n from -150 to 128 needs no special case). Within 2 ulp
+/// of std::exp for normal results. Edges, as std::exp: NaN -> NaN; x > ln(FLT_MAX) (88.72) ->
+/// +inf, so +inf -> +inf; subnormal results (x below -87.34) within one subnormal ulp; x below
+/// -103.98 (result under half the smallest subnormal) -> +0, so -inf -> +0.
 [[gnu::always_inline]] inline float vexp(float x) {
-  const bool underflow = x < -87.3f;
-  x = x < -87.3f ? -87.3f : x;
-  x = x > 88.0f ? 88.0f : x;
-  // Round x*log2(e) to the nearest integer with the 1.5*2^23 trick (no SSE4.1 needed).
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = x - n * 0.693359375f;
+  const bool nan = x != x, over = x > 88.72283935546875f, zero = x < -103.97908020019531f;
+  // Clamped (and NaN replaced) so n below fits an int32 for every input.
+  float xc = nan ? 0.0f : x;
+  xc = xc < -103.97908020019531f ? -103.97908020019531f : xc;
+  xc = xc > 88.72283935546875f ? 88.72283935546875f : xc;
+  // Round xc*log2(e) to the nearest integer with the 1.5*2^23 trick (no SSE4.1 needed).
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -29,9 +41,13 @@ namespace hetrain::cpu {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t e = static_cast<int32_t>(n) + 127;
-  const float scale = std::bit_cast<float>(static_cast<uint32_t>(e) << 23);
-  return underflow ? 0.0f : p * scale;
+  // 2^n = 2^h * 2^(n-h), h = n/2: both factors are normal floats for n in [-150, 128]; the
+  // first product is exact, the second rounds once (into the subnormals where the result is).
+  const int32_t ni = static_cast<int32_t>(n), h = ni / 2;
+  const float s1 = std::bit_cast<float>(static_cast<uint32_t>(h + 127) << 23);
+  const float s2 = std::bit_cast<float>(static_cast<uint32_t>(ni - h + 127) << 23);
+  const float y = p * s1 * s2;
+  return nan ? x : over ? INFINITY : zero ? 0.0f : y;
 }
 inline double vexp(double x) { return std::exp(x); }
 
