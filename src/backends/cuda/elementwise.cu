@@ -23,57 +23,28 @@ __device__ __forceinline__ void offsets(const Iter& it, int64_t i, int64_t (&off
   }
 }
 
-template <class C>
-__device__ __forceinline__ C sigmoid(C x) {
-  // Stable for large |x|, as the CPU's SigmoidOp.
-  if (x >= C(0)) return C(1) / (C(1) + d_exp(-x));
-  const C e = d_exp(x);
-  return e / (C(1) + e);
+/// F(x) where F applies to C; float-only formulas are never launched on integers (the host
+/// rejects them), so that case only has to compile.
+template <class F, class C>
+__device__ __forceinline__ C apply_unary(C x) {
+  if constexpr (F::float_only && !std::is_floating_point_v<C>) {
+    return x;
+  } else {
+    return F::f(x);
+  }
 }
 
+/// The op's formula from backends/scalar_ops.h: one case per entry of its list, generated.
 template <class C>
 __device__ __forceinline__ C unary_f(UnaryOp op, C x) {
   switch (op) {
-    case UnaryOp::neg:
-      return -x;
-    case UnaryOp::abs:
-      return x < C(0) ? -x : x;
-    case UnaryOp::square:
-      return x * x;
-    case UnaryOp::relu:
-      return x > C(0) ? x : C(0);
-    default:
-      break;
+#define HETRAIN_CASE(id, F) \
+  case UnaryOp::id:         \
+    return apply_unary<formulas::F>(x);
+    HETRAIN_UNARY_FORMULAS(HETRAIN_CASE)
+#undef HETRAIN_CASE
   }
-  if constexpr (std::is_floating_point_v<C>) {
-    switch (op) {
-      case UnaryOp::exp:
-        return d_exp(x);
-      case UnaryOp::log:
-        return d_log(x);
-      case UnaryOp::sqrt:
-        return d_sqrt(x);
-      case UnaryOp::rsqrt:
-        return C(1) / d_sqrt(x);
-      case UnaryOp::tanh:
-        return d_tanh(x);
-      case UnaryOp::sigmoid:
-        return sigmoid(x);
-      case UnaryOp::gelu:
-        return C(0.5) * x * (C(1) + d_erf(x * C(0.70710678118654752440)));
-      case UnaryOp::gelu_tanh: {
-        const C k = C(0.79788456080286535588);  // sqrt(2/pi)
-        return C(0.5) * x * (C(1) + d_tanh(k * (x + C(0.044715) * x * x * x)));
-      }
-      case UnaryOp::erf:
-        return d_erf(x);
-      case UnaryOp::silu:
-        return x * sigmoid(x);
-      default:
-        break;
-    }
-  }
-  return x;  // unreachable: the host rejects float-only ops on integers
+  return x;  // unreachable: every id has its case above
 }
 
 template <class T>
@@ -86,64 +57,45 @@ __global__ void unary_kernel(UnaryOp op, Iter it, T* __restrict__ y, const T* __
   }
 }
 
+template <class F, class C>
+__device__ __forceinline__ auto apply_binary(C a, C b) {
+  if constexpr (F::float_only && !std::is_floating_point_v<C>) {
+    return a;
+  } else {
+    return F::f(a, b);
+  }
+}
+/// The arithmetic ops (comparisons give 0 here; compare_f has them).
 template <class C>
 __device__ __forceinline__ C binary_f(BinaryOp op, C a, C b) {
   switch (op) {
-    case BinaryOp::add:
-      return a + b;
-    case BinaryOp::sub:
-      return a - b;
-    case BinaryOp::mul:
-      return a * b;
-    case BinaryOp::div:
-      if constexpr (std::is_integral_v<C>) {
-        return b == C(0) ? C(0) : a / b;  // integer division by zero gives 0 (as the CPU)
-      } else {
-        return a / b;
-      }
-    case BinaryOp::pow:
-      if constexpr (std::is_floating_point_v<C>) {
-        return d_pow(a, b);
-      } else {
-        return a;  // unreachable: pow is float-only
-      }
-    case BinaryOp::maximum:
-      return a >= b ? a : b;
-    case BinaryOp::minimum:
-      return a <= b ? a : b;
-    case BinaryOp::relu_backward:
-      return a > C(0) ? b : C(0);
-    case BinaryOp::gelu_tanh_backward:  // as GeluTanhGradOp::f (graph/prims/elementwise.h)
-      if constexpr (std::is_floating_point_v<C>) {
-        const C k = C(0.79788456080286535588), c = C(0.044715);
-        const C u = k * (a + c * a * a * a), du = k * (C(1) + C(3) * c * a * a);
-        const C e = exp(C(-2) * fabs(u)), p = C(1) / (C(1) + e), q = e * p;
-        return b * ((u >= C(0) ? p : q) + C(2) * a * p * q * du);
-      } else {
-        return a;  // unreachable: float-only
-      }
-    default:
-      return a;
+#define HETRAIN_CASE(id, F)                                     \
+  case BinaryOp::id:                                            \
+    if constexpr (formulas::F::is_compare) {                    \
+      return C(0); /* unreachable: compare_kernel runs these */ \
+    } else {                                                    \
+      return apply_binary<formulas::F>(a, b);                   \
+    }
+    HETRAIN_BINARY_FORMULAS(HETRAIN_CASE)
+#undef HETRAIN_CASE
   }
+  return a;
 }
+/// The comparisons.
 template <class C>
 __device__ __forceinline__ bool compare_f(BinaryOp op, C a, C b) {
   switch (op) {
-    case BinaryOp::equal:
-      return a == b;
-    case BinaryOp::not_equal:
-      return a != b;
-    case BinaryOp::less:
-      return a < b;
-    case BinaryOp::less_equal:
-      return a <= b;
-    case BinaryOp::greater:
-      return a > b;
-    case BinaryOp::greater_equal:
-      return a >= b;
-    default:
-      return false;
+#define HETRAIN_CASE(id, F)                                     \
+  case BinaryOp::id:                                            \
+    if constexpr (formulas::F::is_compare) {                    \
+      return formulas::F::f(a, b);                              \
+    } else {                                                    \
+      return false; /* unreachable: binary_kernel runs these */ \
+    }
+    HETRAIN_BINARY_FORMULAS(HETRAIN_CASE)
+#undef HETRAIN_CASE
   }
+  return false;
 }
 
 template <class T>

@@ -6,81 +6,6 @@
 
 namespace hetrain {
 
-namespace {
-using cuda::BinaryOp;
-using cuda::UnaryOp;
-
-template <class Op>
-constexpr UnaryOp unary_op() {
-  if constexpr (std::is_same_v<Op, NegOp>)
-    return UnaryOp::neg;
-  else if constexpr (std::is_same_v<Op, AbsOp>)
-    return UnaryOp::abs;
-  else if constexpr (std::is_same_v<Op, ExpOp>)
-    return UnaryOp::exp;
-  else if constexpr (std::is_same_v<Op, LogOp>)
-    return UnaryOp::log;
-  else if constexpr (std::is_same_v<Op, SqrtOp>)
-    return UnaryOp::sqrt;
-  else if constexpr (std::is_same_v<Op, RsqrtOp>)
-    return UnaryOp::rsqrt;
-  else if constexpr (std::is_same_v<Op, SquareOp>)
-    return UnaryOp::square;
-  else if constexpr (std::is_same_v<Op, TanhOp>)
-    return UnaryOp::tanh;
-  else if constexpr (std::is_same_v<Op, SigmoidOp>)
-    return UnaryOp::sigmoid;
-  else if constexpr (std::is_same_v<Op, ReluOp>)
-    return UnaryOp::relu;
-  else if constexpr (std::is_same_v<Op, GeluErfOp>)
-    return UnaryOp::gelu;
-  else if constexpr (std::is_same_v<Op, GeluTanhOp>)
-    return UnaryOp::gelu_tanh;
-  else if constexpr (std::is_same_v<Op, ErfOp>)
-    return UnaryOp::erf;
-  else {
-    static_assert(std::is_same_v<Op, SiluOp>, "a unary op without a CUDA kernel");
-    return UnaryOp::silu;
-  }
-}
-
-template <class Op>
-constexpr BinaryOp binary_op() {
-  if constexpr (std::is_same_v<Op, AddOp>)
-    return BinaryOp::add;
-  else if constexpr (std::is_same_v<Op, SubOp>)
-    return BinaryOp::sub;
-  else if constexpr (std::is_same_v<Op, MulOp>)
-    return BinaryOp::mul;
-  else if constexpr (std::is_same_v<Op, DivOp>)
-    return BinaryOp::div;
-  else if constexpr (std::is_same_v<Op, PowOp>)
-    return BinaryOp::pow;
-  else if constexpr (std::is_same_v<Op, MaximumOp>)
-    return BinaryOp::maximum;
-  else if constexpr (std::is_same_v<Op, MinimumOp>)
-    return BinaryOp::minimum;
-  else if constexpr (std::is_same_v<Op, ReluGradOp>)
-    return BinaryOp::relu_backward;
-  else if constexpr (std::is_same_v<Op, GeluTanhGradOp>)
-    return BinaryOp::gelu_tanh_backward;
-  else if constexpr (std::is_same_v<Op, EqualOp>)
-    return BinaryOp::equal;
-  else if constexpr (std::is_same_v<Op, NotEqualOp>)
-    return BinaryOp::not_equal;
-  else if constexpr (std::is_same_v<Op, LessOp>)
-    return BinaryOp::less;
-  else if constexpr (std::is_same_v<Op, LessEqualOp>)
-    return BinaryOp::less_equal;
-  else if constexpr (std::is_same_v<Op, GreaterOp>)
-    return BinaryOp::greater;
-  else {
-    static_assert(std::is_same_v<Op, GreaterEqualOp>, "a binary op without a CUDA kernel");
-    return BinaryOp::greater_equal;
-  }
-}
-}  // namespace
-
 template <class Op>
 void Unary<Op>::eval_cuda(const std::vector<const Array*>& in,
                           const std::vector<Array*>& out) const {
@@ -91,8 +16,8 @@ void Unary<Op>::eval_cuda(const std::vector<const Array*>& in,
     fail("[", Op::name, "] does not support dtype ", dtype_name(x.dtype), " (floating point only)");
   if (x.dtype == Dtype::boolean) fail("[", Op::name, "] does not support dtype bool");
   y.allocate();
-  cuda::launch_unary(unary_op<Op>(), x.dtype, cuda::make_iter(x.shape, {&y, &x}), y.raw(), x.raw(),
-                     cuda::stream());
+  cuda::launch_unary(formulas::unary_id<Op>(), x.dtype, cuda::make_iter(x.shape, {&y, &x}), y.raw(),
+                     x.raw(), cuda::stream());
 }
 
 template <class Op>
@@ -105,8 +30,8 @@ void Binary<Op>::eval_cuda(const std::vector<const Array*>& in,
   if (!Op::is_compare && a.dtype == Dtype::boolean)
     fail("[", Op::name, "] does not support dtype bool");
   y.allocate();
-  cuda::launch_binary(binary_op<Op>(), a.dtype, cuda::make_iter(a.shape, {&y, &a, &b}), y.raw(),
-                      a.raw(), b.raw(), cuda::stream());
+  cuda::launch_binary(formulas::binary_id<Op>(), a.dtype, cuda::make_iter(a.shape, {&y, &a, &b}),
+                      y.raw(), a.raw(), b.raw(), cuda::stream());
 }
 
 #define HETRAIN_CUDA_UNARY(Op)                                                                     \

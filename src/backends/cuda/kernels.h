@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "backends/scalar_ops.h"
 #include "hetrain/base/dtype.h"
 
 namespace hetrain::cuda {
@@ -28,40 +29,11 @@ struct Iter {
   int64_t strides[kMaxOperands][kMaxDims] = {};
 };
 
-enum class UnaryOp : uint8_t {
-  neg,
-  abs,
-  exp,
-  log,
-  sqrt,
-  rsqrt,
-  square,
-  tanh,
-  sigmoid,
-  relu,
-  gelu,
-  gelu_tanh,
-  erf,
-  silu
-};
-enum class BinaryOp : uint8_t {
-  add,
-  sub,
-  mul,
-  div,
-  pow,
-  maximum,
-  minimum,
-  relu_backward,
-  gelu_tanh_backward,
-  equal,
-  not_equal,
-  less,
-  less_equal,
-  greater,
-  greater_equal
-};
-inline bool is_compare(BinaryOp op) { return op >= BinaryOp::equal; }
+/// The elementwise ops' ids, generated from the formula lists in backends/scalar_ops.h (the
+/// kernels run those formulas).
+using UnaryOp = formulas::UnaryId;
+using BinaryOp = formulas::BinaryId;
+using formulas::is_compare;
 
 /// y = op(x) in x's compute type (f32 for f16/bf16). dt: f64, f32, f16, bf16, i32, i64.
 void launch_unary(UnaryOp op, Dtype dt, const Iter& it, void* y, const void* x, cudaStream_t s);

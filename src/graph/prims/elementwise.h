@@ -1,10 +1,12 @@
-// Elementwise primitives. Each op is one traits class with its name, scalar function and
-// vjp; Unary<Op> / Binary<Op> make it a primitive. Inputs arrive broadcast to one shape.
+// Elementwise primitives. Each op is one traits class: its scalar formula (inherited from
+// backends/scalar_ops.h, shared with the CUDA kernels), name, cost and vjp; Unary<Op> /
+// Binary<Op> make it a primitive. Inputs arrive broadcast to one shape.
 #pragma once
 
 #include <cmath>
 
 #include "backends/cpu/copy.h"  // copy_strided, contiguous_array
+#include "backends/scalar_ops.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/graph/primitive.h"
 
@@ -37,152 +39,78 @@ class Unary final : public Primitive {
   }
 };
 
-struct NegOp {
+struct NegOp : formulas::Neg {
   static constexpr const char* name = "neg";
-  static constexpr bool float_only = false;
   static constexpr double flops = 1;
-  template <class C>
-  static C f(C x) {
-    return -x;
-  }
   static Tensor vjp(const Tensor&, const Tensor&, const Tensor& g) { return neg(g); }
 };
-struct AbsOp {
+struct AbsOp : formulas::Abs {
   static constexpr const char* name = "abs";
-  static constexpr bool float_only = false;
   static constexpr double flops = 1;
-  template <class C>
-  static C f(C x) {
-    return x < 0 ? -x : x;
-  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g);
 };
-struct ExpOp {
+struct ExpOp : formulas::Exp {
   static constexpr const char* name = "exp";
-  static constexpr bool float_only = true;
   static constexpr double flops = 8;
-  template <class C>
-  static C f(C x) {
-    return std::exp(x);
-  }
   static Tensor vjp(const Tensor&, const Tensor& y, const Tensor& g) { return g * y; }
 };
-struct LogOp {
+struct LogOp : formulas::Log {
   static constexpr const char* name = "log";
-  static constexpr bool float_only = true;
   static constexpr double flops = 8;
-  template <class C>
-  static C f(C x) {
-    return std::log(x);
-  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g) { return g / x; }
 };
-struct SqrtOp {
+struct SqrtOp : formulas::Sqrt {
   static constexpr const char* name = "sqrt";
-  static constexpr bool float_only = true;
   static constexpr double flops = 4;
-  template <class C>
-  static C f(C x) {
-    return std::sqrt(x);
-  }
   static Tensor vjp(const Tensor&, const Tensor& y, const Tensor& g) { return g / (2.0 * y); }
 };
-struct RsqrtOp {
+struct RsqrtOp : formulas::Rsqrt {
   static constexpr const char* name = "rsqrt";
-  static constexpr bool float_only = true;
   static constexpr double flops = 4;
-  template <class C>
-  static C f(C x) {
-    return C(1) / std::sqrt(x);
-  }
   static Tensor vjp(const Tensor& x, const Tensor& y, const Tensor& g) {
     return g * (-0.5) * y / x;
   }
 };
-struct SquareOp {
+struct SquareOp : formulas::Square {
   static constexpr const char* name = "square";
-  static constexpr bool float_only = false;
   static constexpr double flops = 1;
-  template <class C>
-  static C f(C x) {
-    return x * x;
-  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g) { return g * 2.0 * x; }
 };
-struct TanhOp {
+struct TanhOp : formulas::Tanh {
   static constexpr const char* name = "tanh";
-  static constexpr bool float_only = true;
   static constexpr double flops = 10;
-  template <class C>
-  static C f(C x) {
-    return std::tanh(x);
-  }
   static Tensor vjp(const Tensor&, const Tensor& y, const Tensor& g) { return g * (1.0 - y * y); }
 };
-struct SigmoidOp {
+struct SigmoidOp : formulas::Sigmoid {
   static constexpr const char* name = "sigmoid";
-  static constexpr bool float_only = true;
   static constexpr double flops = 10;
-  template <class C>
-  static C f(C x) {
-    // Stable for large |x|.
-    if (x >= 0) return C(1) / (C(1) + std::exp(-x));
-    C e = std::exp(x);
-    return e / (C(1) + e);
-  }
   static Tensor vjp(const Tensor&, const Tensor& y, const Tensor& g) { return g * y * (1.0 - y); }
 };
-struct ReluOp {
+struct ReluOp : formulas::Relu {
   static constexpr const char* name = "relu";
-  static constexpr bool float_only = false;
   static constexpr double flops = 1;
-  template <class C>
-  static C f(C x) {
-    return x > C(0) ? x : C(0);
-  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g);
 };
-struct GeluErfOp {
+struct GeluErfOp : formulas::GeluErf {
   static constexpr const char* name = "gelu";
-  static constexpr bool float_only = true;
   static constexpr double flops = 20;
-  template <class C>
-  static C f(C x) {
-    return C(0.5) * x * (C(1) + std::erf(x * C(0.70710678118654752440)));
-  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g);
 };
-struct GeluTanhOp {
+struct GeluTanhOp : formulas::GeluTanh {
   static constexpr const char* name = "gelu_tanh";
-  static constexpr bool float_only = true;
   static constexpr double flops = 20;
-  template <class C>
-  static C f(C x) {
-    const C k = C(0.79788456080286535588);  // sqrt(2/pi)
-    return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
-  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g);
 };
-struct ErfOp {
+struct ErfOp : formulas::Erf {
   static constexpr const char* name = "erf";
-  static constexpr bool float_only = true;
   static constexpr double flops = 10;
-  template <class C>
-  static C f(C x) {
-    return std::erf(x);
-  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g) {
     return g * (2.0 / std::sqrt(M_PI)) * exp(neg(square(x)));
   }
 };
-struct SiluOp {
+struct SiluOp : formulas::Silu {
   static constexpr const char* name = "silu";
-  static constexpr bool float_only = true;
   static constexpr double flops = 10;
-  template <class C>
-  static C f(C x) {
-    return x * SigmoidOp::f(x);
-  }
   static Tensor vjp(const Tensor& x, const Tensor&, const Tensor& g);
 };
 
@@ -215,127 +143,67 @@ class Binary final : public Primitive {
   }
 };
 
-struct AddOp {
+struct AddOp : formulas::Add {
   static constexpr const char* name = "add";
-  static constexpr bool float_only = false, is_compare = false;
-  template <class C>
-  static C f(C a, C b) {
-    return a + b;
-  }
   static Tensor vjp(int, const Tensor&, const Tensor&, const Tensor&, const Tensor& g) { return g; }
 };
-struct SubOp {
+struct SubOp : formulas::Sub {
   static constexpr const char* name = "sub";
-  static constexpr bool float_only = false, is_compare = false;
-  template <class C>
-  static C f(C a, C b) {
-    return a - b;
-  }
   static Tensor vjp(int i, const Tensor&, const Tensor&, const Tensor&, const Tensor& g) {
     return i == 0 ? g : neg(g);
   }
 };
-struct MulOp {
+struct MulOp : formulas::Mul {
   static constexpr const char* name = "mul";
-  static constexpr bool float_only = false, is_compare = false;
-  template <class C>
-  static C f(C a, C b) {
-    return a * b;
-  }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g) {
     return i == 0 ? g * b : g * a;
   }
 };
-struct DivOp {
+struct DivOp : formulas::Div {
   static constexpr const char* name = "div";
-  static constexpr bool float_only = false, is_compare = false;
-  template <class C>
-  static C f(C a, C b) {
-    if constexpr (std::is_integral_v<C>) {
-      // Integer division by zero is a user error PyTorch raises; give 0 rather than trap.
-      return b == 0 ? C(0) : a / b;
-    } else {
-      return a / b;
-    }
-  }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor& y, const Tensor& g) {
     return i == 0 ? g / b : neg(g * y / b);
   }
 };
-struct PowOp {
+struct PowOp : formulas::Pow {
   static constexpr const char* name = "pow";
-  static constexpr bool float_only = true, is_compare = false;
-  template <class C>
-  static C f(C a, C b) {
-    return std::pow(a, b);
-  }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor& y, const Tensor& g);
 };
-struct MaximumOp {
+struct MaximumOp : formulas::Maximum {
   static constexpr const char* name = "maximum";
-  static constexpr bool float_only = false, is_compare = false;
-  template <class C>
-  static C f(C a, C b) {
-    return a >= b ? a : b;
-  }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g);
 };
-struct MinimumOp {
+struct MinimumOp : formulas::Minimum {
   static constexpr const char* name = "minimum";
-  static constexpr bool float_only = false, is_compare = false;
-  template <class C>
-  static C f(C a, C b) {
-    return a <= b ? a : b;
-  }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g);
 };
 /// relu's gradient in one pass: b where a > 0, else 0 (a: relu's input, b: the incoming
 /// gradient; torch's threshold_backward). Built only by ReluOp::vjp.
-struct ReluGradOp {
+struct ReluGradOp : formulas::ReluGrad {
   static constexpr const char* name = "relu_backward";
-  static constexpr bool float_only = false, is_compare = false;
-  template <class C>
-  static C f(C a, C b) {
-    return a > C(0) ? b : C(0);
-  }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g);
 };
 /// tanh-GELU's gradient in one pass: b * gelu'(a) (a: the input, b: the incoming gradient;
 /// torch's gelu_backward with approximate='tanh'). Built only by GeluTanhOp::vjp. With
 /// s = sigmoid(2u) = (1 + tanh(u)) / 2 and u = sqrt(2/pi) (a + 0.044715 a^3):
 /// gelu'(a) = s + 2 a s (1 - s) u'.
-struct GeluTanhGradOp {
+struct GeluTanhGradOp : formulas::GeluTanhGrad {
   static constexpr const char* name = "gelu_tanh_backward";
-  static constexpr bool float_only = true, is_compare = false;
-  template <class C>
-  static C f(C a, C b) {
-    const C k = C(0.79788456080286535588), c = C(0.044715);
-    const C u = k * (a + c * a * a * a), du = k * (C(1) + C(3) * c * a * a);
-    // With e = exp(-2|u|) <= 1, p = 1 / (1 + e) and q = e p, {s, 1 - s} = {p, q}: nothing
-    // overflows or cancels, and s (1 - s) = p q.
-    const C e = std::exp(C(-2) * (u < 0 ? -u : u)), p = C(1) / (C(1) + e), q = e * p;
-    return b * ((u >= 0 ? p : q) + C(2) * a * p * q * du);
-  }
   static Tensor vjp(int i, const Tensor& a, const Tensor& b, const Tensor&, const Tensor& g);
 };
-#define HETRAIN_COMPARE_OP(Name, str, expr)                                              \
-  struct Name {                                                                          \
+#define HETRAIN_COMPARE_OP(Name, Formula, str)                                           \
+  struct Name : formulas::Formula {                                                      \
     static constexpr const char* name = str;                                             \
-    static constexpr bool float_only = false, is_compare = true;                         \
-    template <class C>                                                                   \
-    static bool f(C a, C b) {                                                            \
-      return expr;                                                                       \
-    }                                                                                    \
     static Tensor vjp(int, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { \
       return {};                                                                         \
     }                                                                                    \
   };
-HETRAIN_COMPARE_OP(EqualOp, "equal", a == b)
-HETRAIN_COMPARE_OP(NotEqualOp, "not_equal", a != b)
-HETRAIN_COMPARE_OP(LessOp, "less", a < b)
-HETRAIN_COMPARE_OP(LessEqualOp, "less_equal", a <= b)
-HETRAIN_COMPARE_OP(GreaterOp, "greater", a > b)
-HETRAIN_COMPARE_OP(GreaterEqualOp, "greater_equal", a >= b)
+HETRAIN_COMPARE_OP(EqualOp, Equal, "equal")
+HETRAIN_COMPARE_OP(NotEqualOp, NotEqual, "not_equal")
+HETRAIN_COMPARE_OP(LessOp, Less, "less")
+HETRAIN_COMPARE_OP(LessEqualOp, LessEqual, "less_equal")
+HETRAIN_COMPARE_OP(GreaterOp, Greater, "greater")
+HETRAIN_COMPARE_OP(GreaterEqualOp, GreaterEqual, "greater_equal")
 #undef HETRAIN_COMPARE_OP
 
 /// cond ? a : b over equal shapes.
