@@ -209,13 +209,13 @@ struct GeluTanhGrad {
     return b * ((u >= C(0) ? p : q) + C(2) * a * p * q * du);
   }
 };
-#define HETRAIN_SCALAR_COMPARE(Name, expr)                    \
-  struct Name {                                               \
+#define HETRAIN_SCALAR_COMPARE(Name, expr)                       \
+  struct Name {                                                  \
     static constexpr bool float_only = false, is_compare = true; \
-    template <class C>                                        \
-    HETRAIN_HD static bool f(C a, C b) {                      \
-      return expr;                                            \
-    }                                                         \
+    template <class C>                                           \
+    HETRAIN_HD static bool f(C a, C b) {                         \
+      return expr;                                               \
+    }                                                            \
   };
 HETRAIN_SCALAR_COMPARE(Equal, a == b)
 HETRAIN_SCALAR_COMPARE(NotEqual, a != b)
@@ -226,15 +226,19 @@ HETRAIN_SCALAR_COMPARE(GreaterEqual, a >= b)
 #undef HETRAIN_SCALAR_COMPARE
 
 // --- the lists: X(id, Formula). Comparisons come last among the binary ops.
-#define HETRAIN_UNARY_FORMULAS(X)                                                      \
-  X(neg, Neg) X(abs, Abs) X(exp, Exp) X(log, Log) X(sqrt, Sqrt) X(rsqrt, Rsqrt)        \
-  X(square, Square) X(tanh, Tanh) X(sigmoid, Sigmoid) X(relu, Relu) X(gelu, GeluErf) \
-  X(gelu_tanh, GeluTanh) X(erf, Erf) X(silu, Silu)
+#define HETRAIN_UNARY_FORMULAS(X)                                                           \
+  X(neg, Neg)                                                                               \
+  X(abs, Abs)                                                                               \
+  X(exp, Exp) X(log, Log) X(sqrt, Sqrt) X(rsqrt, Rsqrt) X(square, Square) X(tanh, Tanh)     \
+      X(sigmoid, Sigmoid) X(relu, Relu) X(gelu, GeluErf) X(gelu_tanh, GeluTanh) X(erf, Erf) \
+          X(silu, Silu)
 #define HETRAIN_BINARY_FORMULAS(X)                                                          \
-  X(add, Add) X(sub, Sub) X(mul, Mul) X(div, Div) X(pow, Pow) X(maximum, Maximum)           \
-  X(minimum, Minimum) X(relu_backward, ReluGrad) X(gelu_tanh_backward, GeluTanhGrad)        \
-  X(equal, Equal) X(not_equal, NotEqual) X(less, Less) X(less_equal, LessEqual)             \
-  X(greater, Greater) X(greater_equal, GreaterEqual)
+  X(add, Add)                                                                               \
+  X(sub, Sub)                                                                               \
+  X(mul, Mul) X(div, Div) X(pow, Pow) X(maximum, Maximum) X(minimum, Minimum)               \
+      X(relu_backward, ReluGrad) X(gelu_tanh_backward, GeluTanhGrad) X(equal, Equal)        \
+          X(not_equal, NotEqual) X(less, Less) X(less_equal, LessEqual) X(greater, Greater) \
+              X(greater_equal, GreaterEqual)
 
 #define HETRAIN_SCALAR_ID(id, F) id,
 enum class UnaryId : uint8_t { HETRAIN_UNARY_FORMULAS(HETRAIN_SCALAR_ID) };
@@ -248,8 +252,10 @@ inline constexpr bool kNoFormula = false;
 template <class Op>
 constexpr UnaryId unary_id() {
   using Id = UnaryId;
-#define HETRAIN_SCALAR_PICK(id, F) \
-  if constexpr (std::is_base_of_v<F, Op>) return Id::id; else
+#define HETRAIN_SCALAR_PICK(id, F)        \
+  if constexpr (std::is_base_of_v<F, Op>) \
+    return Id::id;                        \
+  else
   HETRAIN_UNARY_FORMULAS(HETRAIN_SCALAR_PICK) {
     static_assert(kNoFormula<Op>, "a unary op whose formula is not in HETRAIN_UNARY_FORMULAS");
     return UnaryId{};

@@ -1,8 +1,17 @@
 // Fused primitives' shapes, costs and vjps: those of the compositions they replace.
 #include "graph/prims/fused.h"
 #include "hetrain/graph/autodiff.h"
+#include "hetrain/graph/ops.h"
 
 namespace hetrain {
+
+namespace {
+std::vector<TensorMeta> metas(const std::vector<const Array*>& a) {
+  std::vector<TensorMeta> r;
+  for (const Array* x : a) r.push_back({x->shape, x->dtype});
+  return r;
+}
+}  // namespace
 
 std::vector<TensorMeta> ElementwiseChain::infer(const std::vector<TensorMeta>& in) const {
   if (static_cast<int>(in.size()) != num_inputs_ || steps_.empty())
@@ -26,6 +35,22 @@ Cost ElementwiseChain::cost(const std::vector<TensorMeta>& in,
     c.flops += s.prim->cost(args, {s.out}).flops;
   }
   return c;
+}
+
+void WithEpilogue::eval_cuda(const std::vector<const Array*>& in,
+                             const std::vector<Array*>& out) const {
+  const std::vector<const Array*> main_in(in.begin(), in.begin() + num_main_);
+  const std::vector<TensorMeta> produced = main_->infer(metas(main_in));
+  Array t;
+  t.shape = produced[0].shape;
+  t.dtype = produced[0].dtype;
+  t.tag = MemoryTag::workspace;
+  main_->eval_cuda(main_in, {&t});
+  if (as_shape_) {
+    t.shape = *as_shape_;
+    t.strides = contiguous_strides(t.shape);
+  }
+  epilogue_->eval_cuda(chain_inputs<const Array*>(&t, in), out);
 }
 
 void ElementwiseChain::eval_cuda(const std::vector<const Array*>& in,
@@ -73,6 +98,57 @@ std::string ElementwiseChain::attrs() const {
   std::string r;
   for (const Step& s : steps_) r += (r.empty() ? "" : ",") + std::string(s.prim->name());
   return r;
+}
+
+std::vector<TensorMeta> WithEpilogue::infer(const std::vector<TensorMeta>& in) const {
+  if (static_cast<int>(in.size()) < num_main_)
+    fail("[fused_epilogue] internal: ", in.size(), " inputs for a producer of ", num_main_);
+  const std::vector<TensorMeta> main_in(in.begin(), in.begin() + num_main_);
+  TensorMeta produced = main_->infer(main_in).at(0);
+  if (as_shape_) {
+    if (numel(*as_shape_) != numel(produced.shape))
+      fail("[fused_epilogue] internal: ", shape_str(produced.shape), " seen as ",
+           shape_str(*as_shape_));
+    produced.shape = *as_shape_;
+  }
+  return epilogue_->infer(chain_inputs(produced, in));
+}
+
+Cost WithEpilogue::cost(const std::vector<TensorMeta>& in,
+                        const std::vector<TensorMeta>& out) const {
+  // The producer's work and reads, the chain's work and other reads; one output written.
+  const std::vector<TensorMeta> main_in(in.begin(), in.begin() + num_main_);
+  const std::vector<TensorMeta> produced = main_->infer(main_in);
+  Cost c = main_->cost(main_in, produced);
+  TensorMeta seen = produced[0];
+  if (as_shape_) seen.shape = *as_shape_;
+  const Cost e = epilogue_->cost(chain_inputs(seen, in), out);
+  c.flops += e.flops;
+  c.bytes_read +=
+      e.bytes_read - static_cast<double>(numel(produced[0].shape) * dtype_size(produced[0].dtype));
+  c.bytes_written = e.bytes_written;
+  return c;
+}
+
+bool WithEpilogue::has_kernel(DeviceKind k) const {
+  return main_->has_kernel(k) && epilogue_->has_kernel(k);
+}
+
+std::vector<Tensor> WithEpilogue::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>&,
+                                      const std::vector<Tensor>& g,
+                                      const std::vector<int>& argnums) const {
+  // The composition, built again over x (lazily: only what the gradient reads runs).
+  const std::vector<Tensor> main_in(x.begin(), x.begin() + num_main_);
+  Tensor produced = make_node1(main_, main_in);
+  if (as_shape_) produced = reshape(produced, *as_shape_);
+  const Tensor y = make_node1(epilogue_, chain_inputs(produced, x));
+  std::vector<Tensor> wrt;
+  for (int a : argnums) wrt.push_back(x[static_cast<size_t>(a)]);
+  return grad({y}, wrt, {g[0]});
+}
+
+std::string WithEpilogue::attrs() const {
+  return std::string(main_->name()) + (as_shape_ ? "+reshape:" : ":") + epilogue_->attrs();
 }
 
 }  // namespace hetrain

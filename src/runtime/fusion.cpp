@@ -4,12 +4,14 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <tuple>
 #include <unordered_set>
 
 #include "graph/prims/conv.h"
 #include "graph/prims/elementwise.h"
 #include "graph/prims/fused.h"
+#include "graph/prims/linalg.h"
 #include "graph/prims/views.h"
 #include "hetrain/graph/primitive.h"
 #include "runtime/internal.h"
@@ -192,6 +194,59 @@ bool fuse_elementwise_chain(Node& n, FusionContext& ctx) {
   return true;
 }
 
+/// t's producer when it is an unevaluated matmul or convolution (a single-output one) that only
+/// this reference holds, pinned as `consumer` is.
+const Node* sole_gemm_producer(const Tensor& t, const Node& consumer) {
+  const Node* p = t.node();
+  if (!p || !p->prim || p->evaluated() || p->outs.size() != 1 || t.node_ptr().use_count() != 1 ||
+      !(is<Matmul>(*p) || is<Conv2d>(*p)) || p->pinned != consumer.pinned ||
+      (p->pinned && p->device != consumer.device))
+    return nullptr;
+  return p;
+}
+
+// A matmul or convolution whose output only an elementwise node or chain reads (bias add,
+// residual add, activation, cast, after the chain rule has grown the chain): the chain becomes
+// the producer's epilogue, run over the producer's output as it is made, which never exists as
+// a tensor of its own. Runs after the other rules (phase 1), so the chain is whole.
+bool fuse_epilogue(Node& n, FusionContext& ctx) {
+  if (!n.prim->is_elementwise() || n.outs.size() != 1) return false;
+  // The product, or a reshape of it that only n reads (a batched matmul's rows reshaped back:
+  // a free view of the contiguous result).
+  size_t at = n.inputs.size();
+  const Node* gemm = nullptr;
+  std::optional<Shape> as_shape;
+  for (size_t i = 0; i < n.inputs.size() && !gemm; ++i) {
+    const Tensor& t = n.inputs[i];
+    if ((gemm = sole_gemm_producer(t, n))) {
+      at = i;
+    } else if (t.node() && t.node()->prim && !t.node()->evaluated() && is<Reshape>(*t.node()) &&
+               t.node_ptr().use_count() == 1 &&
+               (gemm = sole_gemm_producer(t.node()->inputs[0], *t.node()))) {
+      at = i;
+      as_shape = t.shape();
+    }
+  }
+  if (!gemm) return false;
+  const Tensor produced = n.inputs[at];
+  // The chain over (produced, the other inputs): produced first, as WithEpilogue wants.
+  ChainBuilder b;
+  b.input(produced);
+  std::vector<int> slot;
+  for (const Tensor& t : n.inputs) slot.push_back(b.input(t));
+  b.append(n, std::move(slot));
+  auto chain = std::static_pointer_cast<ElementwiseChain>(b.build());
+  std::vector<Tensor> inputs = gemm->inputs;
+  const int num_main = static_cast<int>(inputs.size());
+  inputs.insert(inputs.end(), b.inputs.begin() + 1, b.inputs.end());
+  auto fused = std::make_shared<WithEpilogue>(gemm->prim, num_main, std::move(chain), as_shape);
+  if (as_shape) ctx.absorbed.push_back(produced.node()->inputs[0].node_ptr());
+  ctx.absorbed.push_back(produced.node_ptr());
+  n.prim = std::move(fused);
+  n.inputs = std::move(inputs);
+  return true;
+}
+
 /// Whether t's value depends on node `on` (through unevaluated nodes).
 bool depends_on(const Tensor& t, const Node* on) {
   std::vector<const Node*> stack = {t.node()};
@@ -268,6 +323,7 @@ const std::vector<FusionRule>& fusion_rules() {
       {"conv pair", pair_with_sibling<Conv2d>},
       {"conv weight gradient pair", pair_with_sibling<Conv2dBackwardWeight>},
       {"elementwise chain", fuse_elementwise_chain},
+      {"matmul/conv epilogue", fuse_epilogue, 1},
   };
   return rules;
 }
@@ -302,13 +358,23 @@ void sort_inputs_first(std::vector<Node*>& order) {
 int fuse_nodes(std::vector<Node*>& order) {
   FusionContext ctx;
   int rewritten = 0;
-  // Inputs come first, so a node's producers have had their rules before it has its own.
-  for (Node* n : order)
-    for (const FusionRule& r : fusion_rules())
-      if (r.apply(*n, ctx)) {
-        ++rewritten;
-        break;
-      }
+  // Inputs come first, so a node's producers have had their rules before it has its own; a
+  // phase's rules see the graph as the earlier phases left it.
+  for (int phase = 0; phase < kFusionPhases; ++phase) {
+    std::unordered_set<const Node*> gone;
+    for (const auto& p : ctx.absorbed) gone.insert(p.get());
+    for (Node* n : order) {
+      if (!n->prim || gone.count(n)) continue;
+      for (const FusionRule& r : fusion_rules())
+        if (r.phase == phase && r.apply(*n, ctx)) {
+          ++rewritten;
+          break;
+        }
+    }
+    // What a rule absorbed is gone: it no longer holds its inputs, so a later phase sees the
+    // fused node as their only reader.
+    for (const auto& p : ctx.absorbed) p->inputs.clear();
+  }
   if (!ctx.absorbed.empty()) {
     std::unordered_set<const Node*> gone;
     for (const auto& p : ctx.absorbed) gone.insert(p.get());

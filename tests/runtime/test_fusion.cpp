@@ -116,7 +116,6 @@ std::vector<std::vector<double>> run_elementwise(uint64_t seed, bool fused, int*
     const Tensor& b = pool[static_cast<size_t>(pick(static_cast<int>(pool.size())))];
     Tensor y;
     const int op = pick(12);
-    std::fprintf(stderr, "op %d shape %ld %ld %ld\n", op, (long)A, (long)B, (long)C);
     switch (op) {
       case 0:
         y = a + b;
@@ -230,6 +229,127 @@ TEST(Fusion, ChainAbsorbsOnlyWhatNoOneElseReads) {
   const float x0 = x.to_vector<float>()[7];
   const double s = 1.0 / (1.0 + std::exp(-(3.0 * x0 - 1.0)));
   EXPECT_NEAR(fused_grad[7], 2.0 * s * s * (1.0 - s) * 3.0, 1e-5);
+}
+
+// Counts the nodes named `name` that `roots` depend on.
+int count_nodes(const std::vector<Tensor>& roots, const char* name) {
+  std::vector<Node*> stack;
+  for (const Tensor& t : roots) stack.push_back(t.node());
+  std::unordered_set<Node*> seen;
+  int n = 0;
+  while (!stack.empty()) {
+    Node* cur = stack.back();
+    stack.pop_back();
+    if (!cur || !seen.insert(cur).second) continue;
+    if (cur->prim && std::string(cur->prim->name()) == name) ++n;
+    for (const Tensor& t : cur->inputs) stack.push_back(t.node());
+  }
+  return n;
+}
+
+// A random small network of linear layers (bias or not, an activation or none, a residual add
+// or not, f32 or f64) and a convolution with bias and relu; its output and its gradients with
+// respect to the input and every weight, evaluated with fusion on or off.
+std::vector<std::vector<double>> run_epilogue(uint64_t seed, bool fused, int* epilogues) {
+  std::mt19937_64 rng(seed);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  const Dtype dt = pick(3) ? Dtype::f32 : Dtype::f64;
+  const int64_t N = 1 + pick(4), T = 3 + pick(40), D = 4 + pick(60);
+  Generator gen(seed);
+  Tensor x = randn({N, T, D}, dt, gen).eval();
+  std::vector<Tensor> wrt = {x};
+  Tensor h = x;
+  for (int layer = 0, layers = 1 + pick(3); layer < layers; ++layer) {
+    const int64_t out = pick(2) ? D : 2 + pick(80);
+    Tensor w = randn({out, h.shape().back()}, dt, gen).eval();
+    Tensor b = pick(4) ? randn({out}, dt, gen).eval() : Tensor();
+    wrt.push_back(w);
+    if (b.defined()) wrt.push_back(b);
+    Tensor y = linear(h, w, b);
+    switch (pick(4)) {
+      case 0:
+        y = gelu(y, "tanh");
+        break;
+      case 1:
+        y = relu(y);
+        break;
+      case 2:
+        y = silu(y) * 0.5;
+        break;
+      default:
+        break;
+    }
+    if (y.shape() == h.shape() && pick(2)) y = y + h;  // residual
+    h = y;
+  }
+  // A convolution with bias and relu over the features as an image.
+  const int64_t C = h.shape().back();
+  Tensor img = reshape(h, {N, 1, T, C});
+  Tensor wc = randn({2 + pick(4), 1, 3, 3}, dt, gen).eval(),
+         bc = randn({wc.shape()[0]}, dt, gen).eval();
+  wrt.push_back(wc);
+  wrt.push_back(bc);
+  Tensor out = relu(conv2d(img, wc, bc, {1, 1}, {1, 1})) + 1.0;
+  runtime::set_fusion_enabled(fused);
+  Tensor loss = sum(out * randn(out.shape(), dt, gen));
+  std::vector<Tensor> g = grad({loss}, wrt);
+  std::vector<Tensor> roots = g;
+  roots.push_back(out);
+  *epilogues = 0;
+  if (fused) {
+    runtime::fuse(roots);
+    *epilogues = count_nodes(roots, "fused_epilogue");
+  }
+  std::vector<std::vector<double>> r;
+  for (const Tensor& t : roots) r.push_back(t.to_vector<double>());
+  runtime::set_fusion_enabled(true);
+  return r;
+}
+
+TEST(Fusion, RandomLinearAndConvGraphsGiveTheSameBitsWithEpiloguesOrNot) {
+  int with_epilogues = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    int unused = 0, epilogues = 0;
+    const auto want = run_epilogue(seed, false, &unused);
+    const auto got = run_epilogue(seed, true, &epilogues);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(got[i], want[i]) << "seed " << seed << " output " << i;
+    with_epilogues += epilogues > 0;
+  }
+  // Most graphs have a bias add (with what follows it) on some product for the rule; the relu
+  // on the convolution stays apart in training, its backward reading the product.
+  EXPECT_GE(with_epilogues, 30);
+}
+
+TEST(Fusion, EpilogueTakesTheChainThatAloneReadsTheProduct) {
+  Generator gen(9);
+  Tensor x = randn({6, 33}, Dtype::f32, gen).eval(), w = randn({40, 33}, Dtype::f32, gen).eval(),
+         b = randn({40}, Dtype::f32, gen).eval();
+  // linear + bias + gelu: the matmul runs with the chain (add, gelu) as its epilogue.
+  Tensor y = gelu(linear(x, w, b), "tanh");
+  runtime::fuse({y});
+  ASSERT_STREQ(y.node()->prim->name(), "fused_epilogue");
+  EXPECT_EQ(y.node()->prim->attrs(), "matmul:add,gelu_tanh");
+  EXPECT_EQ(count_nodes({y}, "matmul"), 0);
+  // The product held by someone else stays a node of its own: only the chain fuses.
+  Tensor p = matmul(x, transpose(w, 0, 1));
+  Tensor z = tanh(p + b);
+  runtime::fuse({z});
+  EXPECT_STREQ(z.node()->prim->name(), "fused_elementwise");
+  EXPECT_STREQ(p.node()->prim->name(), "matmul");
+  // The fused node's vjp is the composition's: the gradient through an evaluated epilogue node
+  // equals the one through the nodes it replaced, bit for bit.
+  Tensor xg = x.detach().requires_grad_();
+  Tensor f = relu(linear(xg, w, b)) * 2.0;
+  runtime::fuse({f});
+  ASSERT_STREQ(f.node()->prim->name(), "fused_epilogue");
+  const std::vector<double> fused_grad = grad({sum(f * f)}, {xg})[0].to_vector<double>();
+  runtime::set_fusion_enabled(false);
+  Tensor plain = relu(linear(xg, w, b)) * 2.0;
+  const std::vector<double> plain_grad = grad({sum(plain * plain)}, {xg})[0].to_vector<double>();
+  runtime::set_fusion_enabled(true);
+  EXPECT_EQ(fused_grad, plain_grad);
 }
 
 }  // namespace

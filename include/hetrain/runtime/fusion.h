@@ -3,7 +3,9 @@
 // it in place into a fused primitive that computes the same values in fewer passes: a
 // convolution's input gradient that adds a second convolution's, adds an addend or applies a
 // relu mask as it writes; two convolutions of one input, or their two weight gradients, in one
-// node whose second output the sibling then views. The absorbed producers are dropped from the
+// node whose second output the sibling then views; an elementwise node and the elementwise
+// producers only it reads, as one chain; a matmul or convolution with the chain that alone
+// reads its output as its epilogue. The absorbed producers are dropped from the
 // run. Primitives carry no fusion hooks: a rule builds the fused
 // primitive itself and checks there that it applies; the fused primitive's vjp is that of the
 // composition it replaces.
@@ -37,11 +39,14 @@ struct FusionContext {
 };
 
 /// One rule: apply(n, ctx) rewrites node n (and what it absorbs or pairs with) when it matches,
-/// and says whether it did.
+/// and says whether it did. The pass runs the rules of phase 0 over every node, then those of
+/// phase 1 (a rule that wants what phase 0 built whole, such as a full elementwise chain).
 struct FusionRule {
   const char* name;
   bool (*apply)(Node& n, FusionContext& ctx);
+  int phase = 0;
 };
+inline constexpr int kFusionPhases = 2;
 /// The rules, in the order the pass tries them on each node.
 const std::vector<FusionRule>& fusion_rules();
 

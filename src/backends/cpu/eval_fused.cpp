@@ -110,4 +110,33 @@ void ElementwiseChain::eval_cpu(const std::vector<const Array*>& in,
   });
 }
 
+void WithEpilogue::eval_cpu(const std::vector<const Array*>& in,
+                            const std::vector<Array*>& out) const {
+  Array& y = *out[0];
+  const std::vector<const Array*> main_in(in.begin(), in.begin() + num_main_);
+  std::vector<TensorMeta> metas;
+  for (const Array* a : main_in) metas.push_back({a->shape, a->dtype});
+  const TensorMeta produced = main_->infer(metas).at(0);
+  const Shape& seen = as_shape_ ? *as_shape_ : produced.shape;
+  // Where the chain keeps the producer's shape and dtype (and the output has no buffer yet),
+  // the producer's result becomes the output buffer and the chain runs over it in place: every
+  // step reads an element before the last step writes that element.
+  const bool in_place = !y.has_data() && seen == y.shape && produced.dtype == y.dtype;
+  Array t;
+  t.shape = produced.shape;
+  t.dtype = produced.dtype;
+  t.tag = in_place ? y.tag : MemoryTag::workspace;
+  main_->eval_cpu(main_in, {&t});
+  if (as_shape_) {  // the kernel's result is contiguous: the same elements in the seen shape
+    t.shape = seen;
+    t.strides = contiguous_strides(seen);
+  }
+  if (!in_place) {
+    epilogue_->eval_cpu(chain_inputs<const Array*>(&t, in), out);
+    return;
+  }
+  epilogue_->eval_cpu(chain_inputs<const Array*>(&t, in), {&t});
+  y.view_of(t, t.strides, t.offset);
+}
+
 }  // namespace hetrain
