@@ -5,10 +5,18 @@
 # failure. CI (.ci/run) runs it, then tools/run_fuzzers.sh on the fuzz targets built here.
 #
 # Usage: tools/run_sanitizers.sh [ctest arguments...]
-#   With no arguments the suite runs without the tests labelled `slow` (the crash-consistency
-#   kill loop and the multi-process runs, minutes each under ASan; they run in the plain build).
-#   Any arguments replace that selection, e.g. `tools/run_sanitizers.sh` -R Checkpoint, or
-#   `tools/run_sanitizers.sh -j2` for everything.
+#   With no arguments the suite runs in two parts, without the tests labelled `slow` (the
+#   crash-consistency kill loop, minutes under ASan; it runs in the plain build):
+#   - everything but the tests labelled `mpi`, with LeakSanitizer;
+#   - the `mpi` tests (mpirun, or MPI_Init as a singleton) with ASan and UBSan but without
+#     LeakSanitizer: Open MPI leaves allocations at exit from components it dlopen'ed and has
+#     unloaded by then, so their stacks end in "<unknown module>" and no suppression can name
+#     them (measured here: 1211 reports in 25 tests, 1096 of them with no frame but the
+#     allocator's). A leak of Hetrain's own shows in the first part, which runs the same code
+#     in one process.
+#   DeviceProfile.QuickMeasurementIsPlausibleAndPlannerReadsIt is left out: it bounds measured
+#   bandwidth and FLOP rates from below, which instrumented code does not reach (0.19 GB/s).
+#   Any arguments replace that selection, e.g. `tools/run_sanitizers.sh -R Checkpoint`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${JOBS:-$(nproc)}
@@ -25,6 +33,11 @@ CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug 
 cmake --build build-asan -j "$jobs"
 export ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:strict_string_checks=1:check_initialization_order=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-args=("$@")
-((${#args[@]})) || args=(-j "$jobs" -LE slow)
-ctest --test-dir build-asan --output-on-failure --timeout 1800 "${args[@]}"
+if (($# > 0)); then
+  ctest --test-dir build-asan --output-on-failure --timeout 1800 "$@"
+  exit
+fi
+measure='^DeviceProfile\.QuickMeasurementIsPlausibleAndPlannerReadsIt$'
+ctest --test-dir build-asan --output-on-failure --timeout 1800 -j "$jobs" -LE 'slow|mpi' -E "$measure"
+ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 \
+  ctest --test-dir build-asan --output-on-failure --timeout 1800 -j "$jobs" -L mpi -LE slow

@@ -32,7 +32,8 @@ for ((i = 0; i < ${#layers[@]}; ++i)); do
     rc=$?
     got=ok
     if ((rc != 0)); then
-      if grep -q "No such file" <<<"$out"; then got=missing; else got="error: $out"; fi
+      # GCC says "No such file or directory", clang "file not found".
+      if grep -qE "No such file|file not found" <<<"$out"; then got=missing; else got="error: $out"; fi
     fi
     checked=$((checked + 1))
     if [ "$got" != "$want" ]; then
