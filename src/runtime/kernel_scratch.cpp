@@ -27,7 +27,8 @@ void describe(std::ostringstream& k, const Array& a) {
 /// The kind of node: what the kernel's sizes may depend on. An unevaluated view input is
 /// described by its own kind (its layout follows from it).
 void describe(std::ostringstream& k, const Node& n) {
-  k << typeid(*n.prim).name() << ' ' << n.prim->name() << '{' << n.prim->attrs() << "}(";
+  const Primitive& prim = *n.prim;
+  k << typeid(prim).name() << ' ' << prim.name() << '{' << prim.attrs() << "}(";
   for (const Tensor& t : n.inputs) {
     const Node& p = *t.node();
     const Array& a = p.outs[static_cast<size_t>(t.index())];
