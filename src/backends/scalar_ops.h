@@ -226,19 +226,17 @@ HETRAIN_SCALAR_COMPARE(GreaterEqual, a >= b)
 #undef HETRAIN_SCALAR_COMPARE
 
 // --- the lists: X(id, Formula). Comparisons come last among the binary ops.
-#define HETRAIN_UNARY_FORMULAS(X)                                                           \
-  X(neg, Neg)                                                                               \
-  X(abs, Abs)                                                                               \
-  X(exp, Exp) X(log, Log) X(sqrt, Sqrt) X(rsqrt, Rsqrt) X(square, Square) X(tanh, Tanh)     \
-      X(sigmoid, Sigmoid) X(relu, Relu) X(gelu, GeluErf) X(gelu_tanh, GeluTanh) X(erf, Erf) \
-          X(silu, Silu)
-#define HETRAIN_BINARY_FORMULAS(X)                                                          \
-  X(add, Add)                                                                               \
-  X(sub, Sub)                                                                               \
-  X(mul, Mul) X(div, Div) X(pow, Pow) X(maximum, Maximum) X(minimum, Minimum)               \
-      X(relu_backward, ReluGrad) X(gelu_tanh_backward, GeluTanhGrad) X(equal, Equal)        \
-          X(not_equal, NotEqual) X(less, Less) X(less_equal, LessEqual) X(greater, Greater) \
-              X(greater_equal, GreaterEqual)
+// clang-format off
+#define HETRAIN_UNARY_FORMULAS(X) \
+  X(neg, Neg) X(abs, Abs) X(exp, Exp) X(log, Log) X(sqrt, Sqrt) X(rsqrt, Rsqrt) \
+  X(square, Square) X(tanh, Tanh) X(sigmoid, Sigmoid) X(relu, Relu) X(gelu, GeluErf) \
+  X(gelu_tanh, GeluTanh) X(erf, Erf) X(silu, Silu)
+#define HETRAIN_BINARY_FORMULAS(X) \
+  X(add, Add) X(sub, Sub) X(mul, Mul) X(div, Div) X(pow, Pow) X(maximum, Maximum) \
+  X(minimum, Minimum) X(relu_backward, ReluGrad) X(gelu_tanh_backward, GeluTanhGrad) \
+  X(equal, Equal) X(not_equal, NotEqual) X(less, Less) X(less_equal, LessEqual) \
+  X(greater, Greater) X(greater_equal, GreaterEqual)
+// clang-format on
 
 #define HETRAIN_SCALAR_ID(id, F) id,
 enum class UnaryId : uint8_t { HETRAIN_UNARY_FORMULAS(HETRAIN_SCALAR_ID) };
