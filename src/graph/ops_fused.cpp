@@ -82,16 +82,45 @@ bool ElementwiseChain::has_kernel(DeviceKind k) const {
 std::vector<Tensor> ElementwiseChain::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>&,
                                           const std::vector<Tensor>& g,
                                           const std::vector<int>& argnums) const {
-  // The composition, built again over x, differentiated.
+  // The composition, built again over x, differentiated step by step in reverse with each
+  // step's own vjp. Partial derivatives: the inputs are independent here even where one
+  // depends on another upstream (a residual add of a branch computed from the same input), so
+  // the gradient must not flow past them; the outer backward carries it on from each input.
   std::vector<Tensor> slot = x;
   for (const Step& s : steps_) {
     std::vector<Tensor> args;
     for (int a : s.args) args.push_back(slot[static_cast<size_t>(a)]);
     slot.push_back(make_node1(s.prim, std::move(args)));
   }
-  std::vector<Tensor> wrt;
-  for (int a : argnums) wrt.push_back(x[static_cast<size_t>(a)]);
-  return grad({slot.back()}, wrt, {g[0]});
+  std::vector<Tensor> cot(slot.size());
+  cot.back() = g[0];
+  for (size_t k = steps_.size(); k-- > 0;) {
+    const size_t at = x.size() + k;
+    if (!cot[at].defined()) continue;
+    const Step& s = steps_[k];
+    std::vector<Tensor> args;
+    std::vector<int> which;
+    for (size_t i = 0; i < s.args.size(); ++i) {
+      args.push_back(slot[static_cast<size_t>(s.args[i])]);
+      if (is_floating(args.back().dtype())) which.push_back(static_cast<int>(i));
+    }
+    if (which.empty()) continue;
+    const std::vector<Tensor> grads = s.prim->vjp(args, {slot[at]}, {cot[at]}, which);
+    for (size_t j = 0; j < which.size(); ++j) {
+      const Tensor& gj = grads[j];
+      if (!gj.defined()) continue;
+      Tensor& acc = cot[static_cast<size_t>(s.args[static_cast<size_t>(which[j])])];
+      const Tensor& in = args[static_cast<size_t>(which[j])];
+      const Tensor gc = gj.dtype() == in.dtype() ? gj : cast(gj, in.dtype());
+      acc = acc.defined() ? acc + gc : gc;
+    }
+  }
+  std::vector<Tensor> out;
+  for (int a : argnums) {
+    const Tensor& c = cot[static_cast<size_t>(a)];
+    out.push_back(c.defined() ? c : zeros_like(x[static_cast<size_t>(a)]));
+  }
+  return out;
 }
 
 std::string ElementwiseChain::attrs() const {
