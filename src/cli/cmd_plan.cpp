@@ -9,6 +9,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/onnx_cli.h"
 #include "cli/plan_validate.h"
 #include "hetrain/base/error.h"
 #include "hetrain/planning/calibration.h"
@@ -254,6 +255,10 @@ int cmd_plan(const Args& args) {
   p.option("preset", "ID", "model preset (see --list-presets)")
       .option("model", "KIND",
               "build a model from flags: gpt (with --layers --hidden --heads --seq --vocab)")
+      .option("onnx", "FILE",
+              "an ONNX model: its parameter count and, per sample, the FLOPs of its matrix "
+              "products and convolutions (planned as a data-parallel graph; --seq sizes a "
+              "symbolic sequence axis)")
       .option("layers", "L", "transformer layers")
       .option("hidden", "H", "hidden size")
       .option("heads", "A", "attention heads")
@@ -372,8 +377,15 @@ int cmd_plan(const Args& args) {
 
   // ---- the model ----
   Job job;
-  if (p.given("preset") && p.given("model")) fail("[plan] give --preset or --model, not both");
-  if (p.given("preset")) {
+  if (p.given("preset") + p.given("model") + p.given("onnx") > 1)
+    fail("[plan] give one of --preset, --model and --onnx");
+  if (p.given("onnx")) {
+    for (const char* f : {"layers", "hidden", "heads", "vocab"})
+      if (p.given(f)) fail("[plan] --", f, " does not apply to --onnx (only --seq may be given)");
+    job.model = onnx_model_spec(p.get("onnx"), p.given("seq")
+                                                   ? std::optional<int64_t>(positive_int(p, "seq"))
+                                                   : std::nullopt);
+  } else if (p.given("preset")) {
     job.model = preset(p.get("preset"));
     for (const char* f : {"layers", "hidden", "heads", "vocab"})
       if (p.given(f)) fail("[plan] --", f, " does not apply to --preset (only --seq may override)");
@@ -392,8 +404,8 @@ int cmd_plan(const Args& args) {
                   positive_int(p, "seq"), positive_int(p, "vocab"));
   } else {
     fail(
-        "[plan] give a model: --preset ID (see --list-presets) or --model gpt --layers L "
-        "--hidden H --heads A --seq S --vocab V");
+        "[plan] give a model: --preset ID (see --list-presets), --model gpt --layers L "
+        "--hidden H --heads A --seq S --vocab V, or --onnx FILE");
   }
   job.model.check();
   job.precision = precision_from_string(p.get("precision"));

@@ -10,6 +10,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/config_flags.h"
+#include "cli/onnx_cli.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/file_output.h"
 #include "hetrain/base/thread_pool.h"
@@ -127,6 +128,8 @@ int cmd_simulate(const Args& args) {
               "--explain-placement lists nodes of at least this "
               "many FLOPs",
               "1e6")
+      .option("onnx", "FILE",
+              "simulate an imported ONNX model's training steps (see 'hetrain train --onnx')")
       .option("batch-size", "N", "examples per step")
       .option("optimizer", "NAME", "adamw or sgd")
       .option("seed", "N", "seed for initialisation")
@@ -151,12 +154,15 @@ int cmd_simulate(const Args& args) {
           "  hetrain simulate --preset gpt-mini --devices cpu,sim:0 --json\n"
           "  hetrain simulate --devices cpu,sim:0,sim:1 --hardware a100-80gb-sxm "
           "--trace step.json\n"
-          "  hetrain simulate --devices cpu,sim:0@4 --placement density --explain-placement");
+          "  hetrain simulate --devices cpu,sim:0@4 --placement density --explain-placement\n"
+          "  hetrain simulate --onnx model.onnx --devices cpu,sim:0 --json");
   if (!p.parse(args)) return 0;
   if (!p.positional().empty())
     fail("[simulate] unexpected argument '", p.positional()[0], "'; see 'hetrain simulate --help'");
 
   training::TrainConfig cfg = config_from_flags(p, kModelFlags);
+  training::ModelFactory make_model;
+  if (p.given("onnx")) make_model = onnx_model_factory(cfg, p.get("onnx"), false);
   const long long steps = p.get_int("steps");
   if (steps < 1 || steps > 100) fail("[simulate] --steps must be in 1..100, got ", steps);
   const double threshold = p.get_double("explain-threshold");
@@ -188,12 +194,15 @@ int cmd_simulate(const Args& args) {
   Mark before_last, end;
   {
     runtime::SimulateScope sim(log);
-    training::run_synthetic_steps(cfg, steps, [&](int64_t s) {
-      Mark m{log.clock,  log.bytes_moved, log.host_s,       log.lower_bound,
-             log.copies, log.nodes,       log.tasks.size(), log.busy};
-      if (s == steps - 2) before_last = m;
-      end = m;
-    });
+    training::run_synthetic_steps(
+        cfg, steps,
+        [&](int64_t s) {
+          Mark m{log.clock,  log.bytes_moved, log.host_s,       log.lower_bound,
+                 log.copies, log.nodes,       log.tasks.size(), log.busy};
+          if (s == steps - 2) before_last = m;
+          end = m;
+        },
+        make_model);
   }
   runtime::configure({});
   const double step_s = end.clock - before_last.clock;

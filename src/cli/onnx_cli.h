@@ -3,10 +3,12 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "hetrain/interop/onnx.h"
+#include "hetrain/planning/model_spec.h"
 #include "hetrain/training/trainer.h"
 
 namespace hetrain::nn {
@@ -31,5 +33,9 @@ std::string export_info_line(const interop::OnnxExportInfo& info, const std::str
 /// the family's default dataset). Returns the factory that builds it as a trainable module.
 training::ModelFactory onnx_model_factory(training::TrainConfig& cfg, const std::string& path,
                                           bool data_given);
+
+/// An imported model described for the planner (onnx_plan.cpp): its graph built for one sample,
+/// read node by node; symbolic axes after the batch take `seq` (else the file's hetrain.context).
+planning::ModelSpec onnx_model_spec(const std::string& path, std::optional<int64_t> seq);
 
 }  // namespace hetrain::cli

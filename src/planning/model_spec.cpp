@@ -253,6 +253,7 @@ ParamLayout ModelSpec::layout() const {
       if (c.kind == ConvLayer::Kind::linear)
         l.head = add(l.head, add(mul(c.in, c.out), c.bias ? c.out : 0));
     }
+    if (conv.params) l.per_layer = 0, l.head = *conv.params;
     l.total = add(l.per_layer, l.head);
     return l;
   }

@@ -112,8 +112,6 @@ void check_pin(const Node& n);
 
 // ---- simulation (simulation.cpp)
 
-/// Whether a SimulateScope is active on this thread.
-bool simulating();
 /// Simulate mode's eval: the same placement and list scheduler as a real run, no kernels.
 void simulate_eval(const std::vector<Node*>& order, bool release_graph);
 

@@ -108,4 +108,7 @@ SimulateScope::SimulateScope(SimulationLog& log) : prev_(g_sim) {
 }
 SimulateScope::~SimulateScope() { g_sim = prev_; }
 
+SimulatePause::SimulatePause() : prev_(g_sim) { g_sim = nullptr; }
+SimulatePause::~SimulatePause() { g_sim = prev_; }
+
 }  // namespace hetrain::runtime

@@ -114,6 +114,10 @@ hetrain_cli_test(cli.run_inputs_not_dir "--inputs /nonexistent/in is not a direc
                  ${HT} run /nonexistent/m.onnx --inputs /nonexistent/in)
 add_test(NAME cli.onnx_train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/onnx_train.sh ${HT})
 set_tests_properties(cli.onnx_train PROPERTIES TIMEOUT 600)
+add_test(NAME cli.onnx_simulate_plan
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/onnx_simulate_plan.sh ${HT}
+                 ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.onnx_simulate_plan PROPERTIES TIMEOUT 600)
 hetrain_cli_test(cli.train_bad_loss "--loss must be cross-entropy, got 'mse'" ${HT} train --loss mse)
 add_test(NAME interop.onnx_node_suite_pypi
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/onnx_node_suite_pypi.sh

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,9 @@ struct ConvLayer {
 struct ConvNetSpec {
   int64_t image = 224, channels = 3;
   std::vector<ConvLayer> layers;
+  /// The exact parameter count when the layers do not give it (a graph read from a file,
+  /// whose layers describe work; its embeddings, biases and norms hold parameters too).
+  std::optional<int64_t> params;
 };
 
 /// Split of the parameters, used to place them on pipeline stages.

@@ -199,6 +199,23 @@ class SimulateScope {
   SimulationLog* prev_;
 };
 
+/// While alive, eval() on this thread runs its kernels even inside a SimulateScope: for the
+/// few values graph building itself needs (an imported model's shape subgraphs, folded to
+/// constants). The time it takes counts as host time of the simulated run.
+class SimulatePause {
+ public:
+  SimulatePause();
+  ~SimulatePause();
+  SimulatePause(const SimulatePause&) = delete;
+  SimulatePause& operator=(const SimulatePause&) = delete;
+
+ private:
+  SimulationLog* prev_;
+};
+
+/// Whether a SimulateScope (not paused) is active on this thread.
+bool simulating();
+
 struct SchedulerStats {
   int64_t plans = 0;       // placements computed
   int64_t plan_hits = 0;   // evals that reused a cached placement
