@@ -1,11 +1,13 @@
 // ONNX import: a model file becomes named parameters and a forward that builds Hetrain ops.
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "hetrain/base/error.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/interop/onnx.h"
+#include "hetrain/runtime/scheduler.h"
 #include "interop/onnx_ops.h"
 
 namespace hetrain::interop {
@@ -29,7 +31,8 @@ int64_t OnnxModel::num_parameters() const {
 std::map<std::string, int64_t> OnnxModel::op_counts() const {
   std::map<std::string, int64_t> out;
   if (graph_)
-    for (const auto& n : graph_->graph.node()) ++out[n.op_type()];
+    for (const auto& n : graph_->graph.node())
+      ++out[n.domain().empty() ? n.op_type() : n.domain() + "." + n.op_type()];
   return out;
 }
 
@@ -139,8 +142,32 @@ OnnxModel load_onnx(const std::string& path) {
   for (const auto& vi : m.graph().output()) model.outputs_.push_back(value_info(vi, path));
   graph->graph = m.graph();
   graph->graph.clear_initializer();
+  fuse_onnx_graph(graph->graph, graph->versions);
   model.graph_ = std::move(graph);
   return model;
+}
+
+void OnnxModel::run_node(const OnnxNodeCtx& ctx, bool fold,
+                         std::map<std::string, Tensor>& env) const {
+  const onnx::NodeProto& n = ctx.node;
+  std::vector<Tensor> outs;
+  try {
+    std::optional<runtime::SimulatePause> real;  // a folded node's handler reads values too
+    if (fold) real.emplace();
+    const auto& table = n.domain() == kOnnxFusedDomain ? onnx_fused_op_table() : onnx_op_table();
+    outs = table.at(n.op_type()).fn(ctx);
+    if (fold)
+      for (auto& t : outs)
+        if (t.defined()) t = t.detach();
+  } catch (const Error& e) {
+    fail("[onnx] ", path_, ": node ", ctx.where(), e.what());
+  }
+  for (int o = 0; o < n.output_size(); ++o) {
+    if (n.output(o).empty()) continue;
+    if (static_cast<size_t>(o) >= outs.size())
+      fail("[onnx] ", path_, ": node ", ctx.where(), "output ", o, " is not supported");
+    env[n.output(o)] = outs[static_cast<size_t>(o)];
+  }
 }
 
 std::vector<Tensor> OnnxModel::forward(const std::vector<Tensor>& inputs) const {
@@ -172,11 +199,17 @@ std::vector<Tensor> OnnxModel::forward(const std::vector<Tensor>& inputs,
            shape_str(x.shape()), " ", dtype_name(x.dtype()));
     env[v.name] = x;
   }
-  const auto& table = onnx_op_table();
+  // Constants: integer initializers, Shape's outputs and whatever is computed from constants
+  // alone. Those nodes are folded (evaluated now, outside any SimulateScope) so that the shapes
+  // and indices later nodes read are values, in a real run and a simulated one alike.
+  std::set<std::string> constant;
+  for (const auto& [name, t] : params_)
+    if (!is_floating(t.dtype())) constant.insert(name);
   const auto& nodes = graph_->graph.node();
   for (int k = 0; k < nodes.size(); ++k) {
     const onnx::NodeProto& n = nodes[k];
     OnnxNodeCtx ctx{n, graph_->versions[static_cast<size_t>(k)], {}};
+    bool fold = n.op_type() != "Dropout";
     for (const auto& name : n.input()) {
       if (name.empty()) {
         ctx.in.emplace_back();
@@ -187,19 +220,11 @@ std::vector<Tensor> OnnxModel::forward(const std::vector<Tensor>& inputs,
         fail("[onnx] ", path_, ": node ", ctx.where(), "reads '", name,
              "', which no graph input, initializer or earlier node defines");
       ctx.in.push_back(it->second);
+      fold = fold && constant.count(name);
     }
-    std::vector<Tensor> outs;
-    try {
-      outs = table.at(n.op_type()).fn(ctx);
-    } catch (const Error& e) {
-      fail("[onnx] ", path_, ": node ", ctx.where(), e.what());
-    }
-    for (int o = 0; o < n.output_size(); ++o) {
-      if (n.output(o).empty()) continue;
-      if (static_cast<size_t>(o) >= outs.size())
-        fail("[onnx] ", path_, ": node ", ctx.where(), "output ", o, " is not supported");
-      env[n.output(o)] = outs[static_cast<size_t>(o)];
-    }
+    run_node(ctx, fold, env);
+    if (fold || n.op_type() == "Shape")
+      for (const auto& name : n.output()) constant.insert(name);
   }
   std::vector<Tensor> out;
   for (const auto& v : outputs_) {

@@ -9,6 +9,7 @@
 #include "hetrain/base/error.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/interop/onnx.h"
+#include "hetrain/runtime/scheduler.h"
 
 namespace hetrain::interop {
 
@@ -40,7 +41,16 @@ std::vector<int64_t> OnnxNodeCtx::ints(size_t i) const {
   if (!has_input(i)) return {};
   if (!is_integral(in[i].dtype()) || in[i].dtype() == Dtype::boolean)
     fail(where(), "input ", i, " must be integers, got ", dtype_name(in[i].dtype()));
+  check_known(i);
   return in[i].to_vector<int64_t>();
+}
+void OnnxNodeCtx::check_known(size_t i) const {
+  // Constants are folded to leaves; anything else is computed from the model's inputs, whose
+  // values a simulated run does not have.
+  if (runtime::simulating() && in.at(i).node()->prim != nullptr)
+    fail(where(), "input ", i,
+         " is computed from the model's input values (a data-dependent shape), which a "
+         "simulated run does not know");
 }
 std::string OnnxNodeCtx::where() const {
   return "[" + node.op_type() + (node.name().empty() ? "" : " '" + node.name() + "'") + "] ";
@@ -290,9 +300,26 @@ Outs op_constant(const Ctx& c) {
   fail(c.where(), "only value, value_float(s) and value_int(s) are supported");
 }
 
+Outs op_constant_of_shape(const Ctx& c) {
+  const std::vector<int64_t> dims = c.ints(0);
+  double value = 0;
+  Dtype dtype = Dtype::f32;
+  if (const auto* a = c.attr("value")) {
+    const Tensor v = tensor_from_proto(a->t(), "", c.where() + "value");
+    if (v.numel() != 1) fail(c.where(), "value must hold one element, it has ", v.numel());
+    value = v.item<double>(), dtype = v.dtype();
+  }
+  for (int64_t d : dims)
+    if (d < 0) fail(c.where(), "negative dimension ", d, " in the shape");
+  return {full(Shape(dims.begin(), dims.end()), value, dtype)};
+}
+
 Outs op_range(const Ctx& c) {
   const Dtype dt = c.in.at(0).dtype();
-  auto val = [&](size_t i) { return cast(c.in.at(i), Dtype::f64).item<double>(); };
+  auto val = [&](size_t i) {
+    c.check_known(i);
+    return cast(c.in.at(i), Dtype::f64).item<double>();
+  };
   const double start = val(0), limit = val(1), delta = val(2);
   if (delta == 0) fail(c.where(), "delta 0");
   const int64_t n = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((limit - start) / delta)));
@@ -409,6 +436,7 @@ const std::map<std::string, OnnxOpDef>& onnx_op_table() {
     t["Cast"] = {{1, 6, 9, 13, 19, 21}, {6, 9, 13, 19, 21}, op_cast};
     t["Trilu"] = {{14}, {14}, op_trilu};
     t["Range"] = {{11}, {11}, op_range};
+    t["ConstantOfShape"] = {{9, 20, 21}, {9, 20, 21}, op_constant_of_shape};
     return t;
   }();
   return table;

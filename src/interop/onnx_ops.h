@@ -29,6 +29,8 @@ struct OnnxNodeCtx {
   bool has_input(size_t i) const { return i < in.size() && in[i].defined(); }
   /// Input i evaluated to integers (a shape, axes, sizes); empty when the input is omitted.
   std::vector<int64_t> ints(size_t i) const;
+  /// Throws when input i's values are not known while building (simulation, not a constant).
+  void check_known(size_t i) const;
   /// "[Conv 'conv1'] " for errors.
   std::string where() const;
 };
@@ -52,6 +54,14 @@ std::vector<Tensor> onnx_dropout(const OnnxNodeCtx& c);
 
 /// Op type (default domain) -> definition.
 const std::map<std::string, OnnxOpDef>& onnx_op_table();
+
+/// The domain of the nodes import-time fusion writes (onnx_fusion.cpp).
+inline constexpr const char* kOnnxFusedDomain = "hetrain";
+/// Replaces the subgraphs the fusion rules recognise (tanh-GELU, causal attention on a packed
+/// projection) by single nodes of kOnnxFusedDomain; versions follows the node list.
+void fuse_onnx_graph(onnx::GraphProto& g, std::vector<int>& versions);
+/// Fused op type -> definition (version 1).
+const std::map<std::string, OnnxOpDef>& onnx_fused_op_table();
 
 /// The since_version of `op` in a model importing `opset`: the newest version <= opset; 0
 /// when the op did not exist yet.

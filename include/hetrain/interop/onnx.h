@@ -69,7 +69,8 @@ struct OnnxValueInfo {
   std::vector<std::string> dim_params;
 };
 
-struct OnnxGraph;  // the parsed nodes (onnx_import.cpp)
+struct OnnxGraph;    // the parsed nodes (onnx_import.cpp)
+struct OnnxNodeCtx;  // one node being built (onnx_ops.h)
 
 /// An imported ONNX model: its initializers as named parameter leaves (requires_grad for
 /// floating ones) and a forward that builds a Hetrain graph from its nodes.
@@ -94,8 +95,9 @@ class OnnxModel {
   std::map<std::string, int64_t> op_counts() const;
 
   /// Builds the graph on these inputs (graph-input order, initializers excluded) and returns
-  /// the outputs in graph-output order. Shape-computing subgraphs (Shape, Range, ...) are
-  /// evaluated while building; everything else stays lazy, so grad works through the result.
+  /// the outputs in graph-output order. Nodes computed from constants alone (integer
+  /// initializers, Constant, Shape: the shape subgraphs) are folded, evaluated while building
+  /// even under runtime::SimulateScope; everything else stays lazy, so grad works through it.
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs) const;
   /// The same with some initializers replaced by name (a module's current parameters).
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs,
@@ -103,6 +105,8 @@ class OnnxModel {
 
  private:
   friend OnnxModel load_onnx(const std::string& path);
+  /// Builds one node into env; fold: its inputs are constants, evaluate its outputs now.
+  void run_node(const OnnxNodeCtx& ctx, bool fold, std::map<std::string, Tensor>& env) const;
   std::string path_;
   int64_t ir_version_ = 0;
   int opset_ = 0;
