@@ -170,6 +170,9 @@ int cmd_export(const Args& raw) {
   p.option("output", "FILE", "the ONNX file to write (also -o)")
       .option("opset", "N", "ONNX opset, 13..21 (17: IR 8, checked by Debian's onnx checker)",
               std::to_string(interop::kOnnxDefaultOpset))
+      .flag("fold-bn",
+            "fold each BatchNormalization into the convolution before it (fashion-cnn; "
+            "initializers <conv>.weight_bn_folded and <conv>.bias_bn_folded)")
       .flag("external-data",
             "write the weights to FILE.data beside the model (automatic past 2 GB)")
       .option("test-data", "B1[,B2...]",
@@ -191,6 +194,7 @@ int cmd_export(const Args& raw) {
   interop::OnnxExportOptions opt;
   opt.opset = static_cast<int>(p.get_int("opset"));
   opt.external_data = p.get_flag("external-data");
+  opt.fold_bn = p.get_flag("fold-bn");
   std::vector<int64_t> batches;
   if (p.given("test-data")) batches = parse_int_list(p.get("test-data"), "--test-data");
   auto [cfg, model] = training::load_trained_model(p.positional()[0]);

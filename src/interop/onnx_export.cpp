@@ -31,10 +31,24 @@ int64_t ir_for_opset(int opset) {
 /// Appends nodes and initializers to a graph, naming values uniquely.
 class GraphWriter {
  public:
-  GraphWriter(onnx::GraphProto* g, std::map<std::string, Tensor> weights, int opset)
-      : g_(g), weights_(std::move(weights)), opset_(opset) {}
+  GraphWriter(onnx::GraphProto* g, std::map<std::string, Tensor> weights, int opset, bool fold_bn)
+      : g_(g), weights_(std::move(weights)), opset_(opset), fold_bn_(fold_bn) {}
 
   int opset() const { return opset_; }
+  bool fold_bn() const { return fold_bn_; }
+
+  /// State-dict tensor `name`, marked as used (its values go into a computed initializer).
+  const Tensor& read(const std::string& name) {
+    auto it = weights_.find(name);
+    if (it == weights_.end()) fail("[onnx export] the model has no tensor '", name, "'");
+    used_.insert(name);
+    return it->second;
+  }
+  /// A computed initializer (not a state-dict tensor).
+  std::string computed(const std::string& name, const Tensor& t) {
+    tensor_to_proto(t, name, g_->add_initializer());
+    return name;
+  }
 
   /// The initializer holding state-dict tensor `name` (added on first use).
   std::string weight(const std::string& name) {
@@ -127,6 +141,7 @@ class GraphWriter {
   std::map<std::string, int> names_;
   onnx::NodeProto* last_ = nullptr;
   int opset_;
+  bool fold_bn_;
 };
 
 void add_value_info(onnx::ValueInfoProto* vi, const std::string& name, Dtype dt,
@@ -178,6 +193,24 @@ std::string batch_norm(GraphWriter& w, const std::string& x, const std::string& 
   return y;
 }
 
+/// Convolution c then BatchNormalization b: two nodes, or one Conv with b folded in.
+std::string conv_bn(GraphWriter& w, const std::string& x, const std::string& c,
+                    const std::string& b, int64_t stride, int64_t pad) {
+  if (!w.fold_bn()) return batch_norm(w, conv(w, x, c, stride, pad), b);
+  const Tensor& wt = w.read(c + ".weight");
+  const Tensor scale = w.read(b + ".weight") * rsqrt(w.read(b + ".running_var") + 1e-5);
+  const Tensor folded = wt * reshape(scale, {wt.shape()[0], 1, 1, 1});
+  const Tensor bias = w.read(b + ".bias") - w.read(b + ".running_mean") * scale;
+  std::string y = w.node("Conv",
+                         {x, w.computed(c + ".weight_bn_folded", folded.eval()),
+                          w.computed(c + ".bias_bn_folded", bias.eval())},
+                         c);
+  w.attr("kernel_shape", std::vector<int64_t>{wt.shape()[2], wt.shape()[3]});
+  w.attr("strides", std::vector<int64_t>{stride, stride});
+  w.attr("pads", std::vector<int64_t>{pad, pad, pad, pad});
+  return y;
+}
+
 std::string layer_norm(GraphWriter& w, const std::string& x, const std::string& p) {
   std::string y =
       w.node("LayerNormalization", {x, w.weight(p + ".weight"), w.weight(p + ".bias")}, p);
@@ -214,18 +247,17 @@ std::string export_mlp(GraphWriter& w, const training::TrainConfig& cfg, const s
 }
 
 std::string export_resnet(GraphWriter& w, const training::TrainConfig& cfg, const std::string& x) {
-  std::string h = w.node("Relu", {batch_norm(w, conv(w, x, "stem.0", 1, 1), "stem.1")}, "stem");
+  std::string h = w.node("Relu", {conv_bn(w, x, "stem.0", "stem.1", 1, 1)}, "stem");
   int64_t prev = cfg.widths.at(0), index = 0;
   for (size_t s = 0; s < cfg.widths.size(); ++s) {
     for (int64_t b = 0; b < cfg.blocks; ++b, ++index) {
       const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
       const std::string p = "blocks." + std::to_string(index);
-      std::string y =
-          w.node("Relu", {batch_norm(w, conv(w, h, p + ".conv1", stride, 1), p + ".bn1")}, p);
-      y = batch_norm(w, conv(w, y, p + ".conv2", 1, 1), p + ".bn2");
+      std::string y = w.node("Relu", {conv_bn(w, h, p + ".conv1", p + ".bn1", stride, 1)}, p);
+      y = conv_bn(w, y, p + ".conv2", p + ".bn2", 1, 1);
       std::string shortcut = h;
       if (stride != 1 || prev != cfg.widths[s])
-        shortcut = batch_norm(w, conv(w, h, p + ".shortcut", stride, 0), p + ".bn_shortcut");
+        shortcut = conv_bn(w, h, p + ".shortcut", p + ".bn_shortcut", stride, 0);
       h = w.node("Relu", {w.node("Add", {y, shortcut}, p)}, p);
       prev = cfg.widths[s];
     }
@@ -354,7 +386,7 @@ OnnxExportInfo export_onnx(const training::TrainConfig& cfg, nn::Module& model,
            "; the exporter writes f32 models");
     weights[n] = t;
   }
-  GraphWriter w(g, std::move(weights), opt.opset);
+  GraphWriter w(g, std::move(weights), opt.opset, opt.fold_bn);
   std::string out;
   if (cfg.model == "gpt") {
     add_value_info(g->add_input(), "ids", Dtype::i64, {"batch", "seq"});

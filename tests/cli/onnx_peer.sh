@@ -4,7 +4,7 @@
 # the pinned venv (tools/install_onnx_peer.sh): full_check, I/O names, opset, IR, and
 # onnxruntime's outputs at two batch sizes against Hetrain's own forward (rtol 1e-4, atol 1e-5).
 # Finally Hetrain runs the exported file itself (hetrain run --expect): bit for bit for
-# fashion-mlp and fashion-cnn.
+# fashion-mlp and fashion-cnn. fashion-cnn also exported with --fold-bn, checked the same way.
 # Usage: onnx_peer.sh HETRAIN SOURCE_DIR PRESET INPUT DIMS [train flags...]
 # Exit 77 (skip) without the venv, unless CI is set: then a missing venv fails.
 set -uo pipefail
@@ -41,4 +41,20 @@ for s in 0 1; do
   "$bin" run "$tmp/m17/model.onnx" --inputs "$tmp/m17/test_data_set_$s" \
     --expect "$tmp/m17/test_data_set_$s" "${tol[@]}" || exit 1
 done
+# --fold-bn (the ResNet): each BatchNormalization folded into its convolution; onnxruntime and
+# Hetrain on the folded file against the unfolded module's outputs.
+if [ "$preset" = fashion-cnn ]; then
+  mkdir -p "$tmp/fold"
+  "$bin" export "$tmp/ckpt" -o "$tmp/fold/model.onnx" --fold-bn --test-data 8,3 || exit 1
+  "$py" - "$tmp/fold/model.onnx" <<'PY' || exit 1
+import onnx, sys
+ops = {n.op_type for n in onnx.load(sys.argv[1]).graph.node}
+print("folded model ops:", sorted(ops))
+sys.exit("BatchNormalization" in ops)
+PY
+  "$py" "$src/tools/onnx_peer_check.py" "$tmp/fold/model.onnx" --inputs "$input" \
+    --outputs logits --opset 17 --ir 8 --dims "$dims" || exit 1
+  "$bin" run "$tmp/fold/model.onnx" --inputs "$tmp/fold/test_data_set_0" \
+    --expect "$tmp/fold/test_data_set_0" --rtol 1e-4 --atol 1e-5 || exit 1
+fi
 echo "onnx_peer $preset: ok"

@@ -102,6 +102,35 @@ TEST_F(OnnxTest, MlpRoundTripIsBitwise) {
 TEST_F(OnnxTest, CnnRoundTripIsBitwise) {
   round_trip(small_config("fashion-cnn"), path("cnn.onnx"), true);
 }
+// --fold-bn: every BatchNormalization folded into its convolution (randomised running
+// statistics, so the fold matters); the graph has no BatchNormalization node left, the folded
+// initializers replace the convolution and BN tensors, and the outputs agree with the module
+// (one multiply fewer per element: not bit for bit).
+TEST_F(OnnxTest, CnnExportFoldsBatchNorm) {
+  training::TrainConfig cfg = small_config("fashion-cnn");
+  auto model = training::build_model(cfg);
+  randomise_buffers(*model);
+  model->eval();
+  interop::OnnxExportOptions opt;
+  opt.fold_bn = true;
+  interop::export_onnx(cfg, *model, path("fold.onnx"), opt);
+  interop::OnnxModel m = interop::load_onnx(path("fold.onnx"));
+  std::map<std::string, int64_t> ops = m.op_counts();
+  EXPECT_EQ(ops.count("BatchNormalization"), 0u);
+  std::map<std::string, Tensor> params(m.parameters().begin(), m.parameters().end());
+  EXPECT_TRUE(params.count("stem.0.weight_bn_folded") && params.count("stem.0.bias_bn_folded"));
+  EXPECT_EQ(params.count("stem.1.running_mean") + params.count("stem.0.weight"), 0u);
+  int64_t bn = 0;
+  for (auto& [name, t] : model->state_dict()) bn += name.ends_with("running_mean");
+  EXPECT_EQ(ops["Conv"], bn);
+  NoGradScope ng;
+  for (int64_t batch : {5, 2}) {
+    Tensor x = model_input(cfg, batch, 0, 21 + static_cast<uint64_t>(batch));
+    hetrain::testing::expect_close(m.forward({x})[0].to_vector<double>(),
+                                   model->forward(x).to_vector<double>(), 1e-5, 1e-4, "folded");
+  }
+}
+
 // Attention and the tanh GELU are exported as ONNX's elementary ops; the importer's fusion
 // rules recognise them and build Hetrain's fused ops again, so the round trip is bit for bit.
 TEST_F(OnnxTest, GptRoundTripIsBitwise) {

@@ -37,6 +37,10 @@ inline constexpr int kOnnxMaxImportOpset = 22;
 struct OnnxExportOptions {
   int opset = kOnnxDefaultOpset;  // 17 (IR 8, Debian's checker) .. 21; Gelu is one node from 20
   bool external_data = false;     // weights in `<model>.data` beside the model
+  /// Each BatchNormalization folded into the convolution before it: a Conv with weight
+  /// W * gamma / sqrt(var + eps) per output channel and bias beta - mean * that scale
+  /// (initializers `<conv>.weight_bn_folded`, `<conv>.bias_bn_folded`).
+  bool fold_bn = false;
   /// Models whose initializers pass this many bytes get external data whatever the flag says
   /// (protobuf cannot serialise a message of 2 GiB or more).
   int64_t external_threshold_bytes = int64_t{2000} << 20;
