@@ -166,14 +166,33 @@ bool WithEpilogue::has_kernel(DeviceKind k) const {
 std::vector<Tensor> WithEpilogue::vjp(const std::vector<Tensor>& x, const std::vector<Tensor>&,
                                       const std::vector<Tensor>& g,
                                       const std::vector<int>& argnums) const {
-  // The composition, built again over x (lazily: only what the gradient reads runs).
+  // The composition, built again over x (lazily: only what the gradient reads runs), then the
+  // chain's vjp and the producer's in turn: partial derivatives per input. (grad() over x would
+  // give total ones, counting twice a branch from one input to another, as the residual add
+  // x + x W has, and an input read both by the product and by the chain.)
   const std::vector<Tensor> main_in(x.begin(), x.begin() + num_main_);
-  Tensor produced = make_node1(main_, main_in);
-  if (as_shape_) produced = reshape(produced, *as_shape_);
-  const Tensor y = make_node1(epilogue_, chain_inputs(produced, x));
-  std::vector<Tensor> wrt;
-  for (int a : argnums) wrt.push_back(x[static_cast<size_t>(a)]);
-  return grad({y}, wrt, {g[0]});
+  const Tensor raw = make_node1(main_, main_in);
+  const Tensor produced = as_shape_ ? reshape(raw, *as_shape_) : raw;
+  const std::vector<Tensor> chain_in = chain_inputs(produced, x);
+  const Tensor y = make_node1(epilogue_, chain_in);
+  std::vector<int> chain_args = {0}, main_args;
+  for (int a : argnums) {
+    if (a < num_main_)
+      main_args.push_back(a);
+    else
+      chain_args.push_back(a - num_main_ + 1);
+  }
+  const std::vector<Tensor> cg = epilogue_->vjp(chain_in, {y}, g, chain_args);
+  std::vector<Tensor> mg;
+  if (!main_args.empty()) {
+    Tensor gp = cg[0];
+    if (as_shape_) gp = reshape(gp, raw.shape());
+    mg = main_->vjp(main_in, {raw}, {gp}, main_args);
+  }
+  std::vector<Tensor> out;
+  size_t next_main = 0, next_chain = 1;
+  for (int a : argnums) out.push_back(a < num_main_ ? mg[next_main++] : cg[next_chain++]);
+  return out;
 }
 
 std::string WithEpilogue::attrs() const {
