@@ -106,15 +106,19 @@ bool fuse_input_gradient_relu_mask(Node& n, FusionContext& ctx) {
   return true;
 }
 
-/// t's producer when it is an unevaluated elementwise node (a chain included) with one output
-/// that only this reference holds, pinned as `consumer` is: it can run inside its consumer.
-const Node* sole_elementwise_producer(const Tensor& t, const Node& consumer) {
+/// t's producer when it is an unevaluated node with one output that only this reference
+/// holds, pinned as `consumer` is, and `kind` accepts it: it can run inside its consumer.
+template <class Kind>
+const Node* sole_producer(const Tensor& t, const Node& consumer, Kind kind) {
   const Node* p = t.node();
   if (!p || !p->prim || p->evaluated() || p->outs.size() != 1 || t.node_ptr().use_count() != 1 ||
-      !p->prim->is_elementwise() || p->pinned != consumer.pinned ||
-      (p->pinned && p->device != consumer.device))
+      !kind(*p) || p->pinned != consumer.pinned || (p->pinned && p->device != consumer.device))
     return nullptr;
   return p;
+}
+/// An elementwise node (a chain included).
+const Node* sole_elementwise_producer(const Tensor& t, const Node& consumer) {
+  return sole_producer(t, consumer, [](const Node& p) { return p.prim->is_elementwise(); });
 }
 
 /// Builds a chain's inputs and steps, an input used twice taking one slot.
@@ -194,15 +198,9 @@ bool fuse_elementwise_chain(Node& n, FusionContext& ctx) {
   return true;
 }
 
-/// t's producer when it is an unevaluated matmul or convolution (a single-output one) that only
-/// this reference holds, pinned as `consumer` is.
+/// A matmul or a (single-output) convolution.
 const Node* sole_gemm_producer(const Tensor& t, const Node& consumer) {
-  const Node* p = t.node();
-  if (!p || !p->prim || p->evaluated() || p->outs.size() != 1 || t.node_ptr().use_count() != 1 ||
-      !(is<Matmul>(*p) || is<Conv2d>(*p)) || p->pinned != consumer.pinned ||
-      (p->pinned && p->device != consumer.device))
-    return nullptr;
-  return p;
+  return sole_producer(t, consumer, [](const Node& p) { return is<Matmul>(p) || is<Conv2d>(p); });
 }
 
 // A matmul or convolution whose output only an elementwise node or chain reads (bias add,
