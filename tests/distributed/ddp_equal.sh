@@ -2,10 +2,17 @@
 # DDP against gradient accumulation: `mpirun -np NP hetrain train ARGS` must write model and
 # training-state files byte-identical to one process with --grad-accum NP, every rank must end
 # with rank 0's parameters, and the logged losses must be the same numbers.
-# Usage: ddp_equal.sh HETRAIN NP ARGS...
+# --bn-per-rank (models with BatchNorm): the running statistics are per rank (PyTorch DDP's
+# default), so model.safetensors is compared without them (parameters bit for bit) and
+# bn_per_rank.py checks that rank 0's statistics are its own micro-batches' (the training
+# loss uses each micro-batch's own statistics, so losses, gradients and optimizer state stay
+# equal).
+# Usage: ddp_equal.sh HETRAIN NP [--bn-per-rank] ARGS...   (ARGS include --steps)
 set -euo pipefail
 ht=$1 np=$2
 shift 2
+bn=0
+if [[ ${1:-} == --bn-per-rank ]]; then bn=1; shift; fi
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -17,7 +24,17 @@ bash "$here/mpirun.sh" "$np" 300 "$ht" "${common[@]}" --save "$dir/ddp" \
   --json-log "$dir/ddp.jsonl" > "$dir/ddp.out" 2>&1 || { cat "$dir/ddp.out"; exit 1; }
 status=0
 # A fresh --save directory holds generation 1 of each part and the index (checkpoint.h).
-for f in model.1.safetensors train_state.1.safetensors checkpoint.json; do
+files=(model.1.safetensors train_state.1.safetensors checkpoint.json)
+if [[ $bn == 1 ]]; then
+  bn_stats=running_mean,running_var,num_batches_tracked
+  python3 "$here/tensors_equal.py" --except "$bn_stats" "$dir/accum/model.1.safetensors" \
+    "$dir/ddp/model.1.safetensors" "model parameters" || status=1
+  steps=$(sed -n 's/.*--steps \([0-9]*\).*/\1/p' <<< " $* ")
+  python3 "$here/bn_per_rank.py" "$dir/accum/model.1.safetensors" "$dir/ddp/model.1.safetensors" \
+    "$np" "$steps" || status=1
+  files=(train_state.1.safetensors)  # checkpoint.json holds the model file's crc32
+fi
+for f in "${files[@]}"; do
   if cmp "$dir/accum/$f" "$dir/ddp/$f"; then
     echo "$f: identical ($(stat -c %s "$dir/ddp/$f") bytes)"
   else

@@ -28,6 +28,27 @@ foreach(np 2 4)
                        distributed.ddp_equals_accum_gpt_np${np}_small_buckets
                        PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "DDP -np ${np} equals")
 endforeach()
+# fashion-cnn under DDP: BatchNorm statistics per rank (PyTorch DDP's default), so the
+# parameters, optimizer state and losses equal --grad-accum bit for bit and rank 0's running
+# statistics are its own micro-batches' (ddp_equal.sh --bn-per-rank).
+add_test(NAME distributed.ddp_equals_accum_cnn_np2
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/ddp_equal.sh $<TARGET_FILE:hetrain> 2
+                 --bn-per-rank --preset fashion-cnn --widths 4,8 --batch-size 32 --steps 10)
+set_tests_properties(distributed.ddp_equals_accum_cnn_np2 PROPERTIES TIMEOUT 600
+                     PASS_REGULAR_EXPRESSION "BatchNorm per rank.*DDP -np 2 equals")
+# --resume under mpirun: a run cut off after its step-10 checkpoint, resumed on 2 ranks, ends
+# byte-identical to the uninterrupted 2-rank run and to --grad-accum 2 (ddp_resume.sh).
+set(HT_RESUME_MLP --preset fashion-mlp --hidden 64,32 --batch-size 32 --clip 1)
+set(HT_RESUME_GPT --preset gpt-mini --layers 1 --width 32 --heads 2 --context 16 --batch-size 8
+    --eval-batches 2 --bucket-mb 0.01)
+foreach(model MLP GPT)
+  string(TOLOWER ${model} name)
+  add_test(NAME distributed.ddp_resume_${name}_np2
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/ddp_resume.sh $<TARGET_FILE:hetrain>
+                   2 10 ${HT_RESUME_${model}})
+  set_tests_properties(distributed.ddp_resume_${name}_np2 PROPERTIES TIMEOUT 600
+                       PASS_REGULAR_EXPRESSION "DDP -np 2 resumed at step 10 equals")
+endforeach()
 # A rank that exits, aborts, crashes or hangs: mpirun returns non-zero in time, nothing left.
 foreach(kind exit abort segv hang)
   add_test(NAME distributed.rank_failure_${kind}
