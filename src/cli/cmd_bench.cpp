@@ -5,6 +5,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_input.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/insight/device_profile.h"
 
@@ -23,7 +24,9 @@ int cmd_bench(const Args& args) {
       .flag("comm",
             "instead: collective bandwidth (all-reduce, reduce-scatter, all-gather and the "
             "trainer's fixed-order reduction) over the ranks of mpirun, 1 KiB to 64 MiB "
-            "(--quick: to 4 MiB); --json FILE writes the table")
+            "(--quick: to 4 MiB), stored in the device profile as the timings of this many "
+            "ranks (plan --hardware local --gpus N and simulate --ranks N use them); --json "
+            "FILE also writes the table")
       .epilog(
           "examples:\n  hetrain bench\n  hetrain bench --quick --json profile.json\n"
           "  mpirun -np 2 hetrain bench --comm --json comm.json");
@@ -31,14 +34,14 @@ int cmd_bench(const Args& args) {
   if (!p.positional().empty())
     fail("[bench] unexpected argument '", p.positional()[0], "'; see 'hetrain bench --help'");
 
-  if (p.get_flag("comm")) {
-    if (p.given("json")) insight::check_writable(p.get("json"), "--json file");
-    return bench_comm(p.get_flag("quick"), p.given("json") ? p.get("json") : "");
-  }
   // Every output is checked before any measurement.
   const bool store = !p.get_flag("no-store");
   const std::string cache = store ? insight::device_profile_path() : "";
   if (store) insight::check_writable(cache, "device profile");
+  if (p.get_flag("comm")) {
+    if (p.given("json")) insight::check_writable(p.get("json"), "--json file");
+    return bench_comm(p.get_flag("quick"), p.given("json") ? p.get("json") : "", cache);
+  }
   if (p.given("json")) insight::check_writable(p.get("json"), "--json file");
   int threads = 0;
   try {
@@ -55,6 +58,15 @@ int cmd_bench(const Args& args) {
       std::fprintf(stderr, "warning: %s; it will be replaced\n", why.c_str());
   }
 
+  // The collective timings of an earlier 'bench --comm' stay in the profile.
+  nlohmann::json comm;
+  if (store && std::ifstream(cache)) {
+    try {
+      const nlohmann::json old = read_json_file(cache, "device profile");
+      if (old.is_object() && old.contains("comm")) comm = old["comm"];
+    } catch (const std::exception&) {  // a corrupt profile (warned about above) is replaced
+    }
+  }
   insight::DeviceProfile prof = insight::measure_device({.quick = p.get_flag("quick")});
   std::printf("%s, %s, %.1f GiB memory, %s\n", prof.name.c_str(), prof.isa.c_str(),
               prof.mem_bytes / (1024.0 * 1024.0 * 1024.0), prof.date.c_str());
@@ -74,7 +86,9 @@ int cmd_bench(const Args& args) {
                 prof.gemm_bf16_impl.empty() ? "converted to f32" : prof.gemm_bf16_impl.c_str());
   const auto j = prof.to_json();
   if (store) {
-    insight::write_json_atomic(cache, j);
+    nlohmann::json stored = j;
+    if (!comm.is_null()) stored["comm"] = comm;
+    insight::write_json_atomic(cache, stored);
     std::printf("device profile: %s\n", cache.c_str());
   }
   if (p.given("json")) {

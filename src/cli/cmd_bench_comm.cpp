@@ -2,12 +2,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "cli/commands.h"
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_input.h"
 #include "hetrain/distributed/grad_reducer.h"
 #include "hetrain/distributed/mpi.h"
 #include "hetrain/graph/ops.h"
@@ -32,9 +35,43 @@ double time_collective(Communicator& c, int iters, F&& fn) {
   return s;
 }
 
+/// The device profile at `path` with `table` as its "comm" table for table's world size (an
+/// older one for that size replaced). A missing or unreadable profile becomes one holding
+/// only the table (hetrain bench adds the rest and keeps the table).
+void store_comm_table(const std::string& path, const nlohmann::json& table) {
+  nlohmann::json prof = nlohmann::json{{"version", 1}};
+  if (std::ifstream(path)) {
+    try {
+      prof = read_json_file(path, "device profile");
+      if (!prof.is_object()) fail("not a JSON object");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "warning: device profile %s: %s; it will hold only the timings\n",
+                   path.c_str(), e.what());
+      prof = nlohmann::json{{"version", 1}};
+    }
+  }
+  nlohmann::json comm = nlohmann::json::array();
+  if (prof.contains("comm") && prof["comm"].is_array())
+    for (const auto& t : prof["comm"])
+      if (!t.is_object() || t.value("world_size", 0) != table["world_size"].get<int>())
+        comm.push_back(t);
+  comm.push_back(table);
+  prof["comm"] = comm;
+  insight::write_json_atomic(path, prof);
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
 }  // namespace
 
-int bench_comm(bool quick, const std::string& json_path) {
+int bench_comm(bool quick, const std::string& json_path, const std::string& profile_path) {
   std::unique_ptr<Communicator> c = distributed::make_world_communicator({.timeout_s = 120});
   const int n = c->size();
   const bool leader = c->rank() == 0;
@@ -94,10 +131,15 @@ int bench_comm(bool quick, const std::string& json_path) {
                       {"busbw_gbps", algbw * op.bus_factor}});
     }
   }
+  const nlohmann::json table = {
+      {"world_size", n}, {"backend", c->backend()}, {"date", utc_now()}, {"rows", rows}};
   if (leader && !json_path.empty()) {
-    insight::write_json_atomic(json_path,
-                               {{"world_size", n}, {"backend", c->backend()}, {"comm", rows}});
+    insight::write_json_atomic(json_path, table);
     std::printf("collective bandwidth: %s\n", json_path.c_str());
+  }
+  if (leader && !profile_path.empty()) {
+    store_comm_table(profile_path, table);
+    std::printf("device profile: %s (collective timings of %d rank(s))\n", profile_path.c_str(), n);
   }
   return 0;
 }

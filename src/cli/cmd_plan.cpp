@@ -517,6 +517,12 @@ int cmd_plan(const Args& args) {
   if (fixed_plan) {
     const Hardware& hw = cat.get(hw_ids[0]);
     int gpus = static_cast<int>(positive_int(p, "gpus", kMaxDevices));
+    // This machine's data-parallel ranks are charged the collectives bench --comm measured.
+    const int dp = gpus / std::max(1, s.tp * s.pp);
+    if (hw.measured && dp > 1 && !find_comm_table(hw.comm_tables, dp))
+      fail("[plan] 'local' with ", dp, " data-parallel ranks needs collective timings for ", dp,
+           " ranks in its device profile (it has them for: ", comm_table_sizes(hw.comm_tables),
+           "); run 'mpirun -np ", dp, " hetrain bench --comm'");
     Plan plan = evaluate(job, hw, gpus, s);
     // Sizes, rates and counts are bounded where they are read; a duration or cost that still
     // overflows (a catalog entry without scale-out bandwidth asked to span nodes) is refused

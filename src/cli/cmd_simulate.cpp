@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -14,6 +15,10 @@
 #include "hetrain/base/error.h"
 #include "hetrain/base/file_output.h"
 #include "hetrain/base/thread_pool.h"
+#include "hetrain/distributed/communicator.h"
+#include "hetrain/distributed/grad_reducer.h"
+#include "hetrain/distributed/sharded_optimizer.h"
+#include "hetrain/insight/device_profile.h"
 #include "hetrain/planning/catalog.h"
 #include "hetrain/runtime/perf_model.h"
 #include "hetrain/runtime/scheduler.h"
@@ -22,10 +27,10 @@
 namespace hetrain::cli {
 
 namespace {
-const char* const kModelFlags[] = {"batch-size", "optimizer",     "seed",     "threads",
-                                   "hidden",     "widths",        "blocks",   "layers",
-                                   "heads",      "width",         "context",  "dropout",
-                                   "clip",       "memory-budget", "recompute"};
+const char* const kModelFlags[] = {"batch-size", "optimizer",     "seed",      "threads",
+                                   "hidden",     "widths",        "blocks",    "layers",
+                                   "heads",      "width",         "context",   "dropout",
+                                   "clip",       "memory-budget", "recompute", "bucket-mb"};
 
 /// Sim devices modelled as catalog hardware: its f32 rate at its GEMM efficiency, its memory
 /// bandwidth and its PCIe link.
@@ -65,6 +70,62 @@ void apply_local_profile(std::vector<runtime::DeviceModel>& devs) {
       d.gflops *= f;
       d.gbps *= b;
     }
+}
+
+/// The gradient reduction of a data-parallel step on `ranks` of this machine's CPU ranks: the
+/// trainer's buckets for this model (GradReducer's own layout) and the collective timings
+/// 'mpirun -np RANKS hetrain bench --comm' stored in the device profile.
+struct DdpPrediction {
+  planning::DdpCommTime comm;
+  std::vector<double> bucket_bytes;
+  std::string backend, date;
+};
+DdpPrediction predict_ddp_comm(const training::TrainConfig& cfg, int ranks,
+                               const training::ModelFactory& make_model) {
+  std::string warning;
+  planning::Catalog cat = planning::Catalog::load_default(&warning);
+  const std::string how =
+      "run 'hetrain bench' and 'mpirun -np " + std::to_string(ranks) + " hetrain bench --comm'";
+  if (!cat.contains("local"))
+    fail("[simulate] --ranks ", ranks, " needs this machine's device profile (",
+         insight::device_profile_path(), ") with collective timings: ", how,
+         warning.empty() ? "" : "; " + warning);
+  const planning::Hardware& h = cat.get("local");
+  const planning::CommTable* t = planning::find_comm_table(h.comm_tables, ranks);
+  if (!t)
+    fail("[simulate] --ranks ", ranks, ": the device profile ", insight::device_profile_path(),
+         " has collective timings for ", planning::comm_table_sizes(h.comm_tables),
+         " rank(s), not ", ranks, "; ", how);
+  std::shared_ptr<nn::Module> model = make_model ? make_model(cfg) : training::build_model(cfg);
+  std::vector<Tensor*> params = model->parameters();
+  std::unique_ptr<distributed::Communicator> one = distributed::make_local_communicator();
+  distributed::GradReducer layout(params, *one,
+                                  distributed::ShardedOptimizer::bucket_options(0, cfg.bucket_mb));
+  DdpPrediction r;
+  r.backend = t->backend;
+  r.date = t->date;
+  for (const auto& bucket : layout.buckets()) {
+    double bytes = 0;
+    for (size_t i : bucket) bytes += 4.0 * static_cast<double>(params[i]->numel());
+    r.bucket_bytes.push_back(bytes);
+  }
+  r.comm = planning::ddp_comm_time(*t, r.bucket_bytes);
+  return r;
+}
+
+nlohmann::json ddp_json(const DdpPrediction& d, int ranks, double rank_step_s) {
+  return {{"ranks", ranks},
+          {"rank_step_time_s", rank_step_s},
+          {"comm_s", d.comm.total_s},
+          {"exposed_comm_s", d.comm.total_s},
+          {"last_bucket_s", d.comm.last_s},
+          {"bucket_bytes", d.bucket_bytes},
+          {"collective", planning::kDdpReduceOp},
+          {"timings",
+           {{"profile", insight::device_profile_path()},
+            {"world_size", ranks},
+            {"backend", d.backend},
+            {"date", d.date}}}};
 }
 
 void write_trace(const std::string& path, const runtime::SimulationLog& log,
@@ -119,6 +180,12 @@ int cmd_simulate(const Args& args) {
               "cpu")
       .option("placement", "POLICY", "pinned (all on the first device), density or heft", "heft")
       .option("hardware", "ID", "model the sim devices as this catalog entry (data/hardware.json)")
+      .option("ranks", "N",
+              "data-parallel CPU ranks (mpirun -np N hetrain train): the step of one rank's "
+              "share of --batch-size plus the gradient buckets' reduction, timed by 'mpirun -np "
+              "N hetrain bench --comm' (stored in the device profile)",
+              "1")
+      .option("bucket-mb", "MIB", "gradient bucket size under --ranks (see 'hetrain train --help')")
       .option("steps", "N",
               "steps to simulate; the last one is reported (the first creates "
               "optimizer state)",
@@ -155,6 +222,7 @@ int cmd_simulate(const Args& args) {
           "  hetrain simulate --devices cpu,sim:0,sim:1 --hardware a100-80gb-sxm "
           "--trace step.json\n"
           "  hetrain simulate --devices cpu,sim:0@4 --placement density --explain-placement\n"
+          "  hetrain simulate --preset gpt-mini --threads 1 --ranks 2\n"
           "  hetrain simulate --onnx model.onnx --devices cpu,sim:0 --json");
   if (!p.parse(args)) return 0;
   if (!p.positional().empty())
@@ -165,6 +233,16 @@ int cmd_simulate(const Args& args) {
   if (p.given("onnx")) make_model = onnx_model_factory(cfg, p.get("onnx"), false);
   const long long steps = p.get_int("steps");
   if (steps < 1 || steps > 100) fail("[simulate] --steps must be in 1..100, got ", steps);
+  const long long ranks = p.get_int("ranks");
+  if (ranks < 1 || ranks > 4096) fail("[simulate] --ranks must be in 1..4096, got ", ranks);
+  if (cfg.batch_size % ranks != 0)
+    fail("[simulate] --batch-size ", cfg.batch_size, " must divide by --ranks ", ranks,
+         " (each rank takes its share of the global batch)");
+  std::optional<DdpPrediction> ddp;
+  if (ranks > 1) {
+    ddp = predict_ddp_comm(cfg, static_cast<int>(ranks), make_model);
+    cfg.batch_size /= ranks;  // what one rank computes
+  }
   const double threshold = p.get_double("explain-threshold");
   if (p.given("trace")) {
     try {
@@ -205,7 +283,8 @@ int cmd_simulate(const Args& args) {
         make_model);
   }
   runtime::configure({});
-  const double step_s = end.clock - before_last.clock;
+  const double sim_s = end.clock - before_last.clock;  // one rank's step under --ranks
+  const double step_s = sim_s + (ddp ? ddp->comm.total_s : 0);
   std::map<std::string, int64_t> sources;
   for (size_t i = before_last.tasks; i < log.tasks.size(); ++i)
     if (!log.tasks[i].copy) ++sources[log.tasks[i].source];
@@ -226,7 +305,7 @@ int cmd_simulate(const Args& args) {
            {"perf_class", runtime::device_class(devs[d])}}},
          {"workers", devs[d].workers},
          {"busy_s", busy},
-         {"utilisation", step_s > 0 ? busy / (step_s * std::max(1, devs[d].workers)) : 0}});
+         {"utilisation", sim_s > 0 ? busy / (sim_s * std::max(1, devs[d].workers)) : 0}});
   }
   nlohmann::json explain = nlohmann::json::array();
   if (log.explain)
@@ -258,12 +337,24 @@ int cmd_simulate(const Args& args) {
         {"duration_sources", sources}, {"perf_models", runtime::perf_model_path()}};
     if (log.explain) j["explain"] = explain;
     if (p.given("trace")) j["trace"] = p.get("trace");
+    if (ddp) j["data_parallel"] = ddp_json(*ddp, static_cast<int>(ranks), sim_s);
     std::cout << j.dump(2) << "\n";
     return 0;
   }
   std::printf("simulated %s on %s, placement %s: step time %.4f s (host %.4f s), %lld nodes\n",
               cfg.preset.c_str(), p.get("devices").c_str(), runtime::placement_name(policy), step_s,
               host, static_cast<long long>(nodes));
+  if (ddp)
+    std::printf(
+        "  %lld ranks: %.4f s one rank's step (batch %lld) + %.4f s reducing %d gradient "
+        "bucket(s) of %.3f MB (%s, measured %s; on CPU ranks none of it overlaps)\n",
+        ranks, sim_s, static_cast<long long>(cfg.batch_size), ddp->comm.total_s, ddp->comm.buckets,
+        [&] {
+          double b = 0;
+          for (double x : ddp->bucket_bytes) b += x;
+          return b * 1e-6;
+        }(),
+        ddp->backend.c_str(), ddp->date.c_str());
   for (const auto& d : jdev)
     std::printf("  %-8s busy %.4f s  utilisation %5.1f%%\n", d["device"].get<std::string>().c_str(),
                 d["busy_s"].get<double>(), 100 * d["utilisation"].get<double>());

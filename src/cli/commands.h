@@ -16,8 +16,10 @@ struct Command {
 
 int cmd_version(const Args& args);
 int cmd_topo(const Args& args);
-/// `hetrain bench --comm`: collective bandwidth over the ranks of an mpirun (or one process).
-int bench_comm(bool quick, const std::string& json_path);
+/// `hetrain bench --comm`: collective bandwidth over the ranks of an mpirun (or one process);
+/// rank 0 writes the table to json_path (if not empty) and stores it in the device profile at
+/// profile_path (if not empty) as its "comm" table for this world size.
+int bench_comm(bool quick, const std::string& json_path, const std::string& profile_path);
 int cmd_train(const Args& args);
 int cmd_plan(const Args& args);
 int cmd_bench(const Args& args);

@@ -366,6 +366,7 @@ bool Catalog::load_device_profile(const std::string& path, std::string* warning)
     h.cache_bytes = j.value("cache_bytes", 0.0);
     if (h.cache_bw_gbs < 0 || h.cache_bytes < 0)
       fail("cache_bw_gbs and cache_bytes must not be negative");
+    h.comm_tables = comm_tables_from_json(j, "device profile");
     h.reserved_gb = 0;
     h.measured = true;
     std::string date = j.value("date", std::string("unknown"));

@@ -659,7 +659,17 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
     double grads = wb * P, weights = wb * P;
     double tail = allreduce_time(std::min(25e6, grads), p.dp, bw, al);  // last bucket
     double bwd_mb = c.bwd + c.recompute;
-    if (st.zero <= 1) {
+    if (hw.measured) {
+      // This machine's CPU ranks: the collectives measured on p.dp ranks, each bucket of f32
+      // gradients reduced as the trainer does (ZeRO 1 and 2 move the same bytes); they run on
+      // the cores backward uses, so none of it is hidden (comm_table.h). No table: no figure
+      // ('hetrain plan' checks for one before evaluating).
+      const CommTable* t = find_comm_table(hw.comm_tables, p.dp);
+      const double inf = std::numeric_limits<double>::infinity();
+      const DdpCommTime dc =
+          t ? ddp_comm_time(*t, uniform_buckets(grads / wb * 4, 1, 25)) : DdpCommTime{inf, inf, 0};
+      T.dp_comm = T.dp_exposed = dc.total_s;
+    } else if (st.zero <= 1) {
       double ar = allreduce_time(grads, p.dp, bw, al);
       T.dp_comm = ar;
       T.dp_exposed = std::max(ar - bwd_mb, 0.0) + std::min(ar, tail);

@@ -70,6 +70,12 @@ add_test(NAME distributed.bench_comm_np2
          COMMAND ${HT_MPIRUN} 2 120 $<TARGET_FILE:hetrain> bench --comm --quick)
 set_tests_properties(distributed.bench_comm_np2 PROPERTIES TIMEOUT 180 PASS_REGULAR_EXPRESSION
   "over 2 rank\\(s\\) \\(mpi\\).*all_reduce +1024 .*ddp_fixed_order +4194304 +[0-9.]+ +[0-9.]+ +[0-9.]+")
+# bench --comm's table stored in the device profile (kept by hetrain bench), and simulate
+# --ranks / plan --hardware local --gpus read it: known timings give the formula's result.
+add_test(NAME distributed.comm_profile
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/comm_profile.sh $<TARGET_FILE:hetrain>)
+set_tests_properties(distributed.comm_profile PROPERTIES TIMEOUT 400 PASS_REGULAR_EXPRESSION
+                     "DDP step predicted from the device profile's collective timings")
 # ZeRO stages 1 and 2 equal stage 0 bit for bit (model, optimizer state, losses), and each
 # rank's model-state bytes equal the formulas (tests/distributed/zero_equal.sh).
 foreach(np 2 4)

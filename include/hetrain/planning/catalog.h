@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "hetrain/planning/comm_table.h"
+
 namespace hetrain::planning {
 
 enum class Precision { bf16, fp16, fp32 };
@@ -110,6 +112,9 @@ struct Hardware {
   // A transformer layer's elementwise ops, forward and backward, as (bytes of the passes
   // transformer_elementwise_passes counts, GB/s).
   std::vector<std::pair<double, double>> layer_curve;
+  // Measured devices only: collective timings per world size (`mpirun -np N hetrain bench
+  // --comm`); the data-parallel communication of a plan on `local` comes from them.
+  std::vector<CommTable> comm_tables;
   bool measured = false;  // from this machine's device profile
   std::map<std::string, Source> sources;
 
