@@ -42,11 +42,12 @@ TEST(CommTable, SecondsInterpolateBetweenSizesAndExtendTheLastLine) {
   EXPECT_DOUBLE_EQ(t.seconds(kDdpReduceOp, 10), 1e-3);  // below the smallest: its time
   EXPECT_DOUBLE_EQ(t.seconds(kDdpReduceOp, 1024), 1e-3);
   EXPECT_DOUBLE_EQ(t.seconds(kDdpReduceOp, 1048576), 3e-3);
-  EXPECT_DOUBLE_EQ(t.seconds(kDdpReduceOp, 2621440), 6e-3);  // halfway from 1 to 4 MiB
+  EXPECT_DOUBLE_EQ(t.seconds(kDdpReduceOp, 2621440), 6e-3);   // halfway from 1 to 4 MiB
   EXPECT_DOUBLE_EQ(t.seconds(kDdpReduceOp, 8388608), 17e-3);  // 9 ms + 4 MiB at 6 ms / 3 MiB
   EXPECT_DOUBLE_EQ(t.seconds("all_reduce", 1e6), 2e-3);       // one row: that time
-  EXPECT_NE(error_of([&] { t.seconds("all_gather", 1); })
-                .find("no 'all_gather' rows (run 'mpirun -np 2 hetrain bench --comm' again)"),
+  EXPECT_NE(error_of([&] {
+              t.seconds("all_gather", 1);
+            }).find("no 'all_gather' rows (run 'mpirun -np 2 hetrain bench --comm' again)"),
             std::string::npos);
 }
 
@@ -59,9 +60,10 @@ TEST(CommTable, BadTablesAreRefusedNamingTheField) {
             std::string::npos);
   EXPECT_NE(err(R"({"comm": [{"world_size": 2, "rows": []}]})").find("'rows' must be a non-empty"),
             std::string::npos);
-  EXPECT_NE(err(R"({"comm": [{"world_size": 2, "rows": [{"op": "x", "bytes": 8, "seconds": -1}]}]})")
-                .find("comm[0] rows[0]: field 'seconds' must be in (0, 1e15), got -1"),
-            std::string::npos);
+  EXPECT_NE(
+      err(R"({"comm": [{"world_size": 2, "rows": [{"op": "x", "bytes": 8, "seconds": -1}]}]})")
+          .find("comm[0] rows[0]: field 'seconds' must be in (0, 1e15), got -1"),
+      std::string::npos);
   EXPECT_NE(err(R"({"comm": [{"world_size": 2, "rows": [{"op": "x", "bytes": 8, "seconds": 1},
                                                       {"op": "x", "bytes": 8, "seconds": 2}]}]})")
                 .find("op 'x' has two rows for 8 bytes"),
