@@ -138,7 +138,8 @@ int cmd_train(const Args& args) {
               "under mpirun: MiB of gradients per reduction bucket (the first: 1 MiB)", "25")
       .option("zero", "S",
               "ZeRO stage: 0 replicates the optimizer state, 1 shards it over the ranks, 2 "
-              "also shards the reduced gradients (every stage gives the same bits)",
+              "also shards the reduced gradients, 3 also the parameters (gathered bucket by "
+              "bucket where they are read; every stage gives the same bits)",
               "0")
       .option("comm-timeout", "S",
               "under mpirun: abort the job when a collective takes longer than S seconds, "

@@ -111,6 +111,7 @@ void GradReducer::add_grad(size_t k, bool first) {
 }
 
 void GradReducer::overlap_next_backward(bool first) {
+  if (!opt_.overlap) return;  // accumulate() takes the gradients after backward
   std::lock_guard lock(mu_);
   HT_ASSERT(!watching_);
   watch_first_ = first;

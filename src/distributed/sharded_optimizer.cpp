@@ -9,6 +9,7 @@
 #include "distributed/host_buffers.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
+#include "hetrain/distributed/param_gatherer.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/runtime/eval.h"
 
@@ -28,19 +29,35 @@ Tensor view_leaf(const Array& flat, int64_t off, const Shape& shape, bool requir
   return t;
 }
 
+/// A parameter leaf without data (stage 3): the gatherer gives it data while it is read.
+Tensor sharded_leaf(const Shape& shape) {
+  Array a;
+  a.shape = shape;
+  a.dtype = Dtype::f32;
+  a.tag = MemoryTag::parameters;
+  a.strides = contiguous_strides(shape);
+  Tensor t = make_leaf(std::move(a));
+  t.node()->sharded = true;
+  t.requires_grad_(true);
+  return t;
+}
+
 std::string shard_name(size_t b) { return "zero_bucket_" + std::to_string(b); }
 
 }  // namespace
 
 BucketOptions ShardedOptimizer::bucket_options(int stage, double bucket_mb,
                                                double first_bucket_mb) {
-  if (stage < 0 || stage > 2) fail("[zero] stage must be 0, 1 or 2, got ", stage);
+  if (stage < 0 || stage > 3) fail("[zero] stage must be 0, 1, 2 or 3, got ", stage);
   BucketOptions o;
   o.bucket_mb = bucket_mb;
   o.first_bucket_mb = first_bucket_mb;
   o.gather = stage == 0;
   o.keep_buffers = stage < 2;
   o.install_grads = false;
+  // Stage 3's gathers are the only collectives during backward, so that every rank issues
+  // them in the same order; the gradients are reduced after it.
+  o.overlap = stage < 3;
   // Shards hold whole norm chunks, so a rank's chunks are the same as stage 0's.
   o.shard_multiple = stage == 0 ? 1 : kNormChunk;
   return o;
@@ -54,12 +71,15 @@ ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reduc
       reducer_(reducer),
       comm_(comm),
       stage_(stage) {
-  if (stage < 0 || stage > 2) fail("[zero] stage must be 0, 1 or 2, got ", stage);
+  if (stage < 0 || stage > 3) fail("[zero] stage must be 0, 1, 2 or 3, got ", stage);
   const size_t nb = reducer.buckets().size();
-  // The parameters move into the flat buffers and become views of them.
+  // The parameters move into the flat buffers and become views of them (stage 3: the flat
+  // buffers hold this rank's shard, and the parameters become leaves the gatherer fills).
   flat_.resize(nb);
   for (size_t b = 0; b < nb; ++b)
-    flat_[b] = host_f32(reducer.bucket_shard(b) * comm.size(), MemoryTag::parameters);
+    flat_[b] =
+        host_f32(reducer.bucket_shard(b) * (stage == 3 ? 1 : comm.size()), MemoryTag::parameters);
+  std::vector<ParamGatherer::Bucket> gathered(stage == 3 ? nb : 0);
   for (size_t k = 0; k < model_params_.size(); ++k) {
     Tensor& p = *model_params_[k].second;
     if (p.dtype() != Dtype::f32)
@@ -67,15 +87,28 @@ ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reduc
            "; the sharded optimizer needs f32 parameters");
     const HostValues v = host_values(p);
     const size_t b = reducer.bucket_of(k);
-    const int64_t off = reducer.offset_of(k);
-    std::memcpy(flat_[b].data<float>() + off, v.data, static_cast<size_t>(p.numel()) * 4);
-    p = view_leaf(flat_[b], off, p.shape(), true);
+    const int64_t off = reducer.offset_of(k), base = flat_base(b);
+    // The parameter's elements that fall in the flat buffer.
+    const int64_t lo = std::max(off, base), hi = std::min(off + p.numel(), base + flat_[b].numel());
+    if (lo < hi)
+      std::memcpy(flat_[b].data<float>() + (lo - base), v.data + (lo - off),
+                  static_cast<size_t>(hi - lo) * 4);
+    if (stage == 3) {
+      p = sharded_leaf(p.shape());
+      gathered[b].leaves.emplace_back(p.node(), off);
+    } else {
+      p = view_leaf(flat_[b], off, p.shape(), true);
+    }
   }
   shard_.resize(nb);
   optim::NamedParams shard_params;
   for (size_t b = 0; b < nb; ++b) {
-    shard_[b] = view_leaf(flat_[b], own_begin(b), {own_count(b)}, true);
+    shard_[b] = view_leaf(flat_[b], own_begin(b) - flat_base(b), {own_count(b)}, true);
     shard_params.emplace_back(shard_name(b), &shard_[b]);
+  }
+  if (stage == 3) {
+    for (size_t b = 0; b < nb; ++b) gathered[b].shard = flat_[b];
+    gatherer_ = std::make_unique<ParamGatherer>(comm, std::move(gathered));
   }
   inner_ = make(shard_params);
   params_ = shard_params;
@@ -91,6 +124,26 @@ ShardedOptimizer::~ShardedOptimizer() = default;
 
 int64_t ShardedOptimizer::own_begin(size_t b) const {
   return stage_ == 0 ? 0 : comm_.rank() * reducer_.bucket_shard(b);
+}
+
+int64_t ShardedOptimizer::flat_base(size_t b) const {
+  return stage_ == 3 ? comm_.rank() * reducer_.bucket_shard(b) : 0;
+}
+
+void ShardedOptimizer::unshard_parameters() {
+  if (!gatherer_) return;
+  gatherer_.reset();
+  for (size_t b = 0; b < flat_.size(); ++b) {
+    Array full = host_f32(reducer_.bucket_shard(b) * comm_.size(), MemoryTag::parameters);
+    CollectiveContext ctx = comm_.context();
+    ctx.what = "all_gather of parameter bucket " + std::to_string(b) + " (unsharding)";
+    comm_.set_context(ctx);
+    comm_.all_gather(flat_[b].raw(), full.raw(), own_count(b), Dtype::f32);
+    for (size_t k : reducer_.buckets()[b]) {
+      Tensor& p = *model_params_[k].second;
+      p = view_leaf(full, reducer_.offset_of(k), p.shape(), true);
+    }
+  }
 }
 
 int64_t ShardedOptimizer::own_count(size_t b) const {
@@ -211,7 +264,8 @@ void ShardedOptimizer::step() {
   CollectiveContext ctx = comm_.context();
   for (size_t b = 0; b < shard_.size(); ++b) {
     values[b] = host_values(shard_[b]);
-    if (stage_ == 0) {
+    if (stage_ == 0 || stage_ == 3) {  // the flat buffer holds (at least) the shard
+      if (stage_ == 3 && !gatherer_) fail("[zero] an update after the parameters were unsharded");
       std::memcpy(flat_[b].raw(), values[b].data, static_cast<size_t>(own_count(b)) * 4);
       continue;
     }
@@ -221,7 +275,7 @@ void ShardedOptimizer::step() {
   }
   for (size_t b = 0; b < shard_.size(); ++b) {
     if (works[b]) works[b]->wait();
-    shard_[b] = view_leaf(flat_[b], own_begin(b), {own_count(b)}, true);
+    shard_[b] = view_leaf(flat_[b], own_begin(b) - flat_base(b), {own_count(b)}, true);
   }
   ++steps_;
 }
@@ -270,8 +324,8 @@ std::vector<training::checkpoint::Piece> ShardedOptimizer::checkpoint_pieces() c
       const int64_t off = reducer_.offset_of(k);
       const int64_t begin = std::max(off, lo), end = std::min(off + p->numel(), hi);
       if (begin >= end) continue;
-      out.push_back(
-          {"model", pname, begin - off, from_blob(params + begin, {end - begin}, Dtype::f32)});
+      out.push_back({"model", pname, begin - off,
+                     from_blob(params + (begin - flat_base(b)), {end - begin}, Dtype::f32)});
       for (const auto& [slot, v] : slots)
         out.push_back({"train_state", slot + "." + pname, begin - off,
                        from_blob(v.data + (begin - own_begin(b)), {end - begin}, Dtype::f32)});

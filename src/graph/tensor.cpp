@@ -54,6 +54,9 @@ bool Tensor::evaluated() const { return defined() && node_->evaluated(); }
 
 const Array& Tensor::array() const {
   eval();
+  if (node_->sharded && !node_->outs[index_].has_data())
+    fail("[zero] a sharded parameter ", shape_str(shape()),
+         " has no data outside the evals that gather it (--zero 3)");
   return node_->outs[index_];
 }
 

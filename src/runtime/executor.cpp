@@ -1,6 +1,7 @@
 // The executor: eval() collects the nodes its targets need, runs the fusion pass, and runs the
 // nodes as tasks, in dependency order, on the thread pool (independent nodes in parallel) and,
 // in placed runs, on the sim and CUDA devices' workers with copies between memory nodes.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -49,6 +50,7 @@ constexpr size_t kMaxObservers = 4;
 using Observers = std::array<NodeObserver*, kMaxObservers>;
 std::array<std::atomic<NodeObserver*>, kMaxObservers> g_observers{};
 std::mutex g_observers_mu;  // add/remove; node runs read the slots without it
+std::atomic<EvalHook*> g_eval_hook{nullptr};
 
 // Nesting depth of node runs on this thread: an eval() inside a kernel runs inline.
 thread_local int g_in_node = 0;
@@ -103,7 +105,13 @@ void run_node(Node* n, bool release_graph, Device dev = Device::cpu(), double sl
   in.reserve(n->inputs.size());
   std::vector<Array> held;  // placed: the input copies, by value (replica lists may grow)
   if (!placed) {
-    for (const auto& t : n->inputs) in.push_back(&t.node()->outs[t.index()]);
+    for (const auto& t : n->inputs) {
+      const Node* p = t.node();
+      if (p->sharded && !p->outs[0].has_data())
+        fail("[", n->prim->name(), "] reads a sharded parameter ", shape_str(t.shape()),
+             " that no gather gave data (an eval inside a kernel, or no ZeRO-3 hook installed)");
+      in.push_back(&p->outs[t.index()]);
+    }
   } else {
     held = runtime::input_copies(*n, dev);
     for (const Array& a : held) in.push_back(&a);
@@ -258,13 +266,14 @@ class TaskRun {
   /// device: the configured device of each node (placed runs), else null.
   TaskRun(const std::vector<Node*>& order, runtime::TaskDeps& deps, std::vector<int>& ready,
           const std::vector<int>* device, bool release_graph,
-          const std::vector<std::string>& perf_class)
+          const std::vector<std::string>& perf_class, EvalRun* hook)
       : order_(order),
         deps_(deps),
         ready_(ready),
         device_(device),
         release_graph_(release_graph),
         perf_class_(perf_class),
+        hook_(hook),
         devs_(runtime::config().devices),
         remaining_(deps.total) {
     for (const auto& m : devs_) slowdown_.push_back(m.slowdown);
@@ -302,6 +311,7 @@ class TaskRun {
   const std::vector<int>* device_;
   const bool release_graph_;
   const std::vector<std::string>& perf_class_;
+  EvalRun* hook_;  // the eval hook's run (ZeRO-3 gathers), or null
   const std::vector<runtime::DeviceModel>& devs_;
   std::vector<double> slowdown_;  // per configured device
   std::mutex mu_;
@@ -329,8 +339,10 @@ void TaskRun::finish(int i, Runner who) {
 
 void TaskRun::run(int i, Runner who) {
   try {
+    const auto ui = static_cast<size_t>(i);
+    if (hook_ && ui < nodes()) hook_->before_node(ui);
     if (!placed()) {
-      run_node(order_[static_cast<size_t>(i)], release_graph_, Device::cpu(), 1, false,
+      run_node(order_[ui], release_graph_, Device::cpu(), 1, false,
                perf_class_.empty() ? nullptr : &perf_class_[0]);
     } else if (static_cast<size_t>(i) < nodes()) {
       const size_t d = static_cast<size_t>(device_of(i));
@@ -340,6 +352,7 @@ void TaskRun::run(int i, Runner who) {
       const runtime::CopyTaskExec& c = deps_.copies[static_cast<size_t>(i) - nodes()];
       runtime::run_copy(c.producer, c.index, devs_[static_cast<size_t>(c.device)].device);
     }
+    if (hook_ && ui < nodes()) hook_->after_node(ui);
   } catch (...) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!error_) error_ = std::current_exception();
@@ -395,6 +408,9 @@ void TaskRun::run_all() {
         on_devices_ += static_cast<int>(to_devices.size());
       }
       if (!error_ && !ready_.empty()) {
+        // Under an eval hook (ZeRO-3 gathers) the ready nodes run in plan order, earliest
+        // first: a node ready early (a parameter's transpose) must not pull every gather ahead.
+        if (hook_) std::sort(ready_.begin(), ready_.end(), std::greater<int>());
         mine = ready_.back();
         ready_.pop_back();
         // Independent ready nodes go to idle workers (inter-op parallelism).
@@ -436,6 +452,13 @@ void remove_node_observer(NodeObserver* obs) {
     if (slot.load() == obs) slot.store(nullptr, std::memory_order_release);
 }
 
+void set_eval_hook(EvalHook* hook) {
+  EvalHook* expected = nullptr;
+  if (hook && !g_eval_hook.compare_exchange_strong(expected, hook))
+    fail("[eval] an eval hook is already installed");
+  if (!hook) g_eval_hook.store(nullptr);
+}
+
 ExecutorStats executor_stats() { return {g_nodes_run.load(), g_evals.load()}; }
 
 void eval(const std::vector<Tensor>& targets, bool release_graph) {
@@ -466,9 +489,14 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
   std::vector<std::string> perf_class;
   if (runtime::perf_recording())
     for (const auto& m : runtime::config().devices) perf_class.push_back(runtime::device_class(m));
+  // The hook's run ends (waiting for what it started) before the scratch goes back.
+  EvalHook* hook = g_in_node == 0 ? g_eval_hook.load() : nullptr;
+  const std::unique_ptr<EvalRun> hook_run = hook ? hook->begin(order) : nullptr;
   if (n == 1 && !placed) {
+    if (hook_run) hook_run->before_node(0);
     run_node(order[0], release_graph, Device::cpu(), 1, false,
              perf_class.empty() ? nullptr : &perf_class[0]);
+    if (hook_run) hook_run->after_node(0);
     return;
   }
   // Tasks: nodes [0, n), indexed by a unique mark value, then copy tasks.
@@ -477,7 +505,8 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
   std::vector<int> device;  // placed: configured device index per node
   if (placed) runtime::plan_devices(order, base, device);
   runtime::build_tasks(order, base, placed ? &device : nullptr, sc.deps);
-  TaskRun(order, sc.deps, sc.ready, placed ? &device : nullptr, release_graph, perf_class)
+  TaskRun(order, sc.deps, sc.ready, placed ? &device : nullptr, release_graph, perf_class,
+          hook_run.get())
       .run_all();
 }
 

@@ -186,8 +186,8 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
   else if (key == "bucket-mb")
     c.bucket_mb = d();
   else if (key == "zero") {
-    if (v != "0" && v != "1" && v != "2")
-      fail("[train] ", origin, ": zero must be 0, 1 or 2 (the ZeRO stage), got '", v, "'");
+    if (v != "0" && v != "1" && v != "2" && v != "3")
+      fail("[train] ", origin, ": zero must be 0, 1, 2 or 3 (the ZeRO stage), got '", v, "'");
     c.zero = v[0] - '0';
   } else if (key == "comm-timeout")
     c.comm_timeout = d();
@@ -337,7 +337,7 @@ void validate(const TrainConfig& c) {
   if (c.batch_size % c.grad_accum != 0)
     fail("[train] batch-size ", c.batch_size, " is not divisible by grad-accum ", c.grad_accum,
          " (micro-batches must be equal)");
-  if (c.zero < 0 || c.zero > 2) fail("[train] zero must be 0, 1 or 2, got ", c.zero);
+  if (c.zero < 0 || c.zero > 3) fail("[train] zero must be 0, 1, 2 or 3, got ", c.zero);
   if (!(c.bucket_mb > 0) || !std::isfinite(c.bucket_mb))
     fail("[train] bucket-mb must be a positive number of MiB, got ", c.bucket_mb);
   if (!(c.comm_timeout >= 0) || !std::isfinite(c.comm_timeout))

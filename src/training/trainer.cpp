@@ -694,11 +694,6 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   r.world_size = world;
   r.comm_s = comm_s;
   r.exposed_comm_s = exposed_s;
-  if (world > 1) {
-    r.ranks_identical = parameters_identical(*model, comm);
-    if (!r.ranks_identical && leader)
-      std::fprintf(stderr, "warning: the ranks' parameters differ at the end of training\n");
-  }
   r.precision = cfg.precision;
   r.grad_scaler = scaler.has_value();
   r.loss_scale = scaler ? scaler->get_scale() : 0.0;
@@ -711,6 +706,13 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   r.peak_rss_growth_bytes = rss_grown.value_or(-1);
   const nlohmann::json ranks_memory =
       rank_memory(comm, stats, sharded ? &sharded->model_state_bytes() : nullptr);
+  // Stage 3: the whole parameters once more, for what reads them now (after the memory figures).
+  if (sharded) sharded->unshard_parameters();
+  if (world > 1) {
+    r.ranks_identical = parameters_identical(*model, comm);
+    if (!r.ranks_identical && leader)
+      std::fprintf(stderr, "warning: the ranks' parameters differ at the end of training\n");
+  }
 
   // Only rank 0 reports the test numbers; the others skip the evaluation.
   auto [tl, acc] = cfg.final_eval && leader

@@ -76,7 +76,7 @@ add_test(NAME distributed.comm_profile
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/comm_profile.sh $<TARGET_FILE:hetrain>)
 set_tests_properties(distributed.comm_profile PROPERTIES TIMEOUT 400 PASS_REGULAR_EXPRESSION
                      "DDP step predicted from the device profile's collective timings")
-# ZeRO stages 1 and 2 equal stage 0 bit for bit (model, optimizer state, losses), and each
+# ZeRO stages 1, 2 and 3 equal stage 0 bit for bit (model, optimizer state, losses), and each
 # rank's model-state bytes equal the formulas (tests/distributed/zero_equal.sh).
 foreach(np 2 4)
   add_test(NAME distributed.zero_equal_mlp_np${np}
@@ -86,13 +86,13 @@ foreach(np 2 4)
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/zero_equal.sh $<TARGET_FILE:hetrain>
                    ${np} ${HT_DDP_GPT} --clip 0.5 --bucket-mb 0.01)
   set_tests_properties(distributed.zero_equal_mlp_np${np} distributed.zero_equal_gpt_np${np}
-                       PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "ZeRO -np ${np}: stages 1 and 2 equal")
+                       PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "ZeRO -np ${np}: stages 1, 2 and 3 equal")
 endforeach()
 # ZeRO's bad input: a stage out of range.
-add_test(NAME distributed.zero_bad_stage COMMAND $<TARGET_FILE:hetrain> train --zero 3)
+add_test(NAME distributed.zero_bad_stage COMMAND $<TARGET_FILE:hetrain> train --zero 4)
 set_tests_properties(distributed.zero_bad_stage PROPERTIES
-                     PASS_REGULAR_EXPRESSION "zero must be 0, 1 or 2 \\(the ZeRO stage\\), got '3'")
-# fp16 with dynamic loss scaling under stages 1 and 2: every rank checks its own gradient shard
+                     PASS_REGULAR_EXPRESSION "zero must be 0, 1, 2 or 3 \\(the ZeRO stage\\), got '4'")
+# fp16 with dynamic loss scaling under stages 1, 2 and 3: every rank checks its own gradient shard
 # for inf/NaN and the answers are all-reduced, so all ranks skip the same steps; an initial
 # scale of 1e9 overflows the first steps (skipped, the scale backs off) and the rest train.
 foreach(np 2 4)
@@ -100,9 +100,9 @@ foreach(np 2 4)
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/zero_equal.sh $<TARGET_FILE:hetrain>
                    ${np} ${HT_DDP_MLP} --precision fp16 --loss-scale 1e9)
   set_tests_properties(distributed.zero_equal_fp16_np${np} PROPERTIES TIMEOUT 600
-                       PASS_REGULAR_EXPRESSION "ZeRO -np ${np}: stages 1 and 2 equal.*skipped steps: [1-9]")
+                       PASS_REGULAR_EXPRESSION "ZeRO -np ${np}: stages 1, 2 and 3 equal.*skipped steps: [1-9]")
 endforeach()
-# The planner's per-device model states against the allocator's, gpt-mini, stages 0-2.
+# The planner's per-device model states against the allocator's, gpt-mini, stages 0-3.
 foreach(np 2 4)
   add_test(NAME distributed.zero_plan_np${np}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/zero_plan.sh $<TARGET_FILE:hetrain> ${np})
@@ -110,7 +110,7 @@ foreach(np 2 4)
                        PASS_REGULAR_EXPRESSION "ZeRO -np ${np}: model states within 3% of the plan")
 endforeach()
 # Resharding checkpoints (tests/distributed/zero_reshard.sh): saved at step 10 on 4 ranks under
-# --zero 1 and 2 (a shard per rank), consolidated equal to zero 0's plain files, loaded on 2
+# --zero 1, 2 and 3 (a shard per rank), consolidated equal to zero 0's plain files, loaded on 2
 # ranks and on 1 process bitwise, resumed on 1 process to the 4-rank run's end.
 add_test(NAME distributed.zero_reshard_mlp
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/zero_reshard.sh $<TARGET_FILE:hetrain>

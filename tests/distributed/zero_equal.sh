@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# ZeRO stages 1 and 2 against stage 0: `mpirun -np NP hetrain train --zero S ARGS` must write
+# ZeRO stages 1, 2 and 3 against stage 0: `mpirun -np NP hetrain train --zero S ARGS` must write
 # sharded checkpoints that, consolidated (`hetrain checkpoint consolidate`), are model and
 # training-state files byte-identical to --zero 0's, log the same losses, and every rank's model-state bytes, read from the allocator
 # when the optimizer updates, must equal the formulas with P = parameters + stated padding:
-#   stage 0: 4P + 4P + 8P,  stage 1: 4P + 4P + 8P/N,  stage 2: 4P + 4P/N + 8P/N
+#   stage 0: 4P + 4P + 8P,  stage 1: 4P + 4P + 8P/N,  stage 2: 4P + 4P/N + 8P/N,
+#   stage 3: 4P/N + 4P/N + 8P/N (at the update no parameter bucket is gathered: the working
+#   set, one or two whole buckets during forward and backward, is in the peak, not here)
 # (with fp16's grad scaler the gradients gain the unscaled copy of what the rank updates: 4P
-# under stage 0, 4P/N under stages 1-2).
+# under stage 0, 4P/N under stages 1-3). Stage 3 must also have gathered parameter buckets:
+# its peak of parameter bytes exceeds 4P/N.
 # Usage: zero_equal.sh HETRAIN NP ARGS...
 set -euo pipefail
 ht=$1 np=$2
@@ -24,19 +27,24 @@ run() {  # run NAME ARGS...
 run z0 --zero 0
 run z1 --zero 1
 run z2 --zero 2 --save-every 10
+run z3 --zero 3 --save-every 10
 # The stage-2 checkpoint of step 10 (one shard per rank, gathered on loading) resumed under
-# stage 1: the shards are cut again from it, and the run ends where stage 0 does.
-run resumed --zero 1 --resume "$dir/z2/step-10"
-for name in z1 z2 resumed; do
+# stage 3 and stage 3's under stage 1: the shards are cut again, and the runs end where stage
+# 0 does.
+run resumed --zero 3 --resume "$dir/z2/step-10"
+run resumed3 --zero 1 --resume "$dir/z3/step-10"
+for name in z1 z2 z3 resumed resumed3; do
   "$ht" checkpoint consolidate "$dir/$name" -o "$dir/$name.c" > /dev/null || exit 1
 done
 status=0
 for f in model.1.safetensors train_state.1.safetensors; do
-  cmp "$dir/z0/$f" "$dir/resumed.c/$f" && echo "resumed at step 10 (zero 2 -> 1): $f identical" \
-    || { echo "FAIL: $f differs after resuming zero 2's step-10 checkpoint under zero 1"; status=1; }
+  cmp "$dir/z0/$f" "$dir/resumed.c/$f" && echo "resumed at step 10 (zero 2 -> 3): $f identical" \
+    || { echo "FAIL: $f differs after resuming zero 2's step-10 checkpoint under zero 3"; status=1; }
+  cmp "$dir/z0/$f" "$dir/resumed3.c/$f" && echo "resumed at step 10 (zero 3 -> 1): $f identical" \
+    || { echo "FAIL: $f differs after resuming zero 3's step-10 checkpoint under zero 1"; status=1; }
 done
 losses() { grep -o '"loss":[^,]*' "$1"; }
-for z in 1 2; do
+for z in 1 2 3; do
   for f in model.1.safetensors train_state.1.safetensors checkpoint.json; do
     if cmp "$dir/z0/$f" "$dir/z$z.c/$f"; then
       echo "zero $z: $f (consolidated) identical to zero 0 ($(stat -c %s "$dir/z$z.c/$f") bytes)"
@@ -65,13 +73,16 @@ for k, v in head.items():
             c *= s
         psi += c
 ok = True
-for z in (0, 1, 2):
+for z in (0, 1, 2, 3):
     fin = [json.loads(l) for l in open(f"{d}/z{z}.jsonl") if '"final"' in l][0]
     p = psi + fin["zero_padding_elements"]
     want = {0: (4 * p, 4 * p, 8 * p), 1: (4 * p, 4 * p, 8 * p // n),
-            2: (4 * p, 4 * p // n, 8 * p // n)}[z]
+            2: (4 * p, 4 * p // n, 8 * p // n), 3: (4 * p // n, 4 * p // n, 8 * p // n)}[z]
     if "loss_scale" in fin:  # the grad scaler's unscaled copy of the gradients this rank updates
         want = (want[0], want[1] + (4 * p if z == 0 else 4 * p // n), want[2])
+    if z == 3 and fin["peak_memory_bytes"]["parameters"] <= 4 * p // n:
+        print(f"FAIL: zero 3 never gathered a parameter bucket (peak {fin['peak_memory_bytes']})")
+        ok = False
     if len(fin["rank_memory"]) != n:
         print(f"FAIL: zero {z}: rank_memory has {len(fin['rank_memory'])} ranks, not {n}")
         ok = False
@@ -84,6 +95,6 @@ for z in (0, 1, 2):
         ok = ok and got == want
 sys.exit(0 if ok else 1)
 EOF
-skipped=$(grep '"final"' "$dir/z2.jsonl" | grep -o '"skipped_steps":[0-9]*' | cut -d: -f2)
-[[ $status == 0 ]] && echo "ZeRO -np $np: stages 1 and 2 equal stage 0 (skipped steps: $skipped)"
+skipped=$(grep '"final"' "$dir/z3.jsonl" | grep -o '"skipped_steps":[0-9]*' | cut -d: -f2)
+[[ $status == 0 ]] && echo "ZeRO -np $np: stages 1, 2 and 3 equal stage 0 (skipped steps: $skipped)"
 exit $status

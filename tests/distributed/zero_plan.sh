@@ -14,7 +14,7 @@ export XDG_CACHE_HOME=$dir/cache
 # Hardware 'local' is this machine's device profile (the memory figures do not depend on it).
 "$ht" bench --quick --threads 1 > "$dir/bench.out" 2>&1 || { cat "$dir/bench.out"; exit 1; }
 status=0
-for z in 0 1 2; do
+for z in 0 1 2 3; do
   bash "$here/mpirun.sh" "$np" 200 "$ht" train --preset gpt-mini --steps 2 --batch-size 8 \
     --eval-batches 1 --threads 1 --no-progress --no-record --zero "$z" \
     --json-log "$dir/z$z.jsonl" > "$dir/z$z.out" 2>&1 || { cat "$dir/z$z.out"; exit 1; }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Resharding checkpoints: a sharded checkpoint saved at step 10 on 4 ranks under --zero S
-# (each rank writes its shard) must
+# (S = 1, 2, 3; each rank writes its shard) must
 #   - consolidate into files byte-identical to the plain checkpoint --zero 0 writes at step 10;
-#   - load on 2 ranks under the other stage with other bucket sizes, and on 1 process (tensors
+#   - load on 2 ranks under the next stage (1 -> 2 -> 3 -> 1) with other bucket sizes, and on 1 process (tensors
 #     bitwise equal once saved again and consolidated);
 #   - resume on 1 process with --grad-accum 4 (the same global data order and RNG) and end
 #     byte-identical to the uninterrupted 4-rank run.
@@ -32,8 +32,9 @@ consolidate() {
   "$ht" checkpoint consolidate "$1" -o "$2" > /dev/null || fail "consolidate $1"
 }
 run 4 z0 --zero 0 --save-every 10
-for s in 1 2; do
-  other=$((3 - s))
+# Each stage's checkpoint loads under the next stage (1 -> 2 -> 3 -> 1): to and from stage 3.
+for s in 1 2 3; do
+  other=$((s % 3 + 1))
   run 4 "z$s" --zero "$s" --save-every 10
   info=$("$ht" checkpoint info "$dir/z$s/step-10")
   grep -q "sharded: 4 shard(s) written by 4 rank(s) under ZeRO stage $s" <<< "$info" \

@@ -47,6 +47,8 @@ struct BucketOptions {
                                // allocated for the step, the reduced shard copied out, freed)
   bool install_grads = true;   // reduce() sets the parameters' .grad (copies)
   int64_t shard_multiple = 1;  // shards are padded to a multiple of this many elements
+  bool overlap = true;         // overlap_next_backward() starts buckets during backward
+                               // (false: ZeRO 3, whose gathers are backward's collectives)
 };
 
 /// Time spent on the reductions of one step.

@@ -1,4 +1,4 @@
-// ZeRO stages 0-2 over the GradReducer's flat bucket layout: one mechanism, the stage a policy.
+// ZeRO stages 0-3 over the GradReducer's flat bucket layout: one mechanism, the stage a policy.
 //
 //   GradReducer reducer(model.parameters(), comm, ShardedOptimizer::bucket_options(stage, 25));
 //   ShardedOptimizer opt(model.named_parameters(), reducer, comm, stage, make_adamw, &loaded);
@@ -15,8 +15,13 @@
 //   stage 1  rank r owns elements [r * shard, (r + 1) * shard) and keeps their optimizer state;
 //            the full gradient buffer stays (it accumulates the micro-batches);
 //   stage 2  as 1, and the full gradient buffer exists only during the step: a rank keeps
-//            only its shard of the reduced gradients.
-// After the update the owned shards are all-gathered into the flat parameters. Every
+//            only its shard of the reduced gradients;
+//   stage 3  as 2, and the flat buffers hold only this rank's shard: the model's parameters
+//            are leaves without data that the ParamGatherer (distributed/param_gatherer.h)
+//            all-gathers, bucket by bucket, just before the nodes that read them, and frees
+//            after (forward and backward alike); the gradients are reduced after backward.
+// After the update the owned shards are all-gathered into the flat parameters (not at stage
+// 3: the next eval gathers what it reads). Every
 // optimizer update is elementwise, so each element sees the same operations in every stage;
 // the global norm for clipping is the sum of fixed chunks of kNormChunk elements (shards are
 // padded to a multiple of it), each chunk's squares summed in f64 in element order and the
@@ -44,6 +49,8 @@ inline constexpr int64_t kNormChunk = 1024;
 /// The optimizer that updates the shard parameters (AdamW, SGD: any elementwise update).
 using OptimizerFactory =
     std::function<std::unique_ptr<optim::Optimizer>(optim::NamedParams params)>;
+
+class ParamGatherer;
 
 class ShardedOptimizer final : public optim::Optimizer {
  public:
@@ -82,12 +89,20 @@ class ShardedOptimizer final : public optim::Optimizer {
   const std::array<int64_t, kNumMemoryTags>& model_state_bytes() const { return at_update_; }
   /// Elements of padding in the flat buffers (all buckets, shard * N - numel).
   int64_t padding() const;
+  /// Stage 3: gathers every bucket once more and makes the parameters ordinary views of the
+  /// whole buckets again (for what reads them after training: evaluation, export); no update
+  /// may follow. A no-op at other stages.
+  void unshard_parameters();
+  /// Stage 3: the gatherer (null at other stages or once unsharded).
+  const ParamGatherer* gatherer() const { return gatherer_.get(); }
 
  private:
   void attach_grads();
   // The element range of bucket b this rank updates.
   int64_t own_begin(size_t b) const;
   int64_t own_count(size_t b) const;
+  // The element of bucket b where flat_[b] starts (stage 3: this rank's shard; else 0).
+  int64_t flat_base(size_t b) const;
 
   optim::NamedParams model_params_;
   GradReducer& reducer_;
@@ -97,6 +112,7 @@ class ShardedOptimizer final : public optim::Optimizer {
   std::vector<Tensor> shard_;  // per bucket: the view this rank updates
   std::unique_ptr<optim::Optimizer> inner_;
   std::array<int64_t, kNumMemoryTags> at_update_{};
+  std::unique_ptr<ParamGatherer> gatherer_;  // stage 3
 };
 
 }  // namespace hetrain::distributed

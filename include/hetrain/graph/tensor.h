@@ -103,7 +103,10 @@ struct Node : std::enable_shared_from_this<Node> {
   Tensor grad;                      // leaves only
   uint64_t mark = 0;                // traversal scratch
   std::vector<Replica> replicas;    // copies of outputs on other memory nodes (runtime)
-  bool evaluated() const { return !outs.empty() && outs[0].has_data(); }
+  // A leaf whose data exists only while gathered (ZeRO stage 3's parameters): it counts as
+  // evaluated, and an EvalHook gives it data before the nodes that read it run.
+  bool sharded = false;
+  bool evaluated() const { return !outs.empty() && (outs[0].has_data() || sharded); }
 };
 
 /// Pins the nodes built on this thread inside the scope to a device: the scheduler runs them

@@ -3,6 +3,7 @@
 // after its last use.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "hetrain/graph/tensor.h"
@@ -29,5 +30,26 @@ class NodeObserver {
 /// buckets, tests); remove it before it dies. Throws when 4 are installed.
 void add_node_observer(NodeObserver* obs);
 void remove_node_observer(NodeObserver* obs);
+
+/// Work that must follow the plan, not the execution: ZeRO stage 3 gathers each sharded
+/// parameter (Node::sharded) before the nodes that read it, issuing its collectives in plan
+/// order on every rank (distributed/param_gatherer.h). begin() sees each top-level eval's
+/// nodes in plan order (after fusion; the same order on every process for the same graph) and
+/// returns the eval's run, or null when it has nothing to do there.
+class EvalRun {
+ public:
+  /// Ends the run: waits for what it started (also after an error).
+  virtual ~EvalRun() = default;
+  /// Before order[i] runs and after it ran, on the thread that runs it.
+  virtual void before_node(size_t i) = 0;
+  virtual void after_node(size_t i) = 0;
+};
+class EvalHook {
+ public:
+  virtual ~EvalHook() = default;
+  virtual std::unique_ptr<EvalRun> begin(const std::vector<Node*>& order) = 0;
+};
+/// Installs the hook (not owned; one at a time; null removes it). Throws when another is set.
+void set_eval_hook(EvalHook* hook);
 
 }  // namespace hetrain
