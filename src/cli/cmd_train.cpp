@@ -33,7 +33,7 @@ const char* const kSettingFlags[] = {
     "momentum", "clip",    "schedule", "warmup",     "log-every", "eval-batches", "hidden",
     "widths",   "blocks",  "layers",   "heads",      "width",     "context",      "dropout",
     "precision", "grad-scaler", "loss-scale", "loss-scale-growth-interval", "loss-scale-floor",
-    "grad-accum", "bucket-mb", "comm-timeout", "zero",
+    "grad-accum", "bucket-mb", "comm-timeout", "zero", "param-persistence-threshold",
     "divergence-factor", "divergence-steps", "memory-budget", "recompute"};
 // clang-format on
 // The run as a record of the planner's measured-runs file (docs/PLANNING.md): the model as
@@ -140,6 +140,11 @@ int cmd_train(const Args& args) {
               "ZeRO stage: 0 replicates the optimizer state, 1 shards it over the ranks, 2 "
               "also shards the reduced gradients, 3 also the parameters (gathered bucket by "
               "bucket where they are read; every stage gives the same bits)",
+              "0")
+      .option("param-persistence-threshold", "N",
+              "under --zero 3: parameters of at most N elements stay whole on every rank (in "
+              "buckets of their own, all-gathered after the update) instead of being gathered "
+              "where they are read",
               "0")
       .option("comm-timeout", "S",
               "under mpirun: abort the job when a collective takes longer than S seconds, "

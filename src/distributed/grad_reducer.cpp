@@ -2,6 +2,7 @@
 #include "hetrain/distributed/grad_reducer.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "distributed/host_buffers.h"
@@ -34,17 +35,23 @@ GradReducer::GradReducer(std::vector<Tensor*> params, Communicator& comm, Bucket
   slot_of_.assign(params_.size(), 0);
   had_grad_.assign(params_.size(), false);
   taken_.assign(params_.size(), false);
-  // Reverse parameter order: backward produces the last layers' gradients first.
+  // Reverse parameter order: backward produces the last layers' gradients first. Persistent
+  // parameters (persist_numel) fill buckets of their own, in the same order.
+  size_t open[2] = {SIZE_MAX, SIZE_MAX};  // the bucket being filled: ordinary, persistent
   for (size_t k = params_.size(); k-- > 0;) {
     const Tensor& p = *params_[k];
     if (p.dtype() != Dtype::f32)
       fail("[ddp] parameter ", k, " is ", dtype_name(p.dtype()), "; data parallel needs f32");
     const int64_t n = p.numel();
-    if (buckets_.empty() ||
-        (buckets_.back().numel > 0 && buckets_.back().numel + n > cap_of(buckets_.size() - 1)))
+    const bool persist = opt.persist_numel > 0 && n <= opt.persist_numel;
+    size_t& cur = open[persist ? 1 : 0];
+    if (cur == SIZE_MAX || (buckets_[cur].numel > 0 && buckets_[cur].numel + n > cap_of(cur))) {
+      cur = buckets_.size();
       buckets_.emplace_back();
-    Bucket& b = buckets_.back();
-    bucket_of_[k] = buckets_.size() - 1;
+      buckets_.back().persistent = persist;
+    }
+    Bucket& b = buckets_[cur];
+    bucket_of_[k] = cur;
     slot_of_[k] = b.params.size();
     b.params.push_back(k);
     b.offsets.push_back(b.numel);

@@ -46,8 +46,8 @@ std::string shard_name(size_t b) { return "zero_bucket_" + std::to_string(b); }
 
 }  // namespace
 
-BucketOptions ShardedOptimizer::bucket_options(int stage, double bucket_mb,
-                                               double first_bucket_mb) {
+BucketOptions ShardedOptimizer::bucket_options(int stage, double bucket_mb, double first_bucket_mb,
+                                               int64_t persist_numel) {
   if (stage < 0 || stage > 3) fail("[zero] stage must be 0, 1, 2 or 3, got ", stage);
   BucketOptions o;
   o.bucket_mb = bucket_mb;
@@ -58,6 +58,9 @@ BucketOptions ShardedOptimizer::bucket_options(int stage, double bucket_mb,
   // Stage 3's gathers are the only collectives during backward, so that every rank issues
   // them in the same order; the gradients are reduced after it.
   o.overlap = stage < 3;
+  if (persist_numel < 0)
+    fail("[zero] param-persistence-threshold must be >= 0, got ", persist_numel);
+  o.persist_numel = stage == 3 ? persist_numel : 0;
   // Shards hold whole norm chunks, so a rank's chunks are the same as stage 0's.
   o.shard_multiple = stage == 0 ? 1 : kNormChunk;
   return o;
@@ -77,8 +80,8 @@ ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reduc
   // buffers hold this rank's shard, and the parameters become leaves the gatherer fills).
   flat_.resize(nb);
   for (size_t b = 0; b < nb; ++b)
-    flat_[b] =
-        host_f32(reducer.bucket_shard(b) * (stage == 3 ? 1 : comm.size()), MemoryTag::parameters);
+    flat_[b] = host_f32(reducer.bucket_shard(b) * (sharded_bucket(b) ? 1 : comm.size()),
+                        MemoryTag::parameters);
   std::vector<ParamGatherer::Bucket> gathered(stage == 3 ? nb : 0);
   for (size_t k = 0; k < model_params_.size(); ++k) {
     Tensor& p = *model_params_[k].second;
@@ -93,7 +96,7 @@ ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reduc
     if (lo < hi)
       std::memcpy(flat_[b].data<float>() + (lo - base), v.data + (lo - off),
                   static_cast<size_t>(hi - lo) * 4);
-    if (stage == 3) {
+    if (sharded_bucket(b)) {
       p = sharded_leaf(p.shape());
       gathered[b].leaves.emplace_back(p.node(), off);
     } else {
@@ -107,6 +110,7 @@ ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reduc
     shard_params.emplace_back(shard_name(b), &shard_[b]);
   }
   if (stage == 3) {
+    // A persistent bucket's entry has no leaves: nothing reads it.
     for (size_t b = 0; b < nb; ++b) gathered[b].shard = flat_[b];
     gatherer_ = std::make_unique<ParamGatherer>(comm, std::move(gathered));
   }
@@ -126,14 +130,26 @@ int64_t ShardedOptimizer::own_begin(size_t b) const {
   return stage_ == 0 ? 0 : comm_.rank() * reducer_.bucket_shard(b);
 }
 
+bool ShardedOptimizer::sharded_bucket(size_t b) const {
+  return stage_ == 3 && !reducer_.bucket_persistent(b);
+}
+
 int64_t ShardedOptimizer::flat_base(size_t b) const {
-  return stage_ == 3 ? comm_.rank() * reducer_.bucket_shard(b) : 0;
+  return sharded_bucket(b) ? comm_.rank() * reducer_.bucket_shard(b) : 0;
+}
+
+int64_t ShardedOptimizer::persistent_elements() const {
+  int64_t n = 0;
+  for (size_t b = 0; b < flat_.size(); ++b)
+    if (stage_ == 3 && !sharded_bucket(b)) n += reducer_.bucket_shard(b) * comm_.size();
+  return n;
 }
 
 void ShardedOptimizer::unshard_parameters() {
   if (!gatherer_) return;
   gatherer_.reset();
   for (size_t b = 0; b < flat_.size(); ++b) {
+    if (!sharded_bucket(b)) continue;  // already whole
     Array full = host_f32(reducer_.bucket_shard(b) * comm_.size(), MemoryTag::parameters);
     CollectiveContext ctx = comm_.context();
     ctx.what = "all_gather of parameter bucket " + std::to_string(b) + " (unsharding)";
@@ -264,7 +280,7 @@ void ShardedOptimizer::step() {
   CollectiveContext ctx = comm_.context();
   for (size_t b = 0; b < shard_.size(); ++b) {
     values[b] = host_values(shard_[b]);
-    if (stage_ == 0 || stage_ == 3) {  // the flat buffer holds (at least) the shard
+    if (stage_ == 0 || sharded_bucket(b)) {  // the flat buffer is what this rank updates
       if (stage_ == 3 && !gatherer_) fail("[zero] an update after the parameters were unsharded");
       std::memcpy(flat_[b].raw(), values[b].data, static_cast<size_t>(own_count(b)) * 4);
       continue;

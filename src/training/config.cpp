@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <sstream>
+#include <tuple>
 
 #include "hetrain/base/byte_size.h"
 #include "hetrain/base/error.h"
@@ -113,9 +114,7 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
   if (key == "preset") {
     // A preset resets everything else to its defaults; flags given later override it.
     TrainConfig p = preset_config(v);
-    p.save_dir = c.save_dir;
-    p.resume_dir = c.resume_dir;
-    p.json_log = c.json_log;
+    std::tie(p.save_dir, p.resume_dir, p.json_log) = std::tie(c.save_dir, c.resume_dir, c.json_log);
     c = p;
   } else if (key == "model") {
     if (v != "mlp" && v != "cnn" && v != "gpt")
@@ -185,6 +184,8 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     c.grad_accum = i();
   else if (key == "bucket-mb")
     c.bucket_mb = d();
+  else if (key == "param-persistence-threshold")
+    c.param_persistence_threshold = i();
   else if (key == "zero") {
     if (v != "0" && v != "1" && v != "2" && v != "3")
       fail("[train] ", origin, ": zero must be 0, 1, 2 or 3 (the ZeRO stage), got '", v, "'");
@@ -338,6 +339,14 @@ void validate(const TrainConfig& c) {
     fail("[train] batch-size ", c.batch_size, " is not divisible by grad-accum ", c.grad_accum,
          " (micro-batches must be equal)");
   if (c.zero < 0 || c.zero > 3) fail("[train] zero must be 0, 1, 2 or 3, got ", c.zero);
+  if (c.param_persistence_threshold < 0)
+    fail("[train] param-persistence-threshold must be >= 0 elements, got ",
+         c.param_persistence_threshold);
+  if (c.param_persistence_threshold > 0 && c.zero != 3)
+    fail(
+        "[train] param-persistence-threshold keeps small parameters whole under --zero 3; "
+        "this run has --zero ",
+        c.zero);
   if (!(c.bucket_mb > 0) || !std::isfinite(c.bucket_mb))
     fail("[train] bucket-mb must be a positive number of MiB, got ", c.bucket_mb);
   if (!(c.comm_timeout >= 0) || !std::isfinite(c.comm_timeout))

@@ -523,7 +523,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   if (micro_batches > 1 || cfg.zero > 0)
     reducer.emplace(
         model->parameters(), comm,
-        distributed::ShardedOptimizer::bucket_options(static_cast<int>(cfg.zero), cfg.bucket_mb));
+        distributed::ShardedOptimizer::bucket_options(static_cast<int>(cfg.zero), cfg.bucket_mb, 1,
+                                                      cfg.param_persistence_threshold));
   optim::LrSchedule sched{.kind = cfg.schedule,
                           .base_lr = cfg.lr,
                           .warmup_steps = cfg.warmup,
@@ -751,6 +752,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
     if (sharded) {
       fin["zero"] = sharded->stage();
       fin["zero_padding_elements"] = sharded->padding();
+      fin["zero_persistent_elements"] = sharded->persistent_elements();
     }
     if (r.peak_rss_growth_bytes >= 0) fin["peak_rss_growth_bytes"] = r.peak_rss_growth_bytes;
     // GPU memory: the peak of each CUDA device's allocator over the run (all tags).

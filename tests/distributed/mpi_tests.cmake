@@ -92,6 +92,11 @@ endforeach()
 add_test(NAME distributed.zero_bad_stage COMMAND $<TARGET_FILE:hetrain> train --zero 4)
 set_tests_properties(distributed.zero_bad_stage PROPERTIES
                      PASS_REGULAR_EXPRESSION "zero must be 0, 1, 2 or 3 \\(the ZeRO stage\\), got '4'")
+# --param-persistence-threshold only means something under stage 3.
+add_test(NAME distributed.zero_persistence_needs_stage3
+         COMMAND $<TARGET_FILE:hetrain> train --zero 2 --param-persistence-threshold 64)
+set_tests_properties(distributed.zero_persistence_needs_stage3 PROPERTIES PASS_REGULAR_EXPRESSION
+                     "param-persistence-threshold keeps small parameters whole under --zero 3; this run has --zero 2")
 # fp16 with dynamic loss scaling under stages 1, 2 and 3: every rank checks its own gradient shard
 # for inf/NaN and the answers are all-reduced, so all ranks skip the same steps; an initial
 # scale of 1e9 overflows the first steps (skipped, the scale backs off) and the rest train.

@@ -8,7 +8,9 @@
 #   set, one or two whole buckets during forward and backward, is in the peak, not here)
 # (with fp16's grad scaler the gradients gain the unscaled copy of what the rank updates: 4P
 # under stage 0, 4P/N under stages 1-3). Stage 3 must also have gathered parameter buckets:
-# its peak of parameter bytes exceeds 4P/N.
+# its peak of parameter bytes exceeds 4P/N. "3p" is stage 3 with --param-persistence-threshold
+# 64: the small parameters' buckets (W elements with their padding, the log's
+# zero_persistent_elements) stay whole, so its parameters are 4((P - W)/N + W).
 # Usage: zero_equal.sh HETRAIN NP ARGS...
 set -euo pipefail
 ht=$1 np=$2
@@ -28,12 +30,14 @@ run z0 --zero 0
 run z1 --zero 1
 run z2 --zero 2 --save-every 10
 run z3 --zero 3 --save-every 10
+# Stage 3 with parameters of at most 64 elements (biases, norms) kept whole in their own buckets.
+run z3p --zero 3 --param-persistence-threshold 64
 # The stage-2 checkpoint of step 10 (one shard per rank, gathered on loading) resumed under
 # stage 3 and stage 3's under stage 1: the shards are cut again, and the runs end where stage
 # 0 does.
 run resumed --zero 3 --resume "$dir/z2/step-10"
 run resumed3 --zero 1 --resume "$dir/z3/step-10"
-for name in z1 z2 z3 resumed resumed3; do
+for name in z1 z2 z3 z3p resumed resumed3; do
   "$ht" checkpoint consolidate "$dir/$name" -o "$dir/$name.c" > /dev/null || exit 1
 done
 status=0
@@ -44,7 +48,7 @@ for f in model.1.safetensors train_state.1.safetensors; do
     || { echo "FAIL: $f differs after resuming zero 3's step-10 checkpoint under zero 1"; status=1; }
 done
 losses() { grep -o '"loss":[^,]*' "$1"; }
-for z in 1 2 3; do
+for z in 1 2 3 3p; do
   for f in model.1.safetensors train_state.1.safetensors checkpoint.json; do
     if cmp "$dir/z0/$f" "$dir/z$z.c/$f"; then
       echo "zero $z: $f (consolidated) identical to zero 0 ($(stat -c %s "$dir/z$z.c/$f") bytes)"
@@ -73,14 +77,19 @@ for k, v in head.items():
             c *= s
         psi += c
 ok = True
-for z in (0, 1, 2, 3):
+for z in (0, 1, 2, 3, "3p"):
     fin = [json.loads(l) for l in open(f"{d}/z{z}.jsonl") if '"final"' in l][0]
     p = psi + fin["zero_padding_elements"]
+    pp = fin.get("zero_persistent_elements", 0)  # kept whole on every rank (3p)
     want = {0: (4 * p, 4 * p, 8 * p), 1: (4 * p, 4 * p, 8 * p // n),
-            2: (4 * p, 4 * p // n, 8 * p // n), 3: (4 * p // n, 4 * p // n, 8 * p // n)}[z]
+            2: (4 * p, 4 * p // n, 8 * p // n), 3: (4 * p // n, 4 * p // n, 8 * p // n),
+            "3p": (4 * ((p - pp) // n + pp), 4 * p // n, 8 * p // n)}[z]
+    if z == "3p" and pp == 0:
+        print("FAIL: --param-persistence-threshold 64 kept no parameter whole")
+        ok = False
     if "loss_scale" in fin:  # the grad scaler's unscaled copy of the gradients this rank updates
         want = (want[0], want[1] + (4 * p if z == 0 else 4 * p // n), want[2])
-    if z == 3 and fin["peak_memory_bytes"]["parameters"] <= 4 * p // n:
+    if z in (3, "3p") and fin["peak_memory_bytes"]["parameters"] <= want[0]:
         print(f"FAIL: zero 3 never gathered a parameter bucket (peak {fin['peak_memory_bytes']})")
         ok = False
     if len(fin["rank_memory"]) != n:
@@ -90,7 +99,7 @@ for z in (0, 1, 2, 3):
         a = r["at_update_bytes"]
         got = (a["parameters"], a["gradients"], a["optimizer_state"])
         line = (f"zero {z} rank {r['rank']}: params/grads/optimizer {got} bytes, formula {want} "
-                f"(psi {psi}, padding {fin['zero_padding_elements']})")
+                f"(psi {psi}, padding {fin['zero_padding_elements']}, whole {pp})")
         print(("" if got == want else "FAIL: ") + line)
         ok = ok and got == want
 sys.exit(0 if ok else 1)

@@ -47,8 +47,11 @@ struct BucketOptions {
                                // allocated for the step, the reduced shard copied out, freed)
   bool install_grads = true;   // reduce() sets the parameters' .grad (copies)
   int64_t shard_multiple = 1;  // shards are padded to a multiple of this many elements
-  bool overlap = true;         // overlap_next_backward() starts buckets during backward
-                               // (false: ZeRO 3, whose gathers are backward's collectives)
+  // Parameters of at most this many elements go into buckets of their own, "persistent" ones
+  // (ZeRO 3 keeps them whole, as DeepSpeed's param_persistence_threshold); 0: none.
+  int64_t persist_numel = 0;
+  bool overlap = true;  // overlap_next_backward() starts buckets during backward
+                        // (false: ZeRO 3, whose gathers are backward's collectives)
 };
 
 /// Time spent on the reductions of one step.
@@ -83,6 +86,7 @@ class GradReducer final : private NodeObserver {
   /// The flat layout: bucket b holds numel elements (its parameters at their offsets) padded
   /// to shard * world; rank r owns elements [r * shard, (r + 1) * shard).
   int64_t bucket_numel(size_t b) const { return buckets_[b].numel; }
+  bool bucket_persistent(size_t b) const { return buckets_[b].persistent; }
   int64_t bucket_shard(size_t b) const { return buckets_[b].shard; }
   size_t bucket_of(size_t param) const { return bucket_of_[param]; }
   int64_t offset_of(size_t param) const {
@@ -101,6 +105,7 @@ class GradReducer final : private NodeObserver {
     std::vector<size_t> params;  // in reverse parameter order
     std::vector<int64_t> offsets;
     int64_t numel = 0, shard = 0;  // shard: ceil(numel / world) elements per rank
+    bool persistent = false;       // its parameters have at most persist_numel elements
     Array acc, recv;               // acc: shard * world elements; recv: the same
     Array shard_grad;              // without keep_buffers: the reduced shard (shard elements)
   };

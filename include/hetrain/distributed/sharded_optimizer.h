@@ -55,7 +55,10 @@ class ParamGatherer;
 class ShardedOptimizer final : public optim::Optimizer {
  public:
   /// The reducer's options for a stage (bucket sizes in MiB as GradReducer's).
-  static BucketOptions bucket_options(int stage, double bucket_mb, double first_bucket_mb = 1);
+  /// persist_numel: stage 3 keeps parameters of at most this many elements whole, in buckets of
+  /// their own with stage 2's layout (0: none).
+  static BucketOptions bucket_options(int stage, double bucket_mb, double first_bucket_mb = 1,
+                                      int64_t persist_numel = 0);
 
   /// params: the model's named parameters, in the order the reducer was given them. loaded:
   /// an optimizer over the same parameters whose state (a checkpoint's) is taken over, or null.
@@ -89,6 +92,8 @@ class ShardedOptimizer final : public optim::Optimizer {
   const std::array<int64_t, kNumMemoryTags>& model_state_bytes() const { return at_update_; }
   /// Elements of padding in the flat buffers (all buckets, shard * N - numel).
   int64_t padding() const;
+  /// Elements of the buckets kept whole under stage 3 (persistent parameters and their padding).
+  int64_t persistent_elements() const;
   /// Stage 3: gathers every bucket once more and makes the parameters ordinary views of the
   /// whole buckets again (for what reads them after training: evaluation, export); no update
   /// may follow. A no-op at other stages.
@@ -103,6 +108,8 @@ class ShardedOptimizer final : public optim::Optimizer {
   int64_t own_count(size_t b) const;
   // The element of bucket b where flat_[b] starts (stage 3: this rank's shard; else 0).
   int64_t flat_base(size_t b) const;
+  // Stage 3 and not a persistent bucket: the flat buffer holds only the shard.
+  bool sharded_bucket(size_t b) const;
 
   optim::NamedParams model_params_;
   GradReducer& reducer_;

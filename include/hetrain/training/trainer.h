@@ -48,6 +48,7 @@ struct TrainConfig {
   // world's ranks, batch_size examples in all (the global batch)
   int64_t grad_accum = 1;
   double bucket_mb = 25;  // gradient bucket size (the first bucket: at most 1 MiB)
+  int64_t param_persistence_threshold = 0;  // zero 3: parameters this small stay whole
   // ZeRO stage of the sharded optimizer (distributed/sharded_optimizer.h): 0 replicates the
   // optimizer state, 1 shards it, 2 also shards the reduced gradients
   int64_t zero = 0;
