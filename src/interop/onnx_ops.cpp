@@ -88,9 +88,14 @@ Tensor onnx_div(const Tensor& a, const Tensor& b) {
 }
 
 Outs op_pow(const Ctx& c) {
+  const Tensor& x = c.in.at(0);
   Tensor e = c.in.at(1);
-  if (e.dtype() != c.in[0].dtype()) e = cast(e, c.in[0].dtype());
-  return {pow(c.in[0], e)};
+  // An integer base: x^e in double, truncated to the base's type (as the reference,
+  // np.power(x, e).astype(x.dtype)); 2^-0.5 is 0, not 2^0, and the output stays an integer.
+  if (!is_floating(x.dtype()))
+    return {cast(pow(cast(x, Dtype::f64), cast(e, Dtype::f64)), x.dtype())};
+  if (e.dtype() != x.dtype()) e = cast(e, x.dtype());
+  return {pow(x, e)};
 }
 
 Outs op_gelu(const Ctx& c) {

@@ -123,6 +123,11 @@ add_test(NAME interop.onnx_node_suite_pypi
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/onnx_node_suite_pypi.sh
                  $<TARGET_FILE:test_interop> ${PROJECT_SOURCE_DIR})
 set_tests_properties(interop.onnx_node_suite_pypi PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
+# Random inputs through Hetrain and onnxruntime for every node-test model Hetrain imports.
+add_test(NAME interop.onnx_node_random
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/onnx_node_random.sh
+                 $<TARGET_FILE:test_interop> ${PROJECT_SOURCE_DIR})
+set_tests_properties(interop.onnx_node_random PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
 # Reliability (docs/RELIABILITY.md): checkpoints, output files, bad input.
 include(${CMAKE_CURRENT_LIST_DIR}/reliability.cmake)
 # Issue 23: the CPU allocator's capacity (--memory-budget) and the memory records of the log.

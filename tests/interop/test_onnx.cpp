@@ -348,6 +348,41 @@ TEST_F(OnnxTest, TensorFilesRoundTrip) {
   EXPECT_NO_THROW(interop::write_npy("/dev/null", a));
 }
 
+// Pow of an integer base is computed in floating point and truncated to the base's type
+// (ONNX's reference: np.power(x, y).astype(x.dtype)); found by the random-input comparison with
+// onnxruntime (the node tests' exponents are whole numbers) and the output-type check.
+TEST_F(OnnxTest, IntegerPowTruncatesToTheBaseType) {
+  onnx::ModelProto m = tiny_model(15, {"Pow"});
+  auto* g = m.mutable_graph();
+  auto* tt = g->mutable_input(0)->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(onnx::TensorProto::INT32);
+  tt->mutable_shape()->mutable_dim(1)->set_dim_value(2);
+  g->mutable_node(0)->set_input(1, "y");
+  interop::write_tensor_pb(path("y.pb"), from_vector<float>({-0.5f, 0.5f, 2.5f, 2.0f}, {2, 2}),
+                           "y");
+  onnx::TensorProto* y = g->add_initializer();
+  std::ifstream yf(path("y.pb"), std::ios::binary);
+  ASSERT_TRUE(y->ParseFromIstream(&yf));
+  g->mutable_output(0)->mutable_type()->mutable_tensor_type()->set_elem_type(
+      onnx::TensorProto::INT32);
+  save(m, path("pow.onnx"));
+  Tensor out = interop::load_onnx(path("pow.onnx"))
+                   .forward({from_vector<int32_t>({2, 3, 4, -2}, {2, 2})})[0];
+  EXPECT_EQ(out.dtype(), Dtype::i32);
+  // 2^-0.5 = 0.71, 3^0.5 = 1.73, 4^2.5 = 32, (-2)^2 = 4; an exponent cast to int first gives
+  // 1, 1, 16, 4.
+  EXPECT_EQ(out.to_vector<int32_t>(), (std::vector<int32_t>{0, 1, 32, 4}));
+  // An integer exponent: the output is the base's integer type too.
+  interop::write_tensor_pb(path("y.pb"), from_vector<int32_t>({0, 1, 3, 2}, {2, 2}), "y");
+  std::ifstream yi(path("y.pb"), std::ios::binary);
+  ASSERT_TRUE(y->ParseFromIstream(&yi));
+  save(m, path("pow_int.onnx"));
+  out = interop::load_onnx(path("pow_int.onnx"))
+            .forward({from_vector<int32_t>({2, 3, 4, -2}, {2, 2})})[0];
+  EXPECT_EQ(out.dtype(), Dtype::i32);
+  EXPECT_EQ(out.to_vector<int32_t>(), (std::vector<int32_t>{1, 3, 64, 4}));
+}
+
 // A subgraph whose intermediate value is read elsewhere (here a graph output) is not fused: it
 // runs as ONNX's elementary ops and agrees with the fused import. A mask that is not the causal
 // one (here j >= i) still fuses, and the fused node computes it as the subgraph does.

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "hetrain/base/error.h"
 #include "hetrain/graph/ops.h"
@@ -106,6 +107,8 @@ std::string excluded_by_model(const onnx::ModelProto& m) {
   return "";
 }
 
+/// Runs every test_data_set_K of a node-test directory; "" when all outputs agree (NumPy's
+/// allclose rule with ONNX's runner tolerances), else the first disagreement.
 std::string run_one(const fs::path& dir) {
   interop::OnnxModel m = interop::load_onnx((dir / "model.onnx").string());
   for (const auto& set : fs::directory_iterator(dir)) {
@@ -122,9 +125,12 @@ std::string run_one(const fs::path& dir) {
       if (outs[k].shape() != want.shape())
         return "output " + std::to_string(k) + " shape " + shape_str(outs[k].shape()) + " vs " +
                shape_str(want.shape());
+      if (outs[k].dtype() != want.dtype())
+        return "output " + std::to_string(k) + " is " + std::string(dtype_name(outs[k].dtype())) +
+               ", not " + std::string(dtype_name(want.dtype()));
       std::vector<double> g = outs[k].to_vector<double>(), w = want.to_vector<double>();
       for (size_t i = 0; i < g.size(); ++i) {
-        if (std::isnan(g[i]) && std::isnan(w[i])) continue;
+        if (g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i]))) continue;  // infinities too
         if (!(std::fabs(g[i] - w[i]) <= 1e-7 + 1e-3 * std::fabs(w[i])))
           return "output " + std::to_string(k) + "[" + std::to_string(i) + "] " +
                  std::to_string(g[i]) + " vs " + std::to_string(w[i]);
@@ -187,6 +193,121 @@ TEST(OnnxNodeSuite, ListedOpsPassAtLeast95Percent) {
   // onnx 1.12 (Debian) has 264 such tests, onnx 1.17 (PyPI) 290.
   EXPECT_GE(run, 250) << "fewer node tests found than onnx has for these ops";
   EXPECT_GE(passed * 100, run * 95) << passed << " of " << run << " passed";
+}
+
+/// The node-test directories Hetrain imports, of the directories named in `dirs` (':'-separated):
+/// load_onnx accepts the model and no element type or opset rules it out.
+std::vector<fs::path> importable_models(const std::string& dirs, int& seen) {
+  std::vector<fs::path> out;
+  std::stringstream list(dirs);
+  for (std::string d; std::getline(list, d, ':');) {
+    if (d.empty()) continue;
+    std::vector<fs::path> models;
+    for (const auto& e : fs::directory_iterator(d))
+      if (fs::is_regular_file(e.path() / "model.onnx")) models.push_back(e.path());
+    std::sort(models.begin(), models.end());
+    for (const auto& dir : models) {
+      ++seen;
+      onnx::ModelProto proto;
+      std::ifstream f(dir / "model.onnx", std::ios::binary);
+      if (!proto.ParseFromIstream(&f) || !excluded_by_model(proto).empty()) continue;
+      try {
+        interop::load_onnx((dir / "model.onnx").string());
+      } catch (const std::exception&) {
+        continue;
+      }
+      out.push_back(dir);
+    }
+  }
+  return out;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Random inputs through Hetrain and onnxruntime: every node-test model (expanded ones too, of
+// both copies) that Hetrain imports gets random inputs of its declared shapes and types from
+// tools/onnx_random_cases.py (fixed seed; domains respected: positive for Log/Sqrt/Pow's base,
+// valid Gather indices, shape-deciding inputs kept from the test), which writes onnxruntime's
+// outputs beside them (CPU, optimisations off); Hetrain must agree with every one of them to
+// ONNX's runner tolerances. Run by tests/cli/onnx_node_random.sh (ctest
+// interop.onnx_node_random), which passes the venv's Python, the node-test directories and a
+// scratch directory. Exclusions, each printed with its reason: element types Hetrain or numpy
+// cannot hold (strings, uint64, complex, fp8, int4; bfloat16 has no numpy type to feed
+// onnxruntime), non-tensor values, opsets newer than the importer's, and random outputs
+// (Dropout in training mode with a non-zero ratio, Random* ops).
+TEST(OnnxNodeSuite, RandomInputsAgreeWithOnnxruntime) {
+  const char* py = std::getenv("HETRAIN_ONNX_PYTHON");
+  const char* dirs = std::getenv("HETRAIN_ONNX_RANDOM_NODE_DIRS");
+  const char* scratch = std::getenv("HETRAIN_ONNX_RANDOM_OUT");
+  const char* src = std::getenv("HETRAIN_SOURCE_DIR");
+  if (!py || !dirs || !scratch || !src)
+    GTEST_SKIP() << "run by ctest -R onnx_node_random (needs the onnx/onnxruntime venv)";
+  int seen = 0;
+  const std::vector<fs::path> models = importable_models(dirs, seen);
+  std::printf("%zu of %d node-test models import\n", models.size(), seen);
+  std::fflush(stdout);
+  const fs::path out = fs::path(scratch) / "cases", list = fs::path(scratch) / "models.txt";
+  {
+    std::ofstream f(list);
+    for (const auto& m : models) f << m.string() << "\n";
+  }
+  const std::string cmd = "'" + std::string(py) + "' '" + src + "/tools/onnx_random_cases.py' '" +
+                          out.string() + "' '" + list.string() + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::vector<fs::path> cases;
+  for (const auto& e : fs::directory_iterator(out)) cases.push_back(e.path());
+  std::sort(cases.begin(), cases.end());
+  std::map<std::string, int> per_op;
+  std::vector<std::string> failures, excluded, refused;
+  int compared = 0;
+  for (const auto& dir : cases) {
+    const std::string name = dir.filename().string();
+    if (fs::exists(dir / "excluded.txt")) {
+      excluded.push_back(name + ": " + read_text(dir / "excluded.txt"));
+      continue;
+    }
+    std::string problem;
+    if (fs::exists(dir / "ort_error.txt")) {
+      problem = "onnxruntime refused the random inputs: " + read_text(dir / "ort_error.txt");
+    } else {
+      try {
+        problem = run_one(dir);
+      } catch (const std::exception& e) {
+        problem = e.what();
+        // What the handlers refuse by design (3-D or dilated pooling, MaxPool's Indices), each
+        // an error naming the node; anything else that throws is a failure.
+        if (problem.find("] only 1-D and 2-D inputs are supported") != std::string::npos ||
+            problem.find("] dilations other than 1 are not supported") != std::string::npos ||
+            problem.find("] the Indices output is not supported") != std::string::npos) {
+          refused.push_back(name + ": " + problem.substr(problem.find("node ")));
+          continue;
+        }
+      }
+    }
+    ++compared;
+    if (!problem.empty()) failures.push_back(name + ": " + problem.substr(0, 300));
+    onnx::ModelProto proto;
+    std::ifstream f(dir / "model.onnx", std::ios::binary);
+    if (proto.ParseFromIstream(&f))
+      for (const auto& n : proto.graph().node()) ++per_op[n.op_type()];
+  }
+  std::printf("op types in the compared models (nodes):");
+  for (const auto& [op, count] : per_op) std::printf(" %s %d", op.c_str(), count);
+  std::printf("\n");
+  for (const auto& e : excluded) std::printf("excluded: %s\n", e.c_str());
+  for (const auto& r : refused) std::printf("refused by Hetrain: %s\n", r.c_str());
+  for (const auto& f : failures) std::printf("DISAGREES: %s\n", f.c_str());
+  std::printf(
+      "compared %d distinct models with onnxruntime on random inputs: %zu disagree; "
+      "%zu excluded, %zu refused by Hetrain at run time\n",
+      compared, failures.size(), excluded.size(), refused.size());
+  EXPECT_TRUE(failures.empty()) << failures.size() << " of " << compared << " models disagree";
+  EXPECT_GE(compared, 300) << "fewer models compared than the node tests hold for Hetrain's ops";
 }
 
 }  // namespace
