@@ -147,9 +147,8 @@ training::ModelFactory onnx_model_factory(training::TrainConfig& cfg, const std:
   cfg.preset = "onnx:" + fs::path(path).filename().string();
   if (text && in.dims[1] > 0) cfg.context = in.dims[1];
   // A symbolic seq: Hetrain's exports record the position table's length.
-  if (auto it = m.metadata().find("hetrain.context");
-      text && in.dims[1] < 0 && it != m.metadata().end())
-    cfg.context = std::min<int64_t>(cfg.context, std::stoll(it->second));
+  if (auto context = m.context_metadata(); text && in.dims[1] < 0 && context)
+    cfg.context = std::min<int64_t>(cfg.context, *context);
   if (!data_given) cfg.data = training::preset_config(image ? "fashion-mlp" : "gpt-mini").data;
   return [path](const training::TrainConfig&) -> std::shared_ptr<nn::Module> {
     return std::make_shared<interop::OnnxModule>(interop::load_onnx(path));

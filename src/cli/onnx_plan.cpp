@@ -84,8 +84,7 @@ planning::ModelSpec onnx_model_spec(const std::string& path, std::optional<int64
     fail("[plan] --onnx ", path, ": the planner takes a model with one input, this one has ",
          m.inputs().size());
   const interop::OnnxValueInfo& in = m.inputs()[0];
-  if (auto it = m.metadata().find("hetrain.context"); !seq && it != m.metadata().end())
-    seq = std::stoll(it->second);
+  if (!seq) seq = m.context_metadata();
   Shape shape;
   for (size_t d = 0; d < in.dims.size(); ++d) {
     if (in.dims[d] >= 0) {
@@ -98,6 +97,13 @@ planning::ModelSpec onnx_model_spec(const std::string& path, std::optional<int64
       fail("[plan] --onnx ", path, ": input '", in.name, "' axis ", d, " ('", in.dim_params[d],
            "') has no fixed size; give it with --seq");
     }
+  }
+  int64_t sample_elements = 1;  // dims are each at most 2^40 (load_onnx checks)
+  for (int64_t d : shape) {
+    if (d != 0 && sample_elements > (int64_t{1} << 31) / d)
+      fail("[plan] --onnx ", path, ": input '", in.name, "' of shape ", shape_str(shape),
+           " has more than 2^31 elements");
+    sample_elements *= d;
   }
   const int64_t samples = shape.empty() ? 1 : shape[0];
   Tensor x = zeros(shape, in.dtype);  // zeros are valid ids too; nothing below runs

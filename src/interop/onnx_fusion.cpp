@@ -29,10 +29,17 @@ struct GraphView {
     for (const auto& o : g.output()) ++uses[o.name()];
   }
   /// The node of type `op` that makes `name`, or -1.
+  /// A node with fewer inputs than its op reads (a malformed file) matches nothing.
   int def(const std::string& name, const char* op) const {
+    static const std::map<std::string, int> arity = {
+        {"Mul", 2},  {"Add", 2},   {"MatMul", 2},  {"Where", 3},    {"Reshape", 2},
+        {"Tanh", 1}, {"Split", 1}, {"Softmax", 1}, {"Transpose", 1}};
     auto it = producer.find(name);
-    return it != producer.end() && g.node(it->second).op_type() == op &&
-                   g.node(it->second).domain().empty()
+    if (it == producer.end()) return -1;
+    const auto& n = g.node(it->second);
+    auto a = arity.find(op);
+    return n.op_type() == op && n.domain().empty() &&
+                   (a == arity.end() || n.input_size() >= a->second)
                ? it->second
                : -1;
   }
@@ -152,6 +159,8 @@ std::optional<Match> causal_attention(const GraphView& v, int root) {
     if (rs < 0) return false;
     auto shape = v.values(v.g.node(rs).input(1));
     if (!shape || shape->size() != 4 || (*shape)[0] != 0 || (*shape)[1] != 0) return false;
+    for (int i : {2, 3})  // heads and head size, bounded before the integer arithmetic below
+      if (!((*shape)[i] >= 1 && (*shape)[i] <= 1 << 20)) return false;
     const int sp = v.def(v.g.node(rs).input(0), "Split");
     if (sp < 0 || v.g.node(sp).output_size() != 3 ||
         v.g.node(sp).output(part) != v.g.node(rs).input(0))

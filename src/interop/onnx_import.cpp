@@ -28,6 +28,16 @@ int64_t OnnxModel::num_parameters() const {
   return n;
 }
 
+std::optional<int64_t> OnnxModel::context_metadata() const {
+  auto it = metadata_.find("hetrain.context");
+  if (it == metadata_.end()) return std::nullopt;
+  const std::string& v = it->second;
+  if (v.empty() || v.size() > 10 || v.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoll(v) < 1 || std::stoll(v) >= (int64_t{1} << 31))
+    fail("[onnx] ", path_, ": metadata hetrain.context is '", v, "', not an integer in [1, 2^31)");
+  return std::stoll(v);
+}
+
 std::map<std::string, int64_t> OnnxModel::op_counts() const {
   std::map<std::string, int64_t> out;
   if (graph_)
@@ -53,6 +63,9 @@ OnnxValueInfo value_info(const onnx::ValueInfoProto& vi, const std::string& path
   v.dtype = dtype_from_onnx(tt.elem_type(), path + ": '" + vi.name() + "'");
   if (tt.has_shape())
     for (const auto& d : tt.shape().dim()) {
+      if (d.has_dim_value() && (d.dim_value() < 0 || d.dim_value() > kOnnxMaxElements))
+        fail("[onnx] ", path, ": graph input/output '", vi.name(), "' has dimension ",
+             d.dim_value(), ", outside [0, 2^40]");
       v.dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
       v.dim_params.push_back(d.has_dim_param() ? d.dim_param() : "");
     }
@@ -160,7 +173,9 @@ void OnnxModel::run_node(const OnnxNodeCtx& ctx, bool fold,
       for (auto& t : outs)
         if (t.defined()) t = t.detach();
   } catch (const Error& e) {
-    fail("[onnx] ", path_, ": node ", ctx.where(), e.what());
+    // Handlers' own errors start with the node ("[Op 'name'] "); core errors do not.
+    const std::string what = e.what(), at = ctx.where();
+    fail("[onnx] ", path_, ": node ", what.rfind(at, 0) == 0 ? what : at + what);
   }
   for (int o = 0; o < n.output_size(); ++o) {
     if (n.output(o).empty()) continue;

@@ -152,6 +152,12 @@ Outs op_reshape(const Ctx& c) {
       if (i >= x.shape().size()) fail(c.where(), "0 at position ", i, " beyond the input's rank");
       shape[i] = x.shape()[i];
     }
+  // Bounded before the core's arithmetic: dims in [0, 2^40] (one -1 inferred), product too.
+  std::vector<int64_t> known = shape;
+  if (std::count(known.begin(), known.end(), -1) > 1)
+    fail(c.where(), "the shape has more than one -1");
+  std::replace(known.begin(), known.end(), int64_t{-1}, int64_t{1});
+  onnx_checked_shape(known, c.where() + "shape");
   return {reshape(x, Shape(shape.begin(), shape.end()))};
 }
 
@@ -177,6 +183,10 @@ Outs op_split(const Ctx& c) {
   std::vector<int64_t> sizes = c.version >= 13 ? c.ints(1) : c.attr_ints("split");
   const int64_t parts = c.version >= 18 && c.has_attr("num_outputs") ? c.attr_int("num_outputs", 1)
                                                                      : c.node.output_size();
+  for (int64_t s : sizes)
+    if (s < 0 || s > n) fail(c.where(), "split size ", s, " is outside [0, ", n, "]");
+  if (sizes.empty() && (parts < 1 || parts > c.node.output_size()))
+    fail(c.where(), "num_outputs ", parts, " for ", c.node.output_size(), " output(s)");
   if (sizes.empty()) {
     const int64_t each = (n + parts - 1) / parts;  // the last part may be smaller (opset 18)
     for (int64_t k = 0, left = n; k < parts; ++k, left -= each)
@@ -198,8 +208,11 @@ Outs op_slice(const Ctx& c) {
   if (steps.empty()) steps.assign(starts.size(), 1);
   for (size_t i = 0; i < starts.size(); ++i) {
     const int64_t a = axis_of(axes[i], x.ndim(), c), n = x.shape()[static_cast<size_t>(a)];
-    const int64_t step = steps[i];
-    if (step == 0) fail(c.where(), "step 0");
+    if (steps[i] == 0) fail(c.where(), "step 0");
+    // A step past the axis selects the start alone, as a step of the axis' length does; the
+    // clamp keeps the index arithmetic below (and the core's) from overflowing.
+    const int64_t most = std::max<int64_t>(n, 1);
+    const int64_t step = std::clamp(steps[i], -most, most);
     auto clampi = [&](int64_t v, int64_t lo, int64_t hi) {
       if (v < 0) v += n;
       return std::clamp(v, lo, hi);
@@ -249,9 +262,12 @@ Outs op_expand(const Ctx& c) {
   for (size_t i = 0; i < rank; ++i) {
     const int64_t a = i + x.shape().size() >= rank ? x.shape()[i + x.shape().size() - rank] : 1;
     const int64_t b = i + shape.size() >= rank ? shape[i + shape.size() - rank] : 1;
+    if (a != 1 && b != 1 && a != b)
+      fail(c.where(), "cannot broadcast ", shape_str(x.shape()), " to ",
+           shape_str(Shape(shape.begin(), shape.end())));
     out[i] = a == 1 ? b : a;
   }
-  return {broadcast_to(x, out)};
+  return {broadcast_to(x, onnx_checked_shape(out, c.where() + "shape"))};
 }
 
 Outs op_gather(const Ctx& c) {
@@ -314,9 +330,7 @@ Outs op_constant_of_shape(const Ctx& c) {
     if (v.numel() != 1) fail(c.where(), "value must hold one element, it has ", v.numel());
     value = v.item<double>(), dtype = v.dtype();
   }
-  for (int64_t d : dims)
-    if (d < 0) fail(c.where(), "negative dimension ", d, " in the shape");
-  return {full(Shape(dims.begin(), dims.end()), value, dtype)};
+  return {full(onnx_checked_shape(dims, c.where() + "shape"), value, dtype)};
 }
 
 Outs op_range(const Ctx& c) {
@@ -327,7 +341,11 @@ Outs op_range(const Ctx& c) {
   };
   const double start = val(0), limit = val(1), delta = val(2);
   if (delta == 0) fail(c.where(), "delta 0");
-  const int64_t n = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((limit - start) / delta)));
+  const double count = std::ceil((limit - start) / delta);
+  if (!(count <= static_cast<double>(kOnnxMaxElements)))  // NaN and infinities too
+    fail(c.where(), "start ", start, ", limit ", limit, " and delta ", delta, " give ", count,
+         " elements, more than 2^40");
+  const int64_t n = std::max<int64_t>(0, static_cast<int64_t>(count));
   return {arange(start, start + static_cast<double>(n) * delta - delta / 2, delta, dt)};
 }
 

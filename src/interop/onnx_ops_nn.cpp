@@ -58,6 +58,17 @@ Window window_of(const Ctx& c, const WindowAttrs& at, const Tensor& x, std::vect
   w.k = std::move(k);
   w.s = at.strides;
   if (w.s.empty()) w.s.assign(2, 1);
+  // Sizes from the file, bounded before the window arithmetic below.
+  auto check = [&](const std::vector<int64_t>& v, size_t count, int64_t lo, const char* what) {
+    if (v.size() != count)
+      fail(c.where(), what, " must have ", count, " values, it has ", v.size());
+    for (int64_t e : v)
+      if (e < lo || e > kOnnxMaxElements)
+        fail(c.where(), what, " value ", e, " is outside [", lo, ", 2^40]");
+  };
+  check(w.k, 2, 1, "kernel_shape");
+  check(w.s, 2, 1, "strides");
+  if (!at.pads.empty()) check(at.pads, 4, 0, "pads");
   w.begin.assign(2, 0), w.end.assign(2, 0), w.extra.assign(2, 0);
   const std::string& auto_pad = at.auto_pad;
   const std::vector<int64_t>& pads = at.pads;
@@ -71,7 +82,6 @@ Window window_of(const Ctx& c, const WindowAttrs& at, const Tensor& x, std::vect
       w.end[d] = total - w.begin[d];
     } else if (auto_pad == "NOTSET") {
       if (!pads.empty()) {
-        if (pads.size() != 4) fail(c.where(), "pads must have 4 values for a 2-D window");
         w.begin[d] = pads[d], w.end[d] = pads[d + 2];
       }
     } else if (auto_pad != "VALID") {
@@ -129,6 +139,8 @@ Outs onnx_conv(const Ctx& c) {
   const Tensor& wt = c.in.at(1);
   if (x.ndim() != 4)
     fail(c.where(), "only 2-D (N, C, H, W) inputs are supported, got ", shape_str(x.shape()));
+  if (wt.ndim() != 4)
+    fail(c.where(), "the weight must be (M, C, kH, kW), got ", shape_str(wt.shape()));
   if (c.attr_int("group", 1) != 1)
     fail(c.where(), "group ", c.attr_int("group", 1), " is not supported (1)");
   Window w = window_of(c, window_attrs(c, false), x, {wt.shape()[2], wt.shape()[3]});

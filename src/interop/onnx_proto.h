@@ -10,6 +10,13 @@
 
 namespace hetrain::interop {
 
+/// The most elements (and the largest dimension) a shape taken from an ONNX file may have:
+/// 2^40, so that element counts and byte sizes computed from it cannot overflow int64.
+inline constexpr int64_t kOnnxMaxElements = int64_t{1} << 40;
+/// dims as a Shape after checking each is in [0, kOnnxMaxElements] and their product is too;
+/// the error names `what` (a tensor, a node's input) and the dims as given.
+Shape onnx_checked_shape(const std::vector<int64_t>& dims, const std::string& what);
+
 /// TensorProto.DataType of a Hetrain dtype.
 int onnx_elem_type(Dtype dt);
 /// The Hetrain dtype that holds an ONNX element type: narrower integers widen to i32, uint32 to

@@ -70,6 +70,23 @@ Tensor from_raw(const char* p, size_t nbytes, int et, Dtype dt, const Shape& sha
 
 }  // namespace
 
+Shape onnx_checked_shape(const std::vector<int64_t>& dims, const std::string& what) {
+  auto dims_str = [&] {
+    std::string out = "(";
+    for (size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
+    return out + ")";
+  };
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    if (d < 0 || d > kOnnxMaxElements)
+      fail(what, ": dimension ", d, " in ", dims_str(), " is outside [0, 2^40]");
+    if (d != 0 && n > kOnnxMaxElements / d)
+      fail(what, ": shape ", dims_str(), " has more than 2^40 elements");
+    n *= d;
+  }
+  return Shape(dims.begin(), dims.end());
+}
+
 int onnx_elem_type(Dtype dt) {
   switch (dt) {
     case Dtype::f64:
@@ -135,20 +152,25 @@ Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir
                          const std::string& what) {
   const int et = p.data_type();
   const Dtype dt = dtype_from_onnx(et, what);
-  Shape shape(p.dims().begin(), p.dims().end());
-  for (int64_t d : shape)
-    if (d < 0) fail("[onnx] ", what, ": negative dimension in ", shape_str(shape));
+  const Shape shape = onnx_checked_shape({p.dims().begin(), p.dims().end()}, "[onnx] " + what);
   const int64_t n = numel(shape);
   if (p.data_location() == TP::EXTERNAL) {
     std::string location;
     int64_t offset = 0, length = -1;
+    auto number = [&](const std::string& key, const std::string& v) {
+      // A byte count: digits only, at most 2^40 * 8 (what a checked shape of 8-byte items holds).
+      if (v.empty() || v.size() > 15 || v.find_first_not_of("0123456789") != std::string::npos)
+        fail("[onnx] ", what, ": external data '", key, "' is '", v,
+             "', not a byte count below 10^15");
+      return std::stoll(v);
+    };
     for (const auto& kv : p.external_data()) {
       if (kv.key() == "location")
         location = kv.value();
       else if (kv.key() == "offset")
-        offset = std::stoll(kv.value());
+        offset = number(kv.key(), kv.value());
       else if (kv.key() == "length")
-        length = std::stoll(kv.value());
+        length = number(kv.key(), kv.value());
     }
     if (location.empty()) fail("[onnx] ", what, ": external data without a 'location'");
     namespace fs = std::filesystem;
@@ -161,7 +183,7 @@ Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir
     const int64_t want = length >= 0 ? length : n * item;
     in.seekg(0, std::ios::end);
     const int64_t size = static_cast<int64_t>(in.tellg());
-    if (offset < 0 || offset + want > size)
+    if (want > size || offset > size - want)
       fail("[onnx] ", what, ": external data ", file.string(), " has ", size,
            " bytes, but the tensor needs bytes [", offset, ", ", offset + want, ")");
     std::string buf(static_cast<size_t>(want), '\0');
@@ -287,12 +309,17 @@ Tensor read_npy(const std::string& path) {
     dt = Dtype::boolean;
   else
     fail("[npy] ", path, ": dtype '", descr, "' is not supported (<f8 <f4 <f2 <i4 <i8 |b1)");
-  Shape shape;
-  std::stringstream dims(npy_field(h, "shape", path));
-  for (std::string d; std::getline(dims, d, ',');) {
-    size_t b = d.find_first_not_of(' ');
-    if (b != std::string::npos) shape.push_back(std::stoll(d.substr(b)));
+  std::vector<int64_t> dims;
+  std::stringstream shape_text(npy_field(h, "shape", path));
+  for (std::string d; std::getline(shape_text, d, ',');) {
+    const size_t b = d.find_first_not_of(' '), e = d.find_last_not_of(' ');
+    if (b == std::string::npos) continue;
+    const std::string digits = d.substr(b, e - b + 1);
+    if (digits.size() > 15 || digits.find_first_not_of("0123456789") != std::string::npos)
+      fail("[npy] ", path, ": shape entry '", digits, "' is not a dimension below 10^15");
+    dims.push_back(std::stoll(digits));
   }
+  const Shape shape = onnx_checked_shape(dims, "[npy] " + path);
   const size_t want = static_cast<size_t>(numel(shape)) * dtype_size(dt);
   const size_t data = hstart + hlen;
   if (s.size() - data != want)

@@ -348,6 +348,111 @@ TEST_F(OnnxTest, TensorFilesRoundTrip) {
   EXPECT_NO_THROW(interop::write_npy("/dev/null", a));
 }
 
+// Sizes taken from the file (initializer dims, graph input dims, shapes read by Reshape,
+// Expand, ConstantOfShape, Range's count, external data offsets, window attributes) are bounded
+// before any arithmetic on them, each with an error naming the tensor or node (the fuzzer found
+// a signed overflow in numel() from an initializer's dims).
+TEST_F(OnnxTest, SizesFromTheFileAreBounded) {
+  auto expect_error = [&](const onnx::ModelProto& m, const std::string& want, bool run) {
+    save(m, path("b.onnx"));
+    try {
+      interop::OnnxModel model = interop::load_onnx(path("b.onnx"));
+      if (run) model.forward({ones({2, 2})});
+      ADD_FAILURE() << "no error, wanted " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  // An initializer whose dims multiply past int64.
+  onnx::ModelProto m = tiny_model(17, {"Add"});
+  auto* init = m.mutable_graph()->add_initializer();
+  init->set_name("w");
+  init->set_data_type(onnx::TensorProto::FLOAT);
+  for (int64_t d : {int64_t{1} << 32, int64_t{1} << 32, int64_t{8}}) init->add_dims(d);
+  expect_error(m, "initializer 'w': shape (4294967296, 4294967296, 8) has more than 2^40", false);
+  init->clear_dims();
+  init->add_dims(-3);
+  expect_error(m, "initializer 'w': dimension -3 in (-3) is outside [0, 2^40]", false);
+  // External data with an offset that is not a byte count.
+  init->clear_dims();
+  init->add_dims(2);
+  init->set_data_location(onnx::TensorProto::EXTERNAL);
+  auto* kv = init->add_external_data();
+  kv->set_key("location"), kv->set_value("w.bin");
+  kv = init->add_external_data();
+  kv->set_key("offset"), kv->set_value("99999999999999999999");
+  expect_error(m, "external data 'offset' is '99999999999999999999', not a byte count", false);
+  // A graph input with a negative fixed dimension.
+  m = tiny_model(17, {"Add"});
+  m.mutable_graph()
+      ->mutable_input(0)
+      ->mutable_type()
+      ->mutable_tensor_type()
+      ->mutable_shape()
+      ->mutable_dim(0)
+      ->set_dim_value(-7);
+  expect_error(m, "graph input/output 'x' has dimension -7", false);
+  // Shapes computed while building: Reshape, Expand, ConstantOfShape targets, Range's count.
+  auto with_ints = [&](const std::string& op, const std::vector<int64_t>& v) {
+    onnx::ModelProto r = tiny_model(17, {op});
+    r.mutable_graph()->mutable_node(0)->set_input(1, "s");
+    interop::write_tensor_pb(path("s.pb"), from_vector(v, {static_cast<int64_t>(v.size())}), "s");
+    std::ifstream sf(path("s.pb"), std::ios::binary);
+    EXPECT_TRUE(r.mutable_graph()->add_initializer()->ParseFromIstream(&sf));
+    return r;
+  };
+  expect_error(
+      with_ints("Reshape", {int64_t{1} << 62, 4, -1}),
+      "[Reshape 'n0'] shape: dimension 4611686018427387904 in (4611686018427387904, 4, 1) is "
+      "outside [0, 2^40]",
+      true);
+  expect_error(with_ints("Expand", {int64_t{1} << 31, int64_t{1} << 31, 1, 1}),
+               "[Expand 'n0'] shape: shape (2147483648, 2147483648, 2, 2) has more than 2^40",
+               true);
+  expect_error(with_ints("Expand", {3, 2}), "[Expand 'n0'] cannot broadcast (2, 2) to (3, 2)",
+               true);
+  onnx::ModelProto cos = with_ints("ConstantOfShape", {int64_t{1} << 30, int64_t{1} << 30, 4});
+  cos.mutable_graph()->mutable_node(0)->clear_input();
+  cos.mutable_graph()->mutable_node(0)->add_input("s");
+  expect_error(cos, "[ConstantOfShape 'n0'] shape: shape (1073741824, 1073741824, 4) has more",
+               true);
+  onnx::ModelProto range = with_ints("Range", {0});
+  auto* rn = range.mutable_graph()->mutable_node(0);
+  rn->clear_input();
+  for (const char* in : {"s", "lim", "s"}) rn->add_input(in);
+  interop::write_tensor_pb(path("lim.pb"), scalar(1e30, Dtype::f64), "lim");
+  std::ifstream lf(path("lim.pb"), std::ios::binary);
+  ASSERT_TRUE(range.mutable_graph()->add_initializer()->ParseFromIstream(&lf));
+  rn->set_input(2, "one");
+  interop::write_tensor_pb(path("one.pb"), scalar(1, Dtype::f64), "one");
+  std::ifstream of(path("one.pb"), std::ios::binary);
+  ASSERT_TRUE(range.mutable_graph()->add_initializer()->ParseFromIstream(&of));
+  range.mutable_graph()->mutable_initializer(0)->set_data_type(onnx::TensorProto::DOUBLE);
+  range.mutable_graph()->mutable_initializer(0)->set_raw_data(std::string(8, '\0'));
+  range.mutable_graph()->mutable_initializer(0)->clear_dims();
+  expect_error(range, "[Range 'n0'] start 0, limit 1e+30 and delta 1 give 1e+30 elements", true);
+  // A window attribute: strides of 0 would divide by zero.
+  onnx::ModelProto pool = tiny_model(17, {"MaxPool"});
+  auto* pn = pool.mutable_graph()->mutable_node(0);
+  pn->mutable_input()->RemoveLast();
+  pool.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->clear_shape();
+  auto* ks = pn->add_attribute();
+  ks->set_name("kernel_shape"), ks->set_type(onnx::AttributeProto::INTS);
+  ks->add_ints(1), ks->add_ints(1);
+  auto* st = pn->add_attribute();
+  st->set_name("strides"), st->set_type(onnx::AttributeProto::INTS);
+  st->add_ints(0), st->add_ints(1);
+  save(pool, path("p.onnx"));
+  try {
+    interop::load_onnx(path("p.onnx")).forward({ones({1, 1, 2, 2})});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[MaxPool 'n0'] strides value 0 is outside [1, 2^40]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Pow of an integer base is computed in floating point and truncated to the base's type
 // (ONNX's reference: np.power(x, y).astype(x.dtype)); found by the random-input comparison with
 // onnxruntime (the node tests' exponents are whole numbers) and the output-type check.

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,9 @@ class OnnxModel {
   const std::vector<OnnxValueInfo>& inputs() const { return inputs_; }
   /// The model's metadata_props (Hetrain's exports: hetrain.preset, hetrain.context, ...).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  /// The hetrain.context metadata (the position table's length of Hetrain's GPT exports), when
+  /// present; an error naming the file unless it is an integer in [1, 2^31).
+  std::optional<int64_t> context_metadata() const;
   const std::vector<OnnxValueInfo>& outputs() const { return outputs_; }
   /// Initializers by name, in file order.
   std::vector<std::pair<std::string, Tensor>>& parameters() { return params_; }
