@@ -1,7 +1,9 @@
 // `hetrain plan --onnx`: an imported model described for the planner. The graph is built for
 // one sample (not run) and read node by node: every matrix product and convolution is a layer
 // with its FLOPs, norms and elementwise work are memory-bound layers, and the parameter count
-// is the file's.
+// is the file's. A graph that is a GPT (packed causal attention per layer, ids to logits, the
+// GPT formula's exact parameter count) is planned as the planner's transformer instead, so
+// tensor and pipeline parallelism apply.
 #include <algorithm>
 #include <filesystem>
 #include <set>
@@ -76,6 +78,33 @@ std::optional<ConvLayer> layer_of(Node* n, int64_t samples, int block) {
   return l;
 }
 
+/// The imported graph as the planner's GPT (planning::gpt_model), when it is one: its attention
+/// runs as packed causal sdpa nodes of one width and head count (the import-time fusion rule
+/// turns an exported GPT's attention into them), it maps integer ids (1, T) to logits (1, T, V),
+/// and the GPT formula gives exactly the file's parameter count. Then the planner splits it into
+/// transformer layers (tensor and pipeline parallelism apply); otherwise nullopt.
+std::optional<planning::ModelSpec> gpt_of(const std::vector<Node*>& attention, const Tensor& x,
+                                          const Tensor& y, int64_t params,
+                                          std::optional<int64_t> positions) {
+  if (attention.empty() || is_floating(x.dtype()) || x.ndim() != 2 || y.ndim() != 3 ||
+      y.shape()[1] != x.shape()[1])
+    return std::nullopt;
+  const int64_t seq = x.shape()[1], vocab = y.shape()[2];
+  int64_t hidden = 0, heads = 0;
+  for (Node* n : attention) {
+    const Shape& qkv = n->inputs[0].shape();
+    const Shape lse = Tensor(n->shared_from_this(), 1).shape();  // (N, heads, T) when packed
+    if (qkv.size() != 3 || lse.size() != 3 || qkv[1] != seq) return std::nullopt;
+    if (hidden == 0) hidden = qkv[2] / 3, heads = lse[1];
+    if (qkv[2] != 3 * hidden || lse[1] != heads) return std::nullopt;
+  }
+  planning::ModelSpec m =
+      planning::gpt_model(static_cast<int64_t>(attention.size()), hidden, heads, seq, vocab);
+  m.tf.max_positions = positions.value_or(seq);
+  if (m.params() != params) return std::nullopt;
+  return m;
+}
+
 }  // namespace
 
 planning::ModelSpec onnx_model_spec(const std::string& path, std::optional<int64_t> seq) {
@@ -84,7 +113,8 @@ planning::ModelSpec onnx_model_spec(const std::string& path, std::optional<int64
     fail("[plan] --onnx ", path, ": the planner takes a model with one input, this one has ",
          m.inputs().size());
   const interop::OnnxValueInfo& in = m.inputs()[0];
-  if (!seq) seq = m.context_metadata();
+  const std::optional<int64_t> context = m.context_metadata();
+  if (!seq) seq = context;
   Shape shape;
   for (size_t d = 0; d < in.dims.size(); ++d) {
     if (in.dims[d] >= 0) {
@@ -121,12 +151,14 @@ planning::ModelSpec onnx_model_spec(const std::string& path, std::optional<int64
   // Work on the input's values (not parameters alone, not folded shapes) is the model's.
   std::set<Node*> data = {x.node()};
   int block = 0;
+  std::vector<Node*> attention;
   for (Node* n : topological(outs)) {
     if (!n->prim) continue;
     bool on_data = false;
     for (const auto& t : n->inputs) on_data = on_data || data.count(t.node());
     if (!on_data) continue;
     data.insert(n);
+    if (std::string(n->prim->name()) == "sdpa") attention.push_back(n);
     if (auto l = layer_of(n, samples, block)) {
       if (l->kind == ConvLayer::Kind::conv) ++block;
       spec.conv.layers.push_back(*l);
@@ -134,6 +166,11 @@ planning::ModelSpec onnx_model_spec(const std::string& path, std::optional<int64
   }
   if (spec.conv.layers.empty())
     fail("[plan] --onnx ", path, ": the graph does no work on its input");
+  if (outs.size() == 1)
+    if (auto gpt = gpt_of(attention, x, outs[0], params, context)) {
+      gpt->name = spec.name;
+      return *gpt;
+    }
   return spec;
 }
 
