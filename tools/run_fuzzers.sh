@@ -5,6 +5,8 @@
 # exception, timeout, out-of-memory) fails the script and leaves its input in
 # build-asan/fuzz-findings/. docs/FUZZING.md says how to run them longer.
 # Usage: tools/run_fuzzers.sh [SECONDS_EACH (default 20)] [TARGET...]
+# FUZZ_SEED=N fixes libFuzzer's random seed (CI sets it, so a CI finding comes back when the
+# command is run again); unset, each run draws a new seed and explores further.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-20}
@@ -27,7 +29,7 @@ for t in "${targets[@]}"; do
   # parser allocate past 2 GiB is a finding (a size taken from the file unchecked).
   if "$bin/fuzz_$t" "$scratch" "fuzz/corpus/$t" -max_total_time="$secs" -timeout=10 \
        -rss_limit_mb=2048 -malloc_limit_mb=2048 -artifact_prefix="$findings/$t-" \
-       -print_final_stats=1 > "$findings/$t.log" 2>&1; then
+       -print_final_stats=1 ${FUZZ_SEED:+-seed="$FUZZ_SEED"} > "$findings/$t.log" 2>&1; then
     runs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$findings/$t.log")
     cov=$(grep -oE 'cov: [0-9]+' "$findings/$t.log" | tail -1)
     echo "fuzz_$t: $((($(date +%s) - start))) s, ${runs:-?} inputs, ${cov:-cov: ?}, no finding"

@@ -6,15 +6,16 @@
 
 namespace hetrain {
 
-int64_t numel(const Shape& s) {
-  int64_t n = 1;
-  for (auto d : s) n *= d;
-  return n;
-}
+int64_t numel(const Shape& s) { return numel(s, 0, s.size()); }
 
 int64_t numel(const Shape& s, size_t b, size_t e) {
   int64_t n = 1;
-  for (size_t i = b; i < e; ++i) n *= s[i];
+  for (size_t i = b; i < e; ++i) {
+    // A shape read from a file or built from one (an ONNX Reshape target, a Tile count) can ask
+    // for more elements than 64 bits count: an error, not a wrapped product.
+    if (__builtin_mul_overflow(n, s[i], &n))
+      fail("[shape] ", shape_str(s), " has more elements than a 64-bit count holds");
+  }
   return n;
 }
 
@@ -28,7 +29,8 @@ Strides contiguous_strides(const Shape& s) {
   int64_t acc = 1;
   for (size_t i = s.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= std::max<int64_t>(s[i], 1);
+    if (__builtin_mul_overflow(acc, std::max<int64_t>(s[i], 1), &acc))
+      fail("[shape] ", shape_str(s), " has more elements than a 64-bit count holds");
   }
   return st;
 }

@@ -43,6 +43,12 @@ struct GraphView {
                ? it->second
                : -1;
   }
+  /// Input i of node k, "" when the node has fewer (the rules run before arity is checked).
+  const std::string& in(int k, int i) const {
+    static const std::string none;
+    const auto& n = g.node(k);
+    return i < n.input_size() ? n.input(i) : none;
+  }
   int count(const std::string& name) const {
     auto it = uses.find(name);
     return it == uses.end() ? 0 : it->second;
@@ -100,13 +106,12 @@ std::optional<Match> gelu_tanh(const GraphView& v, int root) {
     if (half < 0 || plus1 < 0) half = -1;
   }
   if (half < 0) return std::nullopt;
-  const auto& h = v.g.node(half);
-  const int xs = near(v.scalar(h.input(1)), 0.5) ? 0 : near(v.scalar(h.input(0)), 0.5) ? 1 : -1;
+  const int xs = near(v.scalar(v.in(half, 1)), 0.5) ? 0 : near(v.scalar(v.in(half, 0)), 0.5) ? 1 : -1;
   if (xs < 0) return std::nullopt;
-  const std::string x = h.input(xs);
+  const std::string x = v.in(half, xs);
   auto one = other_of(v, plus1, "Tanh", tanh_k);
   if (!one || !near(v.scalar(*one), 1.0)) return std::nullopt;
-  scaled = v.def(v.g.node(tanh_k).input(0), "Mul");
+  scaled = v.def(v.in(tanh_k, 0), "Mul");
   if (scaled < 0) return std::nullopt;
   auto c = other_of(v, scaled, "Add", inner);
   if (!c || !near(v.scalar(*c), std::sqrt(2.0 / M_PI))) return std::nullopt;
@@ -115,7 +120,7 @@ std::optional<Match> gelu_tanh(const GraphView& v, int root) {
   auto c3 = other_of(v, cubic, "Mul", x3);
   if (!c3 || !near(v.scalar(*c3), 0.044715)) return std::nullopt;
   auto xo = other_of(v, x3, "Mul", x2);
-  if (!xo || *xo != x || v.g.node(x2).input(0) != x || v.g.node(x2).input(1) != x)
+  if (!xo || *xo != x || v.in(x2, 0) != x || v.in(x2, 1) != x)
     return std::nullopt;
   Match m;
   m.nodes = {x2, x3, cubic, inner, scaled, tanh_k, half, plus1, root};
@@ -131,18 +136,18 @@ std::optional<Match> causal_attention(const GraphView& v, int root) {
   if (r.op_type() != "Reshape" || !r.domain().empty() || r.input_size() != 2) return std::nullopt;
   const int merge = v.def(r.input(0), "Transpose");
   if (merge < 0 || v.perm(merge) != std::vector<int64_t>{0, 2, 1, 3}) return std::nullopt;
-  const int pv = v.def(v.g.node(merge).input(0), "MatMul");
+  const int pv = v.def(v.in(merge, 0), "MatMul");
   if (pv < 0) return std::nullopt;
-  const int sm = v.def(v.g.node(pv).input(0), "Softmax");
+  const int sm = v.def(v.in(pv, 0), "Softmax");
   if (sm < 0) return std::nullopt;
   for (const auto& a : v.g.node(sm).attribute())
     if (a.name() == "axis" && a.i() != -1 && a.i() != 3) return std::nullopt;
-  const int wh = v.def(v.g.node(sm).input(0), "Where");
+  const int wh = v.def(v.in(sm, 0), "Where");
   if (wh < 0) return std::nullopt;
-  const std::optional<double> fill = v.scalar(v.g.node(wh).input(2));
+  const std::optional<double> fill = v.scalar(v.in(wh, 2));
   if (!fill || !std::isinf(*fill) || *fill > 0) return std::nullopt;
-  const std::string keep = v.g.node(wh).input(0);
-  const int mul = v.def(v.g.node(wh).input(1), "Mul");
+  const std::string keep = v.in(wh, 0);
+  const int mul = v.def(v.in(wh, 1), "Mul");
   if (mul < 0) return std::nullopt;
   int qk = -1;
   const std::optional<std::string> scale_name = other_of(v, mul, "MatMul", qk);
@@ -155,31 +160,32 @@ std::optional<Match> causal_attention(const GraphView& v, int root) {
   auto head_view = [&](const std::string& name, std::vector<int64_t> perm, int part) {
     const int t = v.def(name, "Transpose");
     if (t < 0 || v.perm(t) != perm) return false;
-    const int rs = v.def(v.g.node(t).input(0), "Reshape");
+    const int rs = v.def(v.in(t, 0), "Reshape");
     if (rs < 0) return false;
-    auto shape = v.values(v.g.node(rs).input(1));
+    auto shape = v.values(v.in(rs, 1));
     if (!shape || shape->size() != 4 || (*shape)[0] != 0 || (*shape)[1] != 0) return false;
-    for (int i : {2, 3})  // heads and head size, bounded before the integer arithmetic below
-      if (!((*shape)[i] >= 1 && (*shape)[i] <= 1 << 20)) return false;
-    const int sp = v.def(v.g.node(rs).input(0), "Split");
+    for (int i : {2, 3})  // a whole, positive count of heads and head width
+      if (!((*shape)[i] >= 1 && (*shape)[i] <= double{1 << 24}) ||
+          (*shape)[i] != std::floor((*shape)[i]))
+        return false;
+    const int sp = v.def(v.in(rs, 0), "Split");
     if (sp < 0 || v.g.node(sp).output_size() != 3 ||
-        v.g.node(sp).output(part) != v.g.node(rs).input(0))
+        v.g.node(sp).output(part) != v.in(rs, 0))
       return false;
     if (qkv.empty()) {
-      qkv = v.g.node(sp).input(0);
+      qkv = v.in(sp, 0);
       heads = static_cast<int64_t>((*shape)[2]);
       d = static_cast<int64_t>((*shape)[3]);
       nodes.push_back(sp);
-    } else if (qkv != v.g.node(sp).input(0) || static_cast<double>(heads) != (*shape)[2] ||
+    } else if (qkv != v.in(sp, 0) || static_cast<double>(heads) != (*shape)[2] ||
                static_cast<double>(d) != (*shape)[3]) {
       return false;
     }
     nodes.push_back(rs), nodes.push_back(t);
     return true;
   };
-  const auto& qkn = v.g.node(qk);
-  if (!head_view(qkn.input(0), {0, 2, 1, 3}, 0) || !head_view(qkn.input(1), {0, 2, 3, 1}, 1) ||
-      !head_view(v.g.node(pv).input(1), {0, 2, 1, 3}, 2))
+  if (!head_view(v.in(qk, 0), {0, 2, 1, 3}, 0) || !head_view(v.in(qk, 1), {0, 2, 3, 1}, 1) ||
+      !head_view(v.in(pv, 1), {0, 2, 1, 3}, 2))
     return std::nullopt;
   const auto& split = v.g.node(nodes[0]);
   for (const auto& a : split.attribute())
@@ -220,6 +226,7 @@ void fuse_onnx_graph(onnx::GraphProto& g, std::vector<int>& versions) {
   const GraphView v(g);
   for (int root = 0; root < g.node_size(); ++root)
     for (Rule rule : kRules) {
+      if (g.node(root).output_size() != 1) break;  // every rule's root makes one value
       std::optional<Match> m = rule(v, root);
       if (!m) continue;
       // Every value the match consumes inside itself must have no reader outside it.
@@ -268,7 +275,8 @@ std::vector<Tensor> fused_causal_attention(const OnnxNodeCtx& c) {
   const Tensor& keep = c.in.at(1);
   const int64_t heads = c.attr_int("heads", 1);
   const double scale = c.attr_float("scale", 1);
-  if (qkv.ndim() != 3 || qkv.shape()[2] % (3 * heads) != 0)
+  if (heads < 1) fail(c.where(), "heads must be at least 1, got ", heads);
+  if (qkv.ndim() != 3 || heads > qkv.shape()[2] || qkv.shape()[2] % (3 * heads) != 0)
     fail(c.where(), "qkv must be (B, T, 3 D) with D a multiple of ", heads, " heads, got ",
          shape_str(qkv.shape()));
   const int64_t T = qkv.shape()[1], D = qkv.shape()[2] / 3, d = D / heads;

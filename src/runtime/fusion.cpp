@@ -62,8 +62,11 @@ std::shared_ptr<Primitive> paired(const Conv2dBackwardInput& a, const Conv2dBack
 
 // add(a, b) of convolution input gradients (f32, f64: the addend form's kernels are exact
 // there): both in one node (paired), else one of them adding the other as it writes. The
-// newer gradient (b, as autodiff builds acc + g) is tried first. Same bits: one addition of the
-// same two values either way.
+// newer gradient (b, as autodiff builds acc + g) is tried first. The addend form gives the same
+// bits (one addition of the same two values); the paired form does not: its stride-2 kernel
+// sums both convolutions' terms in one accumulation, so fusion on and off differ by rounding
+// there (fashion-cnn's downsampling blocks: 30-step loss 1.37892866 on, 1.37873101 off, together
+// with the weight-gradient pair below).
 bool fuse_input_gradient_sum(Node& n, FusionContext& ctx) {
   if (!is<Binary<AddOp>>(n)) return false;
   const Tensor &a = n.inputs[0], &b = n.inputs[1];
@@ -263,7 +266,10 @@ bool depends_on(const Tensor& t, const Node* on) {
 // (one_pass_pair: a ResNet downsampling block's 3x3 and 1x1 shortcut), or their two weight
 // gradients (inputs x and each output gradient). The node with the outer window becomes the
 // pair, with the sibling's inputs after its own and the sibling's output as its second; the
-// sibling becomes a view of that output, so whoever holds it sees the same value.
+// sibling becomes a view of that output, so whoever holds it sees the same value. The forward
+// pair gives the bits the two convolutions give apart; the weight-gradient pair does not: the
+// stride-2 direct kernel computes both, where apart each takes the kernel backward_weight_any
+// picks, which sums in another order (a rounding difference HETRAIN_FUSION=0 shows).
 template <class P>
 bool pair_with_sibling(Node& n, FusionContext& ctx) {
   const auto* pn = dynamic_cast<const P*>(n.prim.get());

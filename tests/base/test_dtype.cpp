@@ -96,6 +96,24 @@ TEST(Shape, BroadcastAndErrors) {
   EXPECT_EQ(normalize_axis(-1, 3, "sum"), 2);
 }
 
+// The fuzzer's finding: an ONNX model whose shapes multiply past 2^63 made numel() overflow
+// (undefined behaviour, then a wrong allocation size). Now the count is checked.
+TEST(Shape, ElementCountPast64BitsIsAnError) {
+  const Shape huge{int64_t{1} << 32, int64_t{1} << 31, 4};
+  try {
+    numel(huge);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "[shape] (4294967296, 2147483648, 4) has more elements than a 64-bit count holds");
+  }
+  EXPECT_THROW(contiguous_strides(huge), Error);
+  EXPECT_THROW(split_at(huge, 2), Error);  // the outer count, 2^63, overflows
+  EXPECT_EQ(numel(Shape{int64_t{1} << 32, int64_t{1} << 30}), int64_t{1} << 62);  // still fits
+  EXPECT_EQ(numel(Shape{}), 1);
+  EXPECT_EQ(numel(Shape{3, 0, 5}), 0);
+}
+
 #include "hetrain/base/thread_pool.h"
 
 TEST(ThreadPool, ExceptionInAChunkReachesTheCaller) {
