@@ -106,7 +106,9 @@ std::optional<Match> gelu_tanh(const GraphView& v, int root) {
     if (half < 0 || plus1 < 0) half = -1;
   }
   if (half < 0) return std::nullopt;
-  const int xs = near(v.scalar(v.in(half, 1)), 0.5) ? 0 : near(v.scalar(v.in(half, 0)), 0.5) ? 1 : -1;
+  const int xs = near(v.scalar(v.in(half, 1)), 0.5)   ? 0
+                 : near(v.scalar(v.in(half, 0)), 0.5) ? 1
+                                                      : -1;
   if (xs < 0) return std::nullopt;
   const std::string x = v.in(half, xs);
   auto one = other_of(v, plus1, "Tanh", tanh_k);
@@ -120,8 +122,7 @@ std::optional<Match> gelu_tanh(const GraphView& v, int root) {
   auto c3 = other_of(v, cubic, "Mul", x3);
   if (!c3 || !near(v.scalar(*c3), 0.044715)) return std::nullopt;
   auto xo = other_of(v, x3, "Mul", x2);
-  if (!xo || *xo != x || v.in(x2, 0) != x || v.in(x2, 1) != x)
-    return std::nullopt;
+  if (!xo || *xo != x || v.in(x2, 0) != x || v.in(x2, 1) != x) return std::nullopt;
   Match m;
   m.nodes = {x2, x3, cubic, inner, scaled, tanh_k, half, plus1, root};
   m.fused.set_op_type("GeluTanh");
@@ -169,8 +170,7 @@ std::optional<Match> causal_attention(const GraphView& v, int root) {
           (*shape)[i] != std::floor((*shape)[i]))
         return false;
     const int sp = v.def(v.in(rs, 0), "Split");
-    if (sp < 0 || v.g.node(sp).output_size() != 3 ||
-        v.g.node(sp).output(part) != v.in(rs, 0))
+    if (sp < 0 || v.g.node(sp).output_size() != 3 || v.g.node(sp).output(part) != v.in(rs, 0))
       return false;
     if (qkv.empty()) {
       qkv = v.in(sp, 0);

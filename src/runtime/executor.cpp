@@ -28,17 +28,12 @@
 namespace hetrain {
 
 namespace runtime {
-namespace {
-std::atomic<uint64_t> g_epoch{0};
-}  // namespace
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-uint64_t next_mark() { return ++g_epoch; }
-uint64_t reserve_marks(size_t n) { return g_epoch.fetch_add(n + 1) + 1; }
 }  // namespace runtime
 
 namespace {
@@ -222,6 +217,7 @@ DeviceWorker& device_worker(Device d) {
 struct EvalScratch {
   std::vector<Node*> order;
   std::vector<std::pair<Node*, size_t>> stack;
+  runtime::OrderIndex index;
   runtime::TaskDeps deps;
   std::vector<int> ready;
 };
@@ -242,6 +238,7 @@ class ScratchLease {
     if (s_->order.capacity() > kKeep || s_->deps.edges.capacity() > 2 * kKeep) return;
     s_->order.clear();
     s_->stack.clear();
+    s_->index.clear();
     s_->ready.clear();
     free_list().push_back(std::move(s_));
   }
@@ -466,7 +463,7 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
   EvalScratch& sc = *lease;
   std::vector<Node*>& order = sc.order;
   bool any_pinned = false;
-  runtime::collect_order(targets, runtime::next_mark(), order, sc.stack, &any_pinned);
+  runtime::collect_order(targets, sc.index, order, sc.stack, &any_pinned);
   if (order.empty()) return;
   if (runtime::fusion_enabled()) runtime::fuse_nodes(order);
   ++g_evals;
@@ -499,12 +496,11 @@ void eval(const std::vector<Tensor>& targets, bool release_graph) {
     if (hook_run) hook_run->after_node(0);
     return;
   }
-  // Tasks: nodes [0, n), indexed by a unique mark value, then copy tasks.
-  const uint64_t base = runtime::reserve_marks(n);
-  for (size_t i = 0; i < n; ++i) order[i]->mark = base + i;
+  // Tasks: nodes [0, n) by their position in the order, then copy tasks.
+  sc.index.assign(order);
   std::vector<int> device;  // placed: configured device index per node
-  if (placed) runtime::plan_devices(order, base, device);
-  runtime::build_tasks(order, base, placed ? &device : nullptr, sc.deps);
+  if (placed) runtime::plan_devices(order, sc.index, device);
+  runtime::build_tasks(order, sc.index, placed ? &device : nullptr, sc.deps);
   TaskRun(order, sc.deps, sc.ready, placed ? &device : nullptr, release_graph, perf_class,
           hook_run.get())
       .run_all();

@@ -395,7 +395,8 @@ int fuse(const std::vector<Tensor>& targets) {
   std::vector<Node*> order;
   std::vector<std::pair<Node*, size_t>> stack;
   bool any_pinned = false;
-  collect_order(targets, next_mark(), order, stack, &any_pinned);
+  OrderIndex index;
+  collect_order(targets, index, order, stack, &any_pinned);
   return fuse_nodes(order);
 }
 

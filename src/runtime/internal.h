@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -28,15 +29,28 @@ inline uint64_t mix(uint64_t h, uint64_t v) {
   return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
 }
 
-// ---- clock and graph marks (executor.cpp)
+// ---- clock (executor.cpp)
 
 int64_t now_ns();
-/// A fresh traversal mark.
-uint64_t next_mark();
-/// n consecutive fresh marks; returns the first (node i of an order gets base + i).
-uint64_t reserve_marks(size_t n);
 
 // ---- replicas: copies of outputs on other memory nodes (replicas.cpp)
+
+/// A copy of one of a node's outputs on another memory node, made by the scheduler. It is
+/// valid while the output still holds the data it was copied from (source); a new value
+/// written to the output invalidates it.
+struct Replica {
+  int index = 0;
+  Array array;
+  std::weak_ptr<Buffer> source;  // the output's buffer when copied
+  int64_t source_offset = 0;
+};
+/// What the runtime keeps per node (Node::runtime_state), made when first needed; it goes with
+/// the node.
+struct NodeState {
+  std::vector<Replica> replicas;
+};
+/// How many replicas p holds (valid or not).
+size_t replica_count(const Node* p);
 
 /// Whether device d holds a valid copy of output idx of p (its own array or a replica).
 bool has_valid_copy(const Node* p, int idx, Device d);
@@ -52,17 +66,36 @@ Array placeholder_copy(Node* p, int idx, Device d);
 
 // ---- the task graph of one eval (task_graph.cpp)
 
+/// The positions of one eval's nodes in its order: a side table, so that nodes carry no
+/// traversal state and two evals never see each other's marks.
+class OrderIndex {
+ public:
+  /// Numbers order's nodes 0 .. n - 1 (forgetting what was there).
+  void assign(const std::vector<Node*>& order);
+  /// Marks p as seen by a traversal (position -1 until assign); false when it already was.
+  bool visit(const Node* p) { return pos_.emplace(p, -1).second; }
+  /// p's position in the order; -1 when p is not in it or has been evaluated since.
+  int of(const Node* p) const {
+    if (p->evaluated()) return -1;
+    auto it = pos_.find(p);
+    return it == pos_.end() ? -1 : it->second;
+  }
+  void clear() { pos_.clear(); }
+
+ private:
+  std::unordered_map<const Node*, int> pos_;
+};
+
 /// Post-order over the unevaluated nodes the targets need (inputs before their consumers),
-/// marking each with `mark`; sets *any_pinned when a node is pinned to a device.
-void collect_order(const std::vector<Tensor>& targets, uint64_t mark, std::vector<Node*>& order,
+/// each visited once (index: cleared first, then each node seen; call index.assign on the
+/// final order before asking positions); sets *any_pinned when a node is pinned to a device.
+void collect_order(const std::vector<Tensor>& targets, OrderIndex& index, std::vector<Node*>& order,
                    std::vector<std::pair<Node*, size_t>>& stack, bool* any_pinned);
-/// Whether p is in the order whose nodes are marked base .. base + n - 1.
-bool in_graph(const Node* p, uint64_t base, size_t n);
 /// Footprint and size (bytes in and out) of a node, for performance models.
 std::pair<uint64_t, double> node_footprint(const Node* n);
 /// What placement works on: per node its cost, footprint, inputs, pin and the devices
 /// without a kernel for it.
-std::vector<TaskNode> task_graph(const std::vector<Node*>& order, uint64_t base,
+std::vector<TaskNode> task_graph(const std::vector<Node*>& order, const OrderIndex& index,
                                  const std::vector<DeviceModel>& devs);
 /// Bit d set when configured device d holds a valid copy of output idx of p.
 uint32_t present_mask(const Node* p, int idx, const std::vector<DeviceModel>& devs);
@@ -81,11 +114,11 @@ struct TaskDeps {
   std::vector<int> edges, cursor;  // scratch: (producer, consumer) pairs, fill positions
   size_t total = 0;
 };
-/// Builds deps for order (marked base + position). With `device` (placed runs: the
+/// Builds deps for order (index: its positions). With `device` (placed runs: the
 /// configured device index of each node), inputs living elsewhere get one copy task per
 /// (data, destination), which runs as soon as its producer is done.
-void build_tasks(const std::vector<Node*>& order, uint64_t base, const std::vector<int>* device,
-                 TaskDeps& deps);
+void build_tasks(const std::vector<Node*>& order, const OrderIndex& index,
+                 const std::vector<int>* device, TaskDeps& deps);
 
 // ---- kernels' scratch memory (kernel_scratch.cpp)
 
@@ -102,9 +135,10 @@ KernelScratch kernel_scratch(const Node& n);
 
 // ---- the plan cache (plan_cache.cpp)
 
-/// The configured device of each node of order (marked base + position): the plan cached for
+/// The configured device of each node of order (index: its positions): the plan cached for
 /// this graph structure, or a new placement.
-void plan_devices(const std::vector<Node*>& order, uint64_t base, std::vector<int>& device);
+void plan_devices(const std::vector<Node*>& order, const OrderIndex& index,
+                  std::vector<int>& device);
 /// Counts copy tasks for scheduler_stats().
 void count_copy_tasks(int64_t n);
 /// Throws naming the node when it is pinned to a device that is not configured.

@@ -193,7 +193,8 @@ MemoryPrediction predict_eval_memory(const std::vector<Tensor>& targets, bool re
   std::vector<Node*> order;
   std::vector<std::pair<Node*, size_t>> stack;
   bool any_pinned = false;
-  collect_order(targets, next_mark(), order, stack, &any_pinned);
+  OrderIndex index;
+  collect_order(targets, index, order, stack, &any_pinned);
   GraphCopy copy(order);
   order = copy.order;
   // The rewrite eval() would make, on the copy.
@@ -201,10 +202,9 @@ MemoryPrediction predict_eval_memory(const std::vector<Tensor>& targets, bool re
   const size_t n = order.size();
   c.p.nodes = static_cast<int64_t>(n);
   if (n > 0) {
-    const uint64_t base = reserve_marks(n);
-    for (size_t i = 0; i < n; ++i) order[i]->mark = base + i;
+    index.assign(order);
     TaskDeps deps;
-    build_tasks(order, base, nullptr, deps);
+    build_tasks(order, index, nullptr, deps);
     Replay replay(order, c, copy.graph_refs);
     // The executor on one worker: ready tasks last in, first out; a finished task's consumers
     // become ready in graph order.

@@ -28,7 +28,7 @@ PlanCache& plan_cache() {
 
 /// The structure: primitives, shapes, edges, pins and where outside data lives. Attributes are
 /// left out: they change costs little and never correctness.
-uint64_t structure_hash(const std::vector<Node*>& order, uint64_t base) {
+uint64_t structure_hash(const std::vector<Node*>& order, const OrderIndex& index) {
   const auto& cfg = config();
   const auto& devs = cfg.devices;
   const size_t n = order.size();
@@ -47,8 +47,9 @@ uint64_t structure_hash(const std::vector<Node*>& order, uint64_t base) {
     }
     for (const Tensor& t : nd->inputs) {
       const Node* p = t.node();
-      h = mix(h, in_graph(p, base, n) ? p->mark - base
-                                      : (uint64_t{1} << 40 | present_mask(p, t.index(), devs)));
+      const int at = index.of(p);
+      h = mix(h, at >= 0 ? static_cast<uint64_t>(at)
+                         : (uint64_t{1} << 40 | present_mask(p, t.index(), devs)));
       h = mix(h, static_cast<uint64_t>(t.index()));
     }
   }
@@ -64,8 +65,9 @@ void check_pin(const Node& n) {
          "); devices found: ", available_devices());
 }
 
-void plan_devices(const std::vector<Node*>& order, uint64_t base, std::vector<int>& device) {
-  const uint64_t h = structure_hash(order, base);
+void plan_devices(const std::vector<Node*>& order, const OrderIndex& index,
+                  std::vector<int>& device) {
+  const uint64_t h = structure_hash(order, index);
   const size_t n = order.size();
   PlanCache& cache = plan_cache();
   {
@@ -78,7 +80,7 @@ void plan_devices(const std::vector<Node*>& order, uint64_t base, std::vector<in
     }
   }
   const auto& cfg = config();
-  std::vector<TaskNode> g = task_graph(order, base, cfg.devices);
+  std::vector<TaskNode> g = task_graph(order, index, cfg.devices);
   CalibratedModel model(cfg.devices, perf_models());
   Schedule s = place(g, cfg.placement, model, static_cast<int>(cfg.devices.size()));
   device = std::move(s.device);

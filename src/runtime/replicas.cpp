@@ -22,9 +22,16 @@ bool replica_valid(const Replica& r, const Array& primary) {
 const Array* valid_copy(const Node* p, int idx, Device d) {
   const Array& a = p->outs[static_cast<size_t>(idx)];
   if (a.device() == d) return &a;
-  for (const Replica& r : p->replicas)
-    if (r.index == idx && r.array.device() == d && replica_valid(r, a)) return &r.array;
+  if (p->runtime_state)
+    for (const Replica& r : p->runtime_state->replicas)
+      if (r.index == idx && r.array.device() == d && replica_valid(r, a)) return &r.array;
   return nullptr;
+}
+
+/// p's replicas, its runtime state made if it has none (caller holds g_replica_mu).
+std::vector<Replica>& replicas_of(Node* p) {
+  if (!p->runtime_state) p->runtime_state = std::make_shared<NodeState>();
+  return p->runtime_state->replicas;
 }
 
 }  // namespace
@@ -60,16 +67,22 @@ void run_copy(Node* p, int idx, Device dst) {
   r.source_offset = src.offset;
   std::lock_guard<std::mutex> lk(g_replica_mu);
   // Drop stale copies of this output while here.
-  std::erase_if(p->replicas, [&](const Replica& x) {
+  std::vector<Replica>& list = replicas_of(p);
+  std::erase_if(list, [&](const Replica& x) {
     return x.index == idx && !replica_valid(x, p->outs[static_cast<size_t>(idx)]);
   });
-  p->replicas.push_back(std::move(r));
+  list.push_back(std::move(r));
 }
 
 void drop_replicas(Node* p) {
-  if (p->replicas.empty()) return;
+  if (!p->runtime_state) return;  // never copied (the common case): no lock
   std::lock_guard<std::mutex> lk(g_replica_mu);
-  p->replicas.clear();
+  p->runtime_state->replicas.clear();
+}
+
+size_t replica_count(const Node* p) {
+  std::lock_guard<std::mutex> lk(g_replica_mu);
+  return p->runtime_state ? p->runtime_state->replicas.size() : 0;
 }
 
 Array placeholder_copy(Node* p, int idx, Device d) {
@@ -83,8 +96,9 @@ Array placeholder_copy(Node* p, int idx, Device d) {
       allocator_for(d).allocate(std::max<size_t>(src.buffer->bytes(), 1), src.buffer->tag());
   r.source = src.buffer;
   r.source_offset = src.offset;
-  p->replicas.push_back(std::move(r));
-  return p->replicas.back().array;
+  std::vector<Replica>& list = replicas_of(p);
+  list.push_back(std::move(r));
+  return list.back().array;
 }
 
 }  // namespace hetrain::runtime

@@ -58,10 +58,10 @@ void simulate_eval(const std::vector<Node*>& order, bool release_graph) {
   const auto& cfg = config();
   const auto& devs = cfg.devices;
   const size_t n = order.size();
-  const uint64_t base = reserve_marks(n);
-  for (size_t i = 0; i < n; ++i) order[i]->mark = base + i;
+  OrderIndex index;
+  index.assign(order);
   for (const Node* nd : order) check_pin(*nd);
-  const std::vector<TaskNode> g = task_graph(order, base, devs);
+  const std::vector<TaskNode> g = task_graph(order, index, devs);
   const CalibratedModel model(devs, perf_models());
   const Schedule s = place(g, cfg.placement, model, static_cast<int>(devs.size()), log.explain);
   log.busy.resize(devs.size(), 0.0);

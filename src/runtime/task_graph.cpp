@@ -9,21 +9,26 @@
 
 namespace hetrain::runtime {
 
-void collect_order(const std::vector<Tensor>& targets, uint64_t mark, std::vector<Node*>& order,
+void OrderIndex::assign(const std::vector<Node*>& order) {
+  pos_.clear();
+  pos_.reserve(order.size());
+  for (size_t i = 0; i < order.size(); ++i) pos_.emplace(order[i], static_cast<int>(i));
+}
+
+void collect_order(const std::vector<Tensor>& targets, OrderIndex& index, std::vector<Node*>& order,
                    std::vector<std::pair<Node*, size_t>>& stack, bool* any_pinned) {
+  index.clear();
   for (const auto& t : targets) {
     Node* n = t.node();
-    if (!n || n->evaluated() || n->mark == mark) continue;
-    n->mark = mark;
+    if (!n || n->evaluated() || !index.visit(n)) continue;
     stack.emplace_back(n, 0);
     while (!stack.empty()) {
       auto& [cur, i] = stack.back();
       if (i < cur->inputs.size()) {
         Node* in = cur->inputs[i++].node();
-        if (!in->evaluated() && in->mark != mark) {
+        if (!in->evaluated() && index.visit(in)) {
           if (!in->prim)
             fail("[eval] a tensor has neither data nor a producer (was it moved from?)");
-          in->mark = mark;
           stack.emplace_back(in, 0);
         }
       } else {
@@ -33,10 +38,6 @@ void collect_order(const std::vector<Tensor>& targets, uint64_t mark, std::vecto
       }
     }
   }
-}
-
-bool in_graph(const Node* p, uint64_t base, size_t n) {
-  return p->mark >= base && p->mark < base + n && !p->evaluated();
 }
 
 std::pair<uint64_t, double> node_footprint(const Node* n) {
@@ -61,7 +62,7 @@ uint32_t present_mask(const Node* p, int idx, const std::vector<DeviceModel>& de
   return m;
 }
 
-std::vector<TaskNode> task_graph(const std::vector<Node*>& order, uint64_t base,
+std::vector<TaskNode> task_graph(const std::vector<Node*>& order, const OrderIndex& index,
                                  const std::vector<DeviceModel>& devs) {
   const size_t n = order.size();
   std::vector<TaskNode> g(n);
@@ -95,8 +96,8 @@ std::vector<TaskNode> task_graph(const std::vector<Node*>& order, uint64_t base,
       TaskInput in;
       in.index = t.index();
       in.bytes = static_cast<double>(p->outs[static_cast<size_t>(t.index())].nbytes());
-      if (in_graph(p, base, n)) {
-        in.producer = static_cast<int>(p->mark - base);
+      if (const int at = index.of(p); at >= 0) {
+        in.producer = at;
       } else {
         in.present = present_mask(p, t.index(), devs);
         auto [it, fresh] = ext_ids.emplace(p, static_cast<int>(ext_ids.size()));
@@ -108,8 +109,8 @@ std::vector<TaskNode> task_graph(const std::vector<Node*>& order, uint64_t base,
   return g;
 }
 
-void build_tasks(const std::vector<Node*>& order, uint64_t base, const std::vector<int>* device,
-                 TaskDeps& deps) {
+void build_tasks(const std::vector<Node*>& order, const OrderIndex& index,
+                 const std::vector<int>* device, TaskDeps& deps) {
   const size_t n = order.size();
   std::vector<int>& edges = deps.edges;
   edges.clear();
@@ -121,8 +122,7 @@ void build_tasks(const std::vector<Node*>& order, uint64_t base, const std::vect
   if (!device) {
     for (size_t i = 0; i < n; ++i)
       for (const auto& t : order[i]->inputs)
-        if (in_graph(t.node(), base, n))
-          edge(static_cast<int>(t.node()->mark - base), static_cast<int>(i));
+        if (const int p = index.of(t.node()); p >= 0) edge(p, static_cast<int>(i));
   } else {
     const std::vector<int>& dev = *device;
     const auto& devs = config().devices;
@@ -142,8 +142,7 @@ void build_tasks(const std::vector<Node*>& order, uint64_t base, const std::vect
       for (const auto& t : order[i]->inputs) {
         Node* in = t.node();
         bool fresh = false;
-        if (in_graph(in, base, n)) {
-          const int p = static_cast<int>(in->mark - base);
+        if (const int p = index.of(in); p >= 0) {
           if (dev[static_cast<size_t>(p)] == d) {
             edge(p, static_cast<int>(i));
             continue;

@@ -13,6 +13,7 @@
 #include "hetrain/runtime/eval.h"
 #include "hetrain/runtime/perf_model.h"
 #include "hetrain/runtime/scheduler.h"
+#include "runtime/internal.h"  // replica_count
 
 using namespace hetrain;
 namespace rt = hetrain::runtime;
@@ -274,7 +275,7 @@ TEST_F(Scheduler, WriteInvalidatesOtherCopies) {
     a = x + x;
   }
   EXPECT_EQ(a.to_vector<float>()[0], 2.0f);
-  ASSERT_EQ(x.node()->replicas.size(), 1u);
+  ASSERT_EQ(rt::replica_count(x.node()), 1u);
   // A new value written to x (a fresh buffer): the sim:0 copy is stale and must not be read.
   Tensor fresh = full({8}, 5.0).eval();
   x.node()->outs[0] = fresh.array();

@@ -23,6 +23,9 @@ namespace hetrain {
 
 class Primitive;
 struct Node;
+namespace runtime {
+struct NodeState;  // what the runtime keeps per node (src/runtime/internal.h)
+}
 
 struct TensorMeta {
   Shape shape;
@@ -79,16 +82,6 @@ class Tensor {
   int index_ = 0;
 };
 
-/// A copy of one of a node's outputs on another memory node, made by the scheduler. It is
-/// valid while the output still holds the data it was copied from (source); a new value
-/// written to the output invalidates it.
-struct Replica {
-  int index = 0;
-  Array array;
-  std::weak_ptr<Buffer> source;  // the output's buffer when copied
-  int64_t source_offset = 0;
-};
-
 /// A graph node: one primitive applied to inputs, with one or more outputs. A leaf has no
 /// primitive. After evaluation a node that no gradient needs drops its primitive and
 /// inputs ("detached"), which frees intermediate buffers at their last use.
@@ -101,8 +94,9 @@ struct Node : std::enable_shared_from_this<Node> {
   bool requires_grad = false;
   bool leaf_requires_grad = false;  // set by requires_grad_() on a leaf
   Tensor grad;                      // leaves only
-  uint64_t mark = 0;                // traversal scratch
-  std::vector<Replica> replicas;    // copies of outputs on other memory nodes (runtime)
+  /// The runtime's own state of this node (copies of its outputs on other devices), opaque
+  /// here; null until the runtime needs it. Traversals keep their marks in side tables.
+  std::shared_ptr<runtime::NodeState> runtime_state;
   // A leaf whose data exists only while gathered (ZeRO stage 3's parameters): it counts as
   // evaluated, and an EvalHook gives it data before the nodes that read it run.
   bool sharded = false;
