@@ -50,7 +50,8 @@ std::vector<Tensor> random_graph(uint64_t seed, const std::vector<std::optional<
       const size_t back = std::min<size_t>(m - 1, rng() % 6);
       return rng() % 3 ? pool[m - 1 - back] : pool[rng() % m];
     };
-    Tensor a = pick(), b = pick(), y;
+    const Tensor &a = pick(), &b = pick();  // pool grows only after y is built
+    Tensor y;
     switch (rng() % 9) {
       case 0:
         y = matmul(a, b) * (1.0 / n);
