@@ -5,12 +5,24 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
 #include <vector>
 
+#include "hetrain/base/error.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
 
 namespace hetrain::testing {
+
+/// The message of the hetrain::Error f throws, or "no error".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
 
 inline void expect_close(const std::vector<double>& got, const std::vector<double>& want,
                          double atol, double rtol, const std::string& what = "") {

@@ -13,10 +13,13 @@
 #include "hetrain/planning/calibration.h"
 #include "hetrain/planning/plan.h"
 #include "hetrain/planning/report.h"
+#include "testing.h"
 
 using namespace hetrain;
 using namespace hetrain::planning;
 namespace fs = std::filesystem;
+
+using hetrain::testing::error_of;
 
 namespace {
 std::string catalog_path() { return std::string(HETRAIN_SOURCE_DIR) + "/data/hardware.json"; }
@@ -38,14 +41,6 @@ Hardware load_local(const std::string& json) {
   return c.get("local");
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 }  // namespace
 
 TEST(PlanCatalog, HasTheRequiredHardwareWithSources) {

@@ -12,10 +12,13 @@
 #include "hetrain/base/error.h"
 #include "hetrain/planning/comm_table.h"
 #include "hetrain/planning/plan.h"
+#include "testing.h"
 
 using namespace hetrain;
 using namespace hetrain::planning;
 namespace fs = std::filesystem;
+
+using hetrain::testing::error_of;
 
 namespace {
 // ddp_fixed_order measured at 1 KiB, 1 MiB and 4 MiB on 2 ranks: 1 ms, 3 ms, 9 ms.
@@ -25,14 +28,6 @@ const char* const kTable = R"({"world_size": 2, "backend": "mpi", "date": "2026-
            {"op": "ddp_fixed_order", "bytes": 1048576, "seconds": 3e-3},
            {"op": "all_reduce", "bytes": 1024, "seconds": 2e-3}]})";
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 }  // namespace
 
 TEST(CommTable, SecondsInterpolateBetweenSizesAndExtendTheLastLine) {
