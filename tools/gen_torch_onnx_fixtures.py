@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes tests/data/torch_onnx/{mlp,resnet,gpt2_block}/: models exported by PyTorch's
+"""Writes tests/data/torch_onnx/{mlp,resnet,gpt2_block,gpt_explicit,gpt_sdpa}/: models exported by PyTorch's
 torch.onnx (the TorchScript exporter, opset 17, dynamic batch axis), so the importer is tested on
 files a real exporter wrote. Per model: model.onnx, input_0.npy and PyTorch's output_0.npy (eval
 mode), cotangent_0.npy (a fixed random weighting of the output: loss = sum(output * cotangent))
@@ -67,11 +67,15 @@ class ResNet(nn.Module):
 
 class Gpt2Block(nn.Module):
     """GPT-2's block as Hugging Face writes it: pre-LN, fused QKV projection, causal softmax
-    attention with the mask from the sequence length, tanh-GELU MLP of 4x width."""
+    attention with the mask from the sequence length, tanh-GELU MLP of 4x width. With sdpa,
+    the attention is F.scaled_dot_product_attention(is_causal=True) instead; `gelu` is the
+    GELU's approximate= ("none": exact, erf)."""
 
-    def __init__(self, width=32, heads=4):
+    def __init__(self, width=32, heads=4, sdpa=False, gelu="tanh"):
         super().__init__()
         self.heads = heads
+        self.sdpa = sdpa
+        self.gelu = gelu
         self.ln_1 = nn.LayerNorm(width)
         self.c_attn = nn.Linear(width, 3 * width)
         self.c_proj = nn.Linear(width, width)
@@ -83,6 +87,9 @@ class Gpt2Block(nn.Module):
         b, t, c = x.shape
         q, k, v = self.c_attn(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
         scores = q @ k.transpose(-2, -1) / math.sqrt(c // self.heads)
         mask = torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device))
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -91,7 +98,26 @@ class Gpt2Block(nn.Module):
 
     def forward(self, x):
         x = x + self.attention(self.ln_1(x))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate=self.gelu))
+
+
+class Gpt(nn.Module):
+    """A GPT shaped as Hetrain's (and the planner's gpt_model): token and learned position
+    embeddings, pre-LN blocks with biases, a final LayerNorm, the head tied to the token
+    embedding; ids (batch, seq) to logits (batch, seq, vocab)."""
+
+    def __init__(self, vocab=32, positions=8, width=16, heads=2, layers=2, **block):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(positions, width)
+        self.blocks = nn.ModuleList(Gpt2Block(width, heads, **block) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(width)
+
+    def forward(self, ids):
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
+        for b in self.blocks:
+            x = b(x)
+        return self.ln_f(x) @ self.wte.weight.t()
 
 
 def randomise_norms(model, gen):
@@ -145,6 +171,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests",
                                                    "data", "torch_onnx"))
     ap.add_argument("--onnx-site", help="site-packages holding onnx, when this venv lacks it")
+    ap.add_argument("--only", nargs="*", help="write these models only (default: all)")
     args = ap.parse_args()
     if args.onnx_site:
         sys.path.append(args.onnx_site)  # after this venv's own packages (its numpy wins)
@@ -154,10 +181,26 @@ def main():
         resnet, block = ResNet(), Gpt2Block()
         randomise_norms(resnet, gen)
         randomise_norms(block, gen)
-    save(args.out, "mlp", Mlp(), torch.randn(3, 1, 8, 8, generator=gen), {0: "batch"})
-    save(args.out, "resnet", resnet, torch.randn(2, 3, 12, 12, generator=gen), {0: "batch"})
-    save(args.out, "gpt2_block", block, torch.randn(2, 6, 32, generator=gen),
-         {0: "batch", 1: "seq"})
+    want = lambda name: not args.only or name in args.only  # noqa: E731
+    # In this order, each model from the same random state whichever are written.
+    old = [("mlp", Mlp(), torch.randn(3, 1, 8, 8, generator=gen), {0: "batch"})]
+    old.append(("resnet", resnet, torch.randn(2, 3, 12, 12, generator=gen), {0: "batch"}))
+    old.append(("gpt2_block", block, torch.randn(2, 6, 32, generator=gen), {0: "batch", 1: "seq"}))
+    for name, model, x, axes in old:
+        if want(name):
+            save(args.out, name, model, x, axes)
+    # PyTorch's two attention spellings and two GELUs in GPTs that the import-time fusion rules
+    # turn into Hetrain's causal attention and GELU (so plan --onnx splits them).
+    torch.manual_seed(26)
+    gen = torch.Generator().manual_seed(26)
+    with torch.no_grad():
+        explicit, sdpa = Gpt(gelu="tanh"), Gpt(sdpa=True, gelu="none")
+        randomise_norms(explicit, gen)
+        randomise_norms(sdpa, gen)
+    for name, model in (("gpt_explicit", explicit), ("gpt_sdpa", sdpa)):
+        ids = torch.randint(0, 32, (2, 6), generator=gen)
+        if want(name):
+            save(args.out, name, model, ids, {0: "batch", 1: "seq"})
 
 
 if __name__ == "__main__":

@@ -52,6 +52,21 @@ void OnnxNodeCtx::check_known(size_t i) const {
          " is computed from the model's input values (a data-dependent shape), which a "
          "simulated run does not know");
 }
+Shape onnx_reshape_target(const OnnxNodeCtx& c, const Shape& in, std::vector<int64_t> shape,
+                          bool allow_zero) {
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] == 0 && !allow_zero) {
+      if (i >= in.size()) fail(c.where(), "0 at position ", i, " beyond the input's rank");
+      shape[i] = in[i];
+    }
+  // Bounded before the core's arithmetic: dims in [0, 2^40] (one -1 inferred), product too.
+  std::vector<int64_t> known = shape;
+  if (std::count(known.begin(), known.end(), -1) > 1)
+    fail(c.where(), "the shape has more than one -1");
+  std::replace(known.begin(), known.end(), int64_t{-1}, int64_t{1});
+  onnx_checked_shape(known, c.where() + "shape");
+  return {shape.begin(), shape.end()};
+}
 std::string OnnxNodeCtx::where() const {
   return "[" + node.op_type() + (node.name().empty() ? "" : " '" + node.name() + "'") + "] ";
 }
@@ -146,19 +161,7 @@ Outs op_flatten(const Ctx& c) {
 Outs op_reshape(const Ctx& c) {
   const Tensor& x = c.in.at(0);
   std::vector<int64_t> shape = c.version >= 5 ? c.ints(1) : c.attr_ints("shape");
-  const bool allow_zero = c.attr_int("allowzero", 0) != 0;
-  for (size_t i = 0; i < shape.size(); ++i)
-    if (shape[i] == 0 && !allow_zero) {
-      if (i >= x.shape().size()) fail(c.where(), "0 at position ", i, " beyond the input's rank");
-      shape[i] = x.shape()[i];
-    }
-  // Bounded before the core's arithmetic: dims in [0, 2^40] (one -1 inferred), product too.
-  std::vector<int64_t> known = shape;
-  if (std::count(known.begin(), known.end(), -1) > 1)
-    fail(c.where(), "the shape has more than one -1");
-  std::replace(known.begin(), known.end(), int64_t{-1}, int64_t{1});
-  onnx_checked_shape(known, c.where() + "shape");
-  return {reshape(x, Shape(shape.begin(), shape.end()))};
+  return {reshape(x, onnx_reshape_target(c, x.shape(), shape, c.attr_int("allowzero", 0) != 0))};
 }
 
 Outs op_transpose(const Ctx& c) {

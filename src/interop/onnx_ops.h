@@ -35,6 +35,11 @@ struct OnnxNodeCtx {
   std::string where() const;
 };
 
+/// ONNX Reshape's target for an input of shape `in`: a 0 copies the input's dim (unless
+/// allow_zero), at most one -1 (left for reshape to infer); sizes bounded, errors naming the node.
+Shape onnx_reshape_target(const OnnxNodeCtx& c, const Shape& in, std::vector<int64_t> shape,
+                          bool allow_zero);
+
 using OnnxHandler = std::function<std::vector<Tensor>(const OnnxNodeCtx&)>;
 
 struct OnnxOpDef {

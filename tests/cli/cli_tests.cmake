@@ -118,6 +118,11 @@ add_test(NAME cli.onnx_simulate_plan
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/onnx_simulate_plan.sh ${HT}
                  ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.onnx_simulate_plan PROPERTIES TIMEOUT 600)
+# PyTorch-exported GPTs: attention and GELU fused at import, planned with tp/pp, and compared
+# with onnxruntime (skip without the venv, fail under CI).
+add_test(NAME cli.onnx_torch_gpt
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/onnx_torch_gpt.sh ${HT} ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.onnx_torch_gpt PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
 hetrain_cli_test(cli.train_bad_loss "--loss must be cross-entropy, got 'mse'" ${HT} train --loss mse)
 add_test(NAME interop.onnx_node_suite_pypi
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/onnx_node_suite_pypi.sh

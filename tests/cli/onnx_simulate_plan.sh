@@ -5,8 +5,9 @@
 #    Shape -> Gather -> Range, folded to constants while building) simulates on cpu,sim:0.
 # 2. plan --onnx: the MLP's parameter count and FLOPs by formula; the GPT recognised as the
 #    planner's transformer: its plan equal to plan --model gpt of the same sizes, also with
-#    tensor and pipeline parallelism (tp 2, pp 2); a PyTorch GPT-2 block (unfused attention)
-#    stays a data-parallel graph and refuses --tp 2.
+#    tensor and pipeline parallelism (tp 2, pp 2); a PyTorch GPT-2 block (its attention fuses,
+#    but it maps activations to activations, not ids to logits) stays a data-parallel graph and
+#    refuses --tp 2. (PyTorch GPTs: onnx_torch_gpt.sh.)
 # Usage: onnx_simulate_plan.sh HETRAIN SOURCE_DIR
 set -uo pipefail
 bin=$1 src=$2
@@ -91,7 +92,7 @@ out=$("$bin" plan --onnx "$block" 2>&1) && exit 1
 grep -q "input 'input' axis 1 ('seq') has no fixed size; give it with --seq" <<<"$out" ||
   { echo "$out"; exit 1; }
 "$bin" "${plan[@]}" --onnx "$block" --seq 6 > "$tmp/p4.json" || exit 1
-# PyTorch's attention is not fused, so the block is not recognised as a transformer.
+# Not ids to logits, so the block is not recognised as a GPT.
 out=$("$bin" "${split[@]}" --onnx "$block" --seq 6 2>&1) && { echo "$out"; exit 1; }
 grep -q "planned with data parallelism only" <<<"$out" || { echo "$out"; exit 1; }
 out=$("$bin" plan --onnx "$tmp/mlp.onnx" --preset gpt2-124m 2>&1) && exit 1
