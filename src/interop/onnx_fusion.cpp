@@ -310,6 +310,7 @@ std::optional<Match> causal_attention(const GraphView& v, int root) {
   int split_k = -1;
   for (int k : nodes)
     if (v.g.node(k).op_type() == "Split") split_k = k;
+  if (split_k < 0) return std::nullopt;
   const auto& split = v.g.node(split_k);
   for (const auto& a : split.attribute())
     if ((a.name() == "axis" && a.i() != 2 && a.i() != -1) || a.name() == "num_outputs")
@@ -432,9 +433,10 @@ std::optional<double> known_scalar(const OnnxNodeCtx& c, size_t i) {
 bool causal_mask(const Tensor& mask, const std::string& kind, int64_t T) {
   const Shape& s = mask.shape();
   if (mask.node()->prim != nullptr || s.size() < 2 || s[s.size() - 1] != T ||
-      s[s.size() - 2] != T || mask.numel() != T * T ||
-      (kind == "add") == (mask.dtype() == Dtype::boolean))
+      s[s.size() - 2] != T || (kind == "add") == (mask.dtype() == Dtype::boolean))
     return false;
+  for (size_t i = 0; i + 2 < s.size(); ++i)  // (..., T, T) with leading 1s: no product to overflow
+    if (s[i] != 1) return false;
   const std::vector<double> m = mask.to_vector<double>();
   for (int64_t i = 0; i < T; ++i)
     for (int64_t j = 0; j < T; ++j) {
