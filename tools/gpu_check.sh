@@ -13,16 +13,24 @@
 #
 # Usage: tools/gpu_check.sh        Environment: GPU_CHECK_BATCH (124M model's batch, 8),
 #   GPU_CHECK_STEPS (timed steps, 8), GPU_CHECK_TIMEOUT (seconds per run, 150),
-#   GPU_CHECK_BUILD (build directory, build-gpu). Exit status 1 if the build or a CUDA test
-#   fails (the timings still run after a test failure, and say so).
+#   GPU_CHECK_BUILD (build directory, build-gpu), GPU_CHECK_PREBUILT (an archive from
+#   tools/gpu_pack.sh: no build here, its binaries and libraries run with the CUDA libraries
+#   this machine has; for a GPU machine without the Debian build dependencies),
+#   GPU_CHECK_LOGS (a directory that keeps every log; default: a temporary one),
+#   GPU_CHECK_BENCH_TIMEOUT (seconds for the kernel micro-benchmarks, 120).
+#   Exit status 1 if the build or a CUDA test fails (the timings still run after a test
+#   failure, and say so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${GPU_CHECK_BUILD:-build-gpu}
 BATCH=${GPU_CHECK_BATCH:-8}
 STEPS=${GPU_CHECK_STEPS:-8}
 RUN_TIMEOUT=${GPU_CHECK_TIMEOUT:-150}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+PREBUILT=${GPU_CHECK_PREBUILT:-}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+tmp=${GPU_CHECK_LOGS:-$work/logs}
+mkdir -p "$tmp"
 say() { printf '\n== %s\n' "$*" >&2; }
 die() {
   printf 'gpu_check: %s\n' "$*" >&2
@@ -35,44 +43,87 @@ command -v nvidia-smi > /dev/null 2>&1 || die "nvidia-smi not found: no NVIDIA d
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >&2 ||
   die "nvidia-smi found no usable GPU"
 
-say "build ($BUILD, HETRAIN_CUDA=ON)"
-for tool in cmake ninja; do
-  command -v "$tool" > /dev/null 2>&1 || die "$tool not found (tools/install_deps.sh installs the build tools)"
-done
-if ! command -v nvcc > /dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
-  die "nvcc not found: install the CUDA toolkit (or put its bin/ on PATH)"
+if [ -n "$PREBUILT" ]; then
+  say "prebuilt binaries ($PREBUILT)"
+  [ -f "$PREBUILT" ] || die "GPU_CHECK_PREBUILT=$PREBUILT is not a file (tools/gpu_pack.sh makes one)"
+  tar -C "$work" -xJf "$PREBUILT" || die "cannot unpack $PREBUILT"
+  # The CUDA libraries come from this machine: its toolkit, or the NVIDIA wheels PyTorch uses.
+  # Only the packed binaries see the packed libraries (through wrappers), so python3 and
+  # PyTorch keep this machine's own libstdc++ and friends.
+  cuda_libs=$(
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+      [ -d "$d" ] && echo "$d"
+    done
+    python3 -c 'import glob, nvidia; [print(d) for p in nvidia.__path__ for d in sorted(glob.glob(p + "/*/lib"))]' 2> /dev/null || true
+  )
+  libpath="$work/lib:$(echo "$cuda_libs" | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  missing=$(LD_LIBRARY_PATH=$libpath ldd "$work"/bin/* | grep 'not found' | sort -u || true)
+  [ -z "$missing" ] || die "libraries not found for the prebuilt binaries: $missing"
+  mkdir -p "$work/wrap"
+  for b in "$work"/bin/*; do
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "'$libpath'" "'$b'" > "$work/wrap/${b##*/}"
+    chmod +x "$work/wrap/${b##*/}"
+  done
+  bin=$work/wrap
+  HETRAIN=$bin/hetrain TEST_CUDA=$bin/test_cuda BENCH_CUDA=$bin/bench_cuda
+  TEST_DIST=$bin/test_distributed TEST_RUNTIME=$bin/test_runtime
+else
+  say "build ($BUILD, HETRAIN_CUDA=ON)"
+  for tool in cmake ninja; do
+    command -v "$tool" > /dev/null 2>&1 || die "$tool not found (tools/install_deps.sh installs the build tools)"
+  done
+  if ! command -v nvcc > /dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+    die "nvcc not found: install the CUDA toolkit (or put its bin/ on PATH)"
+  fi
+  if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHETRAIN_CUDA=ON \
+    > "$tmp/configure.log" 2>&1; then
+    tail -30 "$tmp/configure.log" >&2
+    die "cmake configure failed (missing libraries? tools/install_deps.sh installs them)"
+  fi
+  t0=$(date +%s)
+  targets=(hetrain test_cuda test_distributed test_runtime)
+  grep -q 'build bench/bench_cuda:' "$BUILD/build.ninja" && targets+=(bench_cuda)
+  if ! cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" > "$tmp/build.log" 2>&1; then
+    grep -E -A5 'error|FAILED' "$tmp/build.log" | head -60 >&2
+    die "build failed"
+  fi
+  echo "built in $(($(date +%s) - t0)) s" >&2
+  HETRAIN=$BUILD/hetrain TEST_CUDA=$BUILD/tests/test_cuda BENCH_CUDA=$BUILD/bench/bench_cuda
+  TEST_DIST=$BUILD/tests/test_distributed TEST_RUNTIME=$BUILD/tests/test_runtime
 fi
-if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHETRAIN_CUDA=ON \
-  > "$tmp/configure.log" 2>&1; then
-  tail -30 "$tmp/configure.log" >&2
-  die "cmake configure failed (missing libraries? tools/install_deps.sh installs them)"
-fi
-t0=$(date +%s)
-targets=(hetrain test_cuda)
-grep -q 'build bench/bench_cuda:' "$BUILD/build.ninja" && targets+=(bench_cuda)
-if ! cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" > "$tmp/build.log" 2>&1; then
-  grep -E -A5 'error|FAILED' "$tmp/build.log" | head -60 >&2
-  die "build failed"
-fi
-echo "built in $(($(date +%s) - t0)) s" >&2
-"$BUILD/hetrain" version >&2
+"$HETRAIN" version >&2
 
 say "CUDA kernels against the CPU backend (tests/cuda)"
-if "$BUILD/tests/test_cuda" --gtest_color=no > "$tmp/test_cuda.log" 2>&1; then
+if timeout 300 "$TEST_CUDA" --gtest_color=no > "$tmp/test_cuda.log" 2>&1; then
   grep -E '^\[  (PASSED|SKIPPED) ' "$tmp/test_cuda.log" >&2 || true
 else
   status=1
   grep -E '^\[  FAILED|Failure|cuda .*, cpu ' "$tmp/test_cuda.log" | head -80 >&2 || true
-  echo "gpu_check: CUDA tests FAILED (full log above is cut; rerun $BUILD/tests/test_cuda)" >&2
+  echo "gpu_check: CUDA tests FAILED (full log above is cut; rerun $TEST_CUDA)" >&2
 fi
 if grep -q 'Skipped.*no CUDA device\|no CUDA device' "$tmp/test_cuda.log"; then
   grep -m1 'no CUDA device' "$tmp/test_cuda.log" >&2
-  die "the CUDA tests see no CUDA device (driver too old for CUDA 13? check $BUILD/hetrain version)"
+  die "the CUDA tests see no CUDA device (driver too old for CUDA 13? check $HETRAIN version)"
 fi
 
-if [ -x "$BUILD/bench/bench_cuda" ]; then
+# The NCCL communicator on this machine's GPU (one rank), and the scheduler's tests with a real
+# cuda:0 among the devices.
+for t in "$TEST_DIST World.Nccl*" "$TEST_RUNTIME Scheduler.*:ListScheduler.*"; do
+  set -f; set -- $t; set +f
+  [ -x "$1" ] || continue
+  say "$(basename "$1") --gtest_filter=$2"
+  if timeout 120 "$1" --gtest_color=no --gtest_filter="$2" > "$tmp/$(basename "$1").log" 2>&1; then
+    grep -E '^\[  (PASSED|SKIPPED) |Skipped|no GPU' "$tmp/$(basename "$1").log" >&2 || true
+  else
+    status=1
+    grep -E '^\[  FAILED|Failure|rror' "$tmp/$(basename "$1").log" | head -40 >&2 || true
+    echo "gpu_check: $(basename "$1") FAILED" >&2
+  fi
+done
+
+if [ -x "$BENCH_CUDA" ]; then
   say "kernel micro-benchmarks (bench/bench_cuda.cpp)"
-  timeout 120 "$BUILD/bench/bench_cuda" --benchmark_min_time=0.2 \
+  timeout "${GPU_CHECK_BENCH_TIMEOUT:-120}" "$BENCH_CUDA" --benchmark_min_time=0.2 \
     --benchmark_counters_tabular=true >&2 || echo "gpu_check: bench_cuda failed or timed out" >&2
 else
   echo "bench_cuda not built (Google Benchmark missing): no kernel micro-benchmarks" >&2
@@ -80,7 +131,7 @@ fi
 
 say "training steps (bf16)"
 # A corpus for the byte-level models (the default one is a Debian package that may be absent).
-head -c 3000000 /dev/urandom | base64 > "$tmp/corpus.txt"
+head -c 3000000 /dev/urandom | base64 > "$work/corpus.txt"
 rows="$tmp/rows.jsonl"
 : > "$rows"
 # One JSON line per run: {"run", "model", "batch", "context", "layers", "width", ...result}.
@@ -91,10 +142,10 @@ hetrain_run() {  # model-name layers width heads context batch
   local meta="{\"run\": \"hetrain\", \"model\": \"$name\", \"layers\": $layers, \"width\": $width, \"context\": $context, \"batch\": $batch}"
   echo "hetrain $name ..." >&2
   local rc=0
-  timeout "$RUN_TIMEOUT" "$BUILD/hetrain" train --preset gpt-mini --layers "$layers" \
+  timeout "$RUN_TIMEOUT" "$HETRAIN" train --preset gpt-mini --layers "$layers" \
     --width "$width" --heads "$heads" --context "$context" --batch-size "$batch" \
     --steps "$((STEPS + 3))" --dropout 0 --precision bf16 --devices cpu,cuda:0 \
-    --placement heft --data "$tmp/corpus.txt" --eval-batches 1 --log-every 1000000 \
+    --placement heft --data "$work/corpus.txt" --eval-batches 1 --log-every 1000000 \
     --no-progress --no-record --json-log "$tmp/$name.jsonl" > "$tmp/$name.out" 2> "$tmp/$name.err" || rc=$?
   if [ "$rc" -ne 0 ] || ! grep -q '"final"' "$tmp/$name.jsonl" 2> /dev/null; then
     local why="exit $rc"
