@@ -14,10 +14,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/isa.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
@@ -320,6 +323,68 @@ void BM_AttentionLayout(benchmark::State& state) {
   state.SetLabel(packed ? "packed" : "split heads");
 }
 BENCHMARK(BM_AttentionLayout)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- one kernel source at every vector width
+// ---------------------------------------------------------
+
+/// A vector kernel at each ISA this CPU runs (cpu::set_vector_isa; the same binary): arg 0 the
+/// kernel (0 tanh-GELU forward + gradient on (2048, 512), gpt-mini's MLP activation; 1 layer norm
+/// forward + gradients on (2048, 128); 2 gpt-mini's causal attention forward + gradient, whose
+/// exp tiles are the vector part), arg 1 the ISA (0 baseline, 1 avx2, 2 avx512; skipped where
+/// the CPU lacks it). Time is the process's CPU time per iteration.
+void BM_KernelIsa(benchmark::State& state) {
+  const auto isa = static_cast<cpu::Isa>(state.range(1));
+  if (isa > cpu::widest_isa()) {
+    state.SkipWithError("this CPU lacks the ISA");
+    return;
+  }
+  const cpu::Isa saved = cpu::set_vector_isa(isa);
+  Generator gen(11);
+  std::function<void()> step;
+  Tensor a, b, c;
+  switch (state.range(0)) {
+    case 0:
+      a = randn({2048, 512}, Dtype::f32, gen).eval();
+      b = randn({2048, 512}, Dtype::f32, gen).eval();
+      step = [&] {
+        Tensor y = gelu(a, "tanh");
+        eval({y, grad({y}, {a}, {b})[0]});
+      };
+      break;
+    case 1:
+      a = randn({2048, 128}, Dtype::f32, gen).eval();
+      b = randn({128}, Dtype::f32, gen).eval();
+      c = randn({2048, 128}, Dtype::f32, gen).eval();
+      step = [&] {
+        Tensor y = layer_norm(a, {128}, b, b);
+        auto g = grad({y}, {a, b}, {c});
+        eval({y, g[0], g[1]});
+      };
+      break;
+    default:
+      a = randn({32, 64, 384}, Dtype::f32, gen).eval();
+      b = randn({32, 64, 128}, Dtype::f32, gen).eval();
+      step = [&] {
+        Tensor y = scaled_dot_product_attention_packed(a, 4, true);
+        eval({y, grad({y}, {a}, {b})[0]});
+      };
+  }
+  step();
+  const double pc0 = process_cpu_s();
+  int64_t iters = 0;
+  for (auto _ : state) {
+    step();
+    ++iters;
+  }
+  state.counters["cpu_ms"] = 1e3 * (process_cpu_s() - pc0) / static_cast<double>(iters);
+  static const char* kernels[] = {"gelu_tanh fwd+bwd", "layer_norm fwd+bwd", "attention fwd+bwd"};
+  state.SetLabel(std::string(kernels[state.range(0)]) + " @ " + cpu::isa_name(isa));
+  cpu::set_vector_isa(saved);
+}
+BENCHMARK(BM_KernelIsa)
+    ->ArgsProduct({{0, 1, 2}, {0, 1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // ---- per-node overhead
 // ---------------------------------------------------------------------

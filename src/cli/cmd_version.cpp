@@ -1,5 +1,6 @@
 #include <iostream>
 
+#include "backends/cpu/isa.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "hetrain/base/cpu_features.h"
@@ -14,6 +15,7 @@ int cmd_version(const Args& args) {
   ArgParser p("version", "Print the version, the compiled backends and this CPU's features.");
   if (!p.parse(args)) return 0;
   const auto& f = cpu_features();
+  const cpu::Isa isa = cpu::vector_isa();  // first: a bad HETRAIN_CPU_ISA fails before output
   std::cout << "hetrain " << HETRAIN_VERSION << "\n"
             << "backends: cpu (oneDNN GEMM, OpenBLAS f64)"
 #if HETRAIN_HAVE_CUDA
@@ -23,7 +25,10 @@ int cmd_version(const Args& args) {
 #endif
             << "cpu: " << (f.model.empty() ? f.vendor : f.model) << ", " << num_threads()
             << " threads\n"
-            << "cpu features: " << cpu_features_string() << "\n";
+            << "cpu features: " << cpu_features_string() << "\n"
+            << "vector kernels: " << cpu::isa_name(isa)
+            << " (widest here: " << cpu::isa_name(cpu::widest_isa())
+            << "; HETRAIN_CPU_ISA=baseline|avx2|avx512 lowers it)\n";
   return 0;
 }
 

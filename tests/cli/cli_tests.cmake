@@ -5,7 +5,14 @@ function(hetrain_cli_test name regex)
   set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${regex}" TIMEOUT 300)
 endfunction()
 
-hetrain_cli_test(cli.version "hetrain [0-9]+\\.[0-9]+\\.[0-9]+.*cpu features:" ${HT} --version)
+hetrain_cli_test(cli.version
+  "hetrain [0-9]+\\.[0-9]+\\.[0-9]+.*cpu features:.*vector kernels: (baseline|avx2|avx512) \\(widest here: (baseline|avx2|avx512)"
+  ${HT} --version)
+# HETRAIN_CPU_ISA lowers the vector kernels' width on any CPU; an unknown value is an error.
+hetrain_cli_test(cli.version_isa_baseline "vector kernels: baseline \\(widest here"
+  ${CMAKE_COMMAND} -E env HETRAIN_CPU_ISA=baseline ${HT} version)
+hetrain_cli_test(cli.version_isa_unknown "HETRAIN_CPU_ISA must be baseline, avx2 or avx512, got 'sse9'"
+  ${CMAKE_COMMAND} -E env HETRAIN_CPU_ISA=sse9 ${HT} version)
 hetrain_cli_test(cli.train_help "--resume DIR.*--json-log FILE" ${HT} train --help)
 hetrain_cli_test(cli.unknown_flag "unknown flag '--bogus'" ${HT} train --bogus)
 hetrain_cli_test(cli.bad_number "'lr' expects a finite number, got 'fast'" ${HT} train --lr fast)

@@ -13,8 +13,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "backends/cpu/compute_buffers.h"
+#include "backends/cpu/isa.h"
 #include "backends/cpu/vec_math.h"
 #include "graph/prims/attention.h"
 #include "hetrain/base/thread_pool.h"
@@ -95,16 +97,27 @@ PackedGeom packed_geom(const Shape& qkv, int64_t heads, bool causal) {
   return {{qkv[0] * heads, L, L, d, d, causal}, heads};
 }
 
-/// s[c] = exp(s[c] - shift) for c < n; returns their sum.
+/// s[c] = exp(s[c] - shift) for c < n; returns their sum (eight partial sums in a fixed order).
+struct ExpShifted {
+  template <cpu::Isa, class T>
+  [[gnu::always_inline]] static inline void run(T* s, int64_t n, T shift, T& sum) {
+    for (int64_t c = 0; c < n; ++c) s[c] = cpu::vexp(s[c] - shift);
+    T acc[8] = {};
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += s[c + j];
+    for (; c < n; ++c) acc[0] += s[c];
+    sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  }
+};
 template <class T>
 T exp_shifted(T* s, int64_t n, T shift) {
-  for (int64_t c = 0; c < n; ++c) s[c] = cpu::vexp(s[c] - shift);
-  T acc[8] = {};
-  int64_t c = 0;
-  for (; c + 8 <= n; c += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += s[c + j];
-  for (; c < n; ++c) acc[0] += s[c];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  T sum{};
+  if constexpr (std::is_same_v<T, float>)
+    cpu::isa_dispatch<ExpShifted>(s, n, shift, sum);  // every vector width, the same bits
+  else
+    ExpShifted::run<cpu::Isa::baseline>(s, n, shift, sum);
+  return sum;
 }
 
 /// Keys [0, limit) of a tile starting at key j0 are visible to query row i.

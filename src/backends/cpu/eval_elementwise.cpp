@@ -6,12 +6,12 @@
 #endif
 #include <cstring>
 
+#include "backends/cpu/isa.h"
 #include "backends/cpu/strided.h"
 #include "backends/cpu/vec.h"
 #include "backends/cpu/vec_math.h"
 #include "graph/prims/elementwise.h"
 #include "graph/prims/views.h"
-#include "hetrain/base/cpu_features.h"
 #include "hetrain/base/dispatch.h"
 
 namespace hetrain {
@@ -40,28 +40,28 @@ struct FastF32 {
 template <>
 struct FastF32<ExpOp> {
   static constexpr bool has = true;
-  static float f(float x) { return cpu::vexp(x); }
+  [[gnu::always_inline]] static float f(float x) { return cpu::vexp(x); }
 };
 template <>
 struct FastF32<TanhOp> {
   static constexpr bool has = true;
-  static float f(float x) { return fast_tanh(x); }
+  [[gnu::always_inline]] static float f(float x) { return fast_tanh(x); }
 };
 template <>
 struct FastF32<SigmoidOp> {
   static constexpr bool has = true;
-  static float f(float x) { return fast_sigmoid(x); }
+  [[gnu::always_inline]] static float f(float x) { return fast_sigmoid(x); }
 };
 template <>
 struct FastF32<SiluOp> {
   static constexpr bool has = true;
-  static float f(float x) { return x * fast_sigmoid(x); }
+  [[gnu::always_inline]] static float f(float x) { return x * fast_sigmoid(x); }
 };
 template <>
 struct FastF32<GeluTanhOp> {
   static constexpr bool has = true;
   // 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for large negative x.
-  static float f(float x) {
+  [[gnu::always_inline]] static float f(float x) {
     return x * fast_sigmoid(2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x));
   }
 };
@@ -74,35 +74,30 @@ struct FastF32Binary {
 template <>
 struct FastF32Binary<GeluTanhGradOp> {
   static constexpr bool has = true;
-  static float f(float a, float b) {
+  [[gnu::always_inline]] static float f(float a, float b) {
     const float k = 0.7978845608028654f, c = 0.044715f;
     const float u = k * (a + c * a * a * a), du = k * (1.0f + 3.0f * c * a * a);
     const float e = cpu::vexp(-2.0f * std::abs(u)), p = 1.0f / (1.0f + e), q = e * p;
     return b * ((u >= 0.0f ? p : q) + 2.0f * a * p * q * du);  // as GeluTanhGradOp::f
   }
 };
-/// o[i] = F::f(a[i]) (or F::f(a[i], b[i])) over contiguous f32: the loop compiled for AVX2 + FMA
-/// where the CPU has them (8 lanes, the inlined vexp fused), for baseline x86-64 (SSE2) elsewhere.
+/// o[i] = F::f(a[i]) (or F::f(a[i], b[i])) over contiguous f32, one source compiled for every
+/// vector width (cpu::isa_dispatch: AVX-512, AVX2 + FMA or baseline x86-64, the inlined vexp
+/// vectorised with the loop).
 template <class F>
-[[gnu::always_inline]] inline void fast_map_body(const float* a, const float* b, float* o,
-                                                 int64_t n) {
-  if constexpr (requires { F::f(0.0f, 0.0f); })
-    for (int64_t i = 0; i < n; ++i) o[i] = F::f(a[i], b[i]);
-  else
-    for (int64_t i = 0; i < n; ++i) o[i] = F::f(a[i]);
-}
-template <class F>
-__attribute__((target("avx2,fma"))) void fast_map_avx2(const float* a, const float* b, float* o,
-                                                       int64_t n) {
-  fast_map_body<F>(a, b, o, n);
-}
+struct FastMap {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const float* a, const float* b, float* o,
+                                                int64_t n) {
+    if constexpr (requires { F::f(0.0f, 0.0f); })
+      for (int64_t i = 0; i < n; ++i) o[i] = F::f(a[i], b[i]);
+    else
+      for (int64_t i = 0; i < n; ++i) o[i] = F::f(a[i]);
+  }
+};
 template <class F>
 void fast_map(const float* a, const float* b, float* o, int64_t n) {
-  static const bool avx2 = cpu_features().avx2 && cpu_features().fma;
-  if (avx2)
-    fast_map_avx2<F>(a, b, o, n);
-  else
-    fast_map_body<F>(a, b, o, n);
+  cpu::isa_dispatch<FastMap<F>>(a, b, o, n);
 }
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backends/cpu/isa.h"
 #include "backends/cpu/vec_math.h"
 #include "graph/prims/elementwise.h"
 #include "graph/prims/nn.h"
@@ -30,12 +31,14 @@ constexpr int64_t kColBlock = 64;
 
 // ---- softmax ------------------------------------------------------------------------------
 
+/// Softmax (or log-softmax) of rows [b, e), each n long; t is n compute values of scratch where
+/// T is a storage type (f16, bf16).
 template <class T>
-void softmax_rows(const T* x, T* y, int64_t rows, int64_t n, bool log) {
-  using C = compute_t<T>;
-  parallel_for(rows, row_grain(n), [&](int64_t b, int64_t e) {
-    std::vector<C> scratch;
-    if constexpr (!std::is_same_v<T, C>) scratch.resize(static_cast<size_t>(n));
+struct SoftmaxRows {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const T* x, T* y, int64_t n, int64_t b, int64_t e,
+                                                bool log, compute_t<T>* scratch) {
+    using C = compute_t<T>;
     for (int64_t r = b; r < e; ++r) {
       const T* xr = x + r * n;
       T* yr = y + r * n;
@@ -51,11 +54,21 @@ void softmax_rows(const T* x, T* y, int64_t rows, int64_t n, bool log) {
       if constexpr (std::is_same_v<T, C>)
         t = yr;
       else
-        t = scratch.data();
+        t = scratch;
       for (int64_t i = 0; i < n; ++i) t[i] = vexp(to_compute(xr[i]) - m);
       const C inv = C(1) / row_sum(t, n, [](C v) { return v; });
       for (int64_t i = 0; i < n; ++i) yr[i] = from_compute<T>(t[i] * inv);
     }
+  }
+};
+
+template <class T>
+void softmax_rows(const T* x, T* y, int64_t rows, int64_t n, bool log) {
+  using C = compute_t<T>;
+  parallel_for(rows, row_grain(n), [&](int64_t b, int64_t e) {
+    std::vector<C> scratch;
+    if constexpr (!std::is_same_v<T, C>) scratch.resize(static_cast<size_t>(n));
+    cpu::isa_dispatch<SoftmaxRows<T>>(x, y, n, b, e, log, scratch.data());
   });
 }
 
@@ -79,7 +92,7 @@ void softmax_cols(const T* x, T* y, const ORI& d, bool log) {
       for (int64_t r = 0; r < d.R; ++r)
         for (int64_t i = 0; i < len; ++i) {
           C v = to_compute(xb[r * d.I + i]);
-          m[i] = (v > m[i] || v != v) ? v : m[i];
+          m[i] = (v > m[i] || std::isnan(v)) ? v : m[i];
         }
       for (int64_t r = 0; r < d.R; ++r)
         for (int64_t i = 0; i < len; ++i) s[i] += vexp(to_compute(xb[r * d.I + i]) - m[i]);
@@ -113,6 +126,98 @@ void Softmax::eval_cpu(const std::vector<const Array*>& in, const std::vector<Ar
 
 // ---- layer_norm / rms_norm ------------------------------------------------------------------
 
+namespace {
+
+/// Rows [b, e) of layer norm (rms norm without center): y = (x - mean) * rstd * w + bias, and
+/// (mean, rstd) per row into stats.
+template <class T>
+struct NormRows {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const T* xp, const T* wp, const T* bp, T* yp,
+                                                compute_t<T>* sp, int64_t n, int64_t b, int64_t e,
+                                                compute_t<T> inv_n, compute_t<T> eps, bool center) {
+    using C = compute_t<T>;
+    for (int64_t r = b; r < e; ++r) {
+      const T* xr = xp + r * n;
+      T* yr = yp + r * n;
+      // Two passes (mean, then squared deviations): stable when |mean| >> std.
+      const C mean = center ? row_sum(xr, n, [](C v) { return v; }) * inv_n : C(0);
+      const C var = row_sum(xr, n, [mean](C v) { return (v - mean) * (v - mean); }) * inv_n;
+      const C rstd = C(1) / std::sqrt(var + eps);
+      sp[2 * r] = mean;
+      sp[2 * r + 1] = rstd;
+      if (wp && bp) {
+        for (int64_t i = 0; i < n; ++i)
+          yr[i] = from_compute<T>((to_compute(xr[i]) - mean) * rstd * to_compute(wp[i]) +
+                                  to_compute(bp[i]));
+      } else if (wp) {
+        for (int64_t i = 0; i < n; ++i)
+          yr[i] = from_compute<T>((to_compute(xr[i]) - mean) * rstd * to_compute(wp[i]));
+      } else if (bp) {
+        for (int64_t i = 0; i < n; ++i)
+          yr[i] = from_compute<T>((to_compute(xr[i]) - mean) * rstd + to_compute(bp[i]));
+      } else {
+        for (int64_t i = 0; i < n; ++i) yr[i] = from_compute<T>((to_compute(xr[i]) - mean) * rstd);
+      }
+    }
+  }
+};
+
+/// What one chunk of layer-norm backward rows reads and writes.
+template <class T>
+struct NormBackwardArgs {
+  const T *xp, *gp, *wp;
+  const compute_t<T>* sp;
+  T* dxp;
+  int64_t n, rows, per;
+  compute_t<T> inv_n;
+  bool center;
+};
+
+/// Chunks [cb, ce) of layer-norm backward: dx per row, and each chunk's partial dweight (pw)
+/// and dbias (pb) sums where those are wanted (non-null). xhat and gw are n values of scratch.
+template <class T>
+struct NormBackwardRows {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const NormBackwardArgs<T>& a, int64_t cb,
+                                                int64_t ce, compute_t<T>* pw, compute_t<T>* pb,
+                                                compute_t<T>* xhat, compute_t<T>* gw) {
+    using C = compute_t<T>;
+    const int64_t n = a.n;
+    for (int64_t c = cb; c < ce; ++c) {
+      C* pwc = pw ? pw + c * n : nullptr;
+      C* pbc = pb ? pb + c * n : nullptr;
+      for (int64_t r = c * a.per; r < std::min(a.rows, (c + 1) * a.per); ++r) {
+        const T* xr = a.xp + r * n;
+        const T* gr = a.gp + r * n;
+        T* dxr = a.dxp + r * n;
+        const C mean = a.sp[2 * r], rstd = a.sp[2 * r + 1];
+        for (int64_t i = 0; i < n; ++i) {
+          xhat[i] = (to_compute(xr[i]) - mean) * rstd;
+          const C gi = to_compute(gr[i]);
+          gw[i] = a.wp ? gi * to_compute(a.wp[i]) : gi;
+        }
+        const C av = a.center ? row_sum(gw, n, [](C v) { return v; }) * a.inv_n : C(0);
+        C dots[8] = {};
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+          for (int j = 0; j < 8; ++j) dots[j] += gw[i + j] * xhat[i + j];
+        for (; i < n; ++i) dots[0] += gw[i] * xhat[i];
+        const C bdot = (((dots[0] + dots[1]) + (dots[2] + dots[3])) +
+                        ((dots[4] + dots[5]) + (dots[6] + dots[7]))) *
+                       a.inv_n;
+        for (i = 0; i < n; ++i) dxr[i] = from_compute<T>(rstd * (gw[i] - av - xhat[i] * bdot));
+        if (pwc)
+          for (i = 0; i < n; ++i) pwc[i] += to_compute(gr[i]) * xhat[i];
+        if (pbc)
+          for (i = 0; i < n; ++i) pbc[i] += to_compute(gr[i]);
+      }
+    }
+  }
+};
+
+}  // namespace
+
 void Norm::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {
   Array x = contiguous_array(*in[0]);
   Array w, bias;
@@ -134,30 +239,7 @@ void Norm::eval_cpu(const std::vector<const Array*>& in, const std::vector<Array
     C* sp = stats.data<C>();
     const C inv_n = C(1) / static_cast<C>(n), eps = static_cast<C>(eps_);
     parallel_for(rows, row_grain(n), [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        const T* xr = xp + r * n;
-        T* yr = yp + r * n;
-        // Two passes (mean, then squared deviations): stable when |mean| >> std.
-        const C mean = center_ ? row_sum(xr, n, [](C v) { return v; }) * inv_n : C(0);
-        const C var = row_sum(xr, n, [mean](C v) { return (v - mean) * (v - mean); }) * inv_n;
-        const C rstd = C(1) / std::sqrt(var + eps);
-        sp[2 * r] = mean;
-        sp[2 * r + 1] = rstd;
-        if (wp && bp) {
-          for (int64_t i = 0; i < n; ++i)
-            yr[i] = from_compute<T>((to_compute(xr[i]) - mean) * rstd * to_compute(wp[i]) +
-                                    to_compute(bp[i]));
-        } else if (wp) {
-          for (int64_t i = 0; i < n; ++i)
-            yr[i] = from_compute<T>((to_compute(xr[i]) - mean) * rstd * to_compute(wp[i]));
-        } else if (bp) {
-          for (int64_t i = 0; i < n; ++i)
-            yr[i] = from_compute<T>((to_compute(xr[i]) - mean) * rstd + to_compute(bp[i]));
-        } else {
-          for (int64_t i = 0; i < n; ++i)
-            yr[i] = from_compute<T>((to_compute(xr[i]) - mean) * rstd);
-        }
-      }
+      cpu::isa_dispatch<NormRows<T>>(xp, wp, bp, yp, sp, n, b, e, inv_n, eps, center_);
     });
   });
 }
@@ -191,39 +273,11 @@ void NormBackward::eval_cpu(const std::vector<const Array*>& in,
     std::vector<C> pw(want_w ? static_cast<size_t>(nchunk * n) : 0, C(0));
     std::vector<C> pb(want_b ? static_cast<size_t>(nchunk * n) : 0, C(0));
     const C inv_n = C(1) / static_cast<C>(n);
+    const NormBackwardArgs<T> args{xp, gp, wp, sp, dxp, n, rows, per, inv_n, center_};
     parallel_for(nchunk, 1, [&](int64_t cb, int64_t ce) {
       std::vector<C> xhat(static_cast<size_t>(n)), gw(static_cast<size_t>(n));
-      for (int64_t c = cb; c < ce; ++c) {
-        C* pwc = want_w ? pw.data() + c * n : nullptr;
-        C* pbc = want_b ? pb.data() + c * n : nullptr;
-        for (int64_t r = c * per; r < std::min(rows, (c + 1) * per); ++r) {
-          const T* xr = xp + r * n;
-          const T* gr = gp + r * n;
-          T* dxr = dxp + r * n;
-          const C mean = sp[2 * r], rstd = sp[2 * r + 1];
-          for (int64_t i = 0; i < n; ++i) {
-            xhat[static_cast<size_t>(i)] = (to_compute(xr[i]) - mean) * rstd;
-            const C gi = to_compute(gr[i]);
-            gw[static_cast<size_t>(i)] = wp ? gi * to_compute(wp[i]) : gi;
-          }
-          const C* xh = xhat.data();
-          const C* gwp = gw.data();
-          const C a = center_ ? row_sum(gwp, n, [](C v) { return v; }) * inv_n : C(0);
-          C dots[8] = {};
-          int64_t i = 0;
-          for (; i + 8 <= n; i += 8)
-            for (int j = 0; j < 8; ++j) dots[j] += gwp[i + j] * xh[i + j];
-          for (; i < n; ++i) dots[0] += gwp[i] * xh[i];
-          const C bdot = (((dots[0] + dots[1]) + (dots[2] + dots[3])) +
-                          ((dots[4] + dots[5]) + (dots[6] + dots[7]))) *
-                         inv_n;
-          for (i = 0; i < n; ++i) dxr[i] = from_compute<T>(rstd * (gwp[i] - a - xh[i] * bdot));
-          if (pwc)
-            for (i = 0; i < n; ++i) pwc[i] += to_compute(gr[i]) * xh[i];
-          if (pbc)
-            for (i = 0; i < n; ++i) pbc[i] += to_compute(gr[i]);
-        }
-      }
+      cpu::isa_dispatch<NormBackwardRows<T>>(args, cb, ce, want_w ? pw.data() : nullptr,
+                                             want_b ? pb.data() : nullptr, xhat.data(), gw.data());
     });
     auto finish = [&](const std::vector<C>& part, Array* dst) {
       T* d = dst->data<T>();
@@ -244,20 +298,51 @@ void NormBackward::eval_cpu(const std::vector<const Array*>& in,
 
 namespace {
 
+/// Cross-entropy of rows [b, e) of (N, n) logits: loss and logsumexp per row.
+template <class T, class I>
+struct CeRowsForward {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const T* x, const I* tg, compute_t<T>* loss,
+                                                compute_t<T>* lse, int64_t n, int64_t b, int64_t e,
+                                                int64_t ignore) {
+    using C = compute_t<T>;
+    for (int64_t r = b; r < e; ++r) {
+      const T* xr = x + r * n;
+      const C m = row_max(xr, n);
+      const C ls = std::log(row_sum(xr, n, [m](C v) { return vexp(v - m); }));
+      const int64_t t = static_cast<int64_t>(tg[r]);
+      lse[r] = m + ls;
+      loss[r] = t == ignore ? C(0) : (m - to_compute(xr[t])) + ls;
+    }
+  }
+};
+
+/// Its gradient for rows [b, e): dx = (softmax(x) - onehot(target)) * g.
+template <class T, class I>
+struct CeRowsBackward {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const T* x, const I* tg, const compute_t<T>* lse,
+                                                const compute_t<T>* g, T* dx, int64_t n, int64_t b,
+                                                int64_t e, int64_t ignore) {
+    using C = compute_t<T>;
+    for (int64_t o = b; o < e; ++o) {
+      const T* xr = x + o * n;
+      T* dr = dx + o * n;
+      const int64_t t = static_cast<int64_t>(tg[o]);
+      const C gg = t == ignore ? C(0) : g[o], l = lse[o];
+      for (int64_t r = 0; r < n; ++r) dr[r] = from_compute<T>(vexp(to_compute(xr[r]) - l) * gg);
+      if (t != ignore) dr[t] = from_compute<T>(vexp(to_compute(xr[t]) - l) * gg - gg);
+    }
+  }
+};
+
 template <class T, class I>
 void ce_forward(const T* x, const I* tg, compute_t<T>* loss, compute_t<T>* lse, const ORI& d,
                 int64_t ignore) {
   using C = compute_t<T>;
   if (d.I == 1) {
     parallel_for(d.O, row_grain(d.R), [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        const T* xr = x + r * d.R;
-        const C m = row_max(xr, d.R);
-        const C ls = std::log(row_sum(xr, d.R, [m](C v) { return vexp(v - m); }));
-        const int64_t t = static_cast<int64_t>(tg[r]);
-        lse[r] = m + ls;
-        loss[r] = t == ignore ? C(0) : (m - to_compute(xr[t])) + ls;
-      }
+      cpu::isa_dispatch<CeRowsForward<T, I>>(x, tg, loss, lse, d.R, b, e, ignore);
     });
     return;
   }
@@ -275,7 +360,7 @@ void ce_forward(const T* x, const I* tg, compute_t<T>* loss, compute_t<T>* lse, 
       for (int64_t r = 0; r < d.R; ++r)
         for (int64_t i = 0; i < len; ++i) {
           C v = to_compute(xb[r * d.I + i]);
-          m[i] = (v > m[i] || v != v) ? v : m[i];
+          m[i] = (v > m[i] || std::isnan(v)) ? v : m[i];
         }
       for (int64_t r = 0; r < d.R; ++r)
         for (int64_t i = 0; i < len; ++i) s[i] += vexp(to_compute(xb[r * d.I + i]) - m[i]);
@@ -297,14 +382,7 @@ void ce_backward(const T* x, const I* tg, const compute_t<T>* lse, const compute
   if (d.I == 1) {
     // (N, C) logits: one contiguous row per sample.
     parallel_for(d.O, row_grain(d.R), [&](int64_t b, int64_t e) {
-      for (int64_t o = b; o < e; ++o) {
-        const T* xr = x + o * d.R;
-        T* dr = dx + o * d.R;
-        const int64_t t = static_cast<int64_t>(tg[o]);
-        const C gg = t == ignore ? C(0) : g[o], l = lse[o];
-        for (int64_t r = 0; r < d.R; ++r) dr[r] = from_compute<T>(vexp(to_compute(xr[r]) - l) * gg);
-        if (t != ignore) dr[t] = from_compute<T>(vexp(to_compute(xr[t]) - l) * gg - gg);
-      }
+      cpu::isa_dispatch<CeRowsBackward<T, I>>(x, tg, lse, g, dx, d.R, b, e, ignore);
     });
     return;
   }

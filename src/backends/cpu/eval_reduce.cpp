@@ -4,7 +4,9 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 
+#include "backends/cpu/isa.h"
 #include "graph/prims/elementwise.h"
 #include "graph/prims/reduce.h"
 #include "hetrain/base/dispatch.h"
@@ -53,63 +55,88 @@ Array prepare(const Array& x, const std::vector<int>& axes, ORI& ori) {
 }
 
 template <class T, ReduceKind K>
-void reduce_ori(const T* x, T* y, const ORI& s) {
-  using C = compute_t<T>;
-  using Acc = std::conditional_t<std::is_same_v<C, float>, float, C>;
-  auto init = [] {
+struct ReduceOps {
+  using Acc = std::conditional_t<std::is_same_v<compute_t<T>, float>, float, compute_t<T>>;
+  [[gnu::always_inline]] static Acc init() {
     if constexpr (K == ReduceKind::sum)
       return Acc(0);
     else if constexpr (K == ReduceKind::max)
       return std::numeric_limits<Acc>::lowest();
     else
       return std::numeric_limits<Acc>::max();
-  };
-  auto combine = [](Acc a, Acc v) {
+  }
+  [[gnu::always_inline]] static Acc combine(Acc a, Acc v) {
     if constexpr (K == ReduceKind::sum) {
       return a + v;
     } else if constexpr (K == ReduceKind::max) {
-      return (v > a || v != v) ? v : a;  // NaN propagates
+      return (v > a || std::isnan(v)) ? v : a;  // NaN propagates
     } else {
-      return (v < a || v != v) ? v : a;
+      return (v < a || std::isnan(v)) ? v : a;
     }
-  };
+  }
+};
+
+/// Rows [b, e) of x (each R long) reduced into y, eight partial accumulators per row
+/// (vectorisable, more accurate than one chain, and the same order at every vector width).
+template <class T, ReduceKind K>
+struct ReduceRows {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const T* x, T* y, int64_t R, int64_t b, int64_t e) {
+    using Op = ReduceOps<T, K>;
+    using Acc = typename Op::Acc;
+    for (int64_t o = b; o < e; ++o) {
+      const T* row = x + o * R;
+      Acc acc[8];
+      for (auto& a : acc) a = Op::init();
+      int64_t r = 0;
+      for (; r + 8 <= R; r += 8)
+        for (int j = 0; j < 8; ++j)
+          acc[j] = Op::combine(acc[j], static_cast<Acc>(to_compute(row[r + j])));
+      for (; r < R; ++r) acc[0] = Op::combine(acc[0], static_cast<Acc>(to_compute(row[r])));
+      Acc t = acc[0];
+      for (int j = 1; j < 8; ++j) t = Op::combine(t, acc[j]);
+      y[o] = from_compute<T>(t);
+    }
+  }
+};
+
+constexpr int64_t kColumnBlock = 256;
+
+/// Column blocks [b, e) of (O, R, I) x: block t is columns [i0, i0 + 256) of outer o.
+template <class T, ReduceKind K>
+struct ReduceColumns {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const T* x, T* y, const ORI& s, int64_t b,
+                                                int64_t e) {
+    using Op = ReduceOps<T, K>;
+    typename Op::Acc acc[kColumnBlock];
+    const int64_t nblk = (s.I + kColumnBlock - 1) / kColumnBlock;
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t o = t / nblk, i0 = (t % nblk) * kColumnBlock;
+      const int64_t n = std::min(kColumnBlock, s.I - i0);
+      for (int64_t i = 0; i < n; ++i) acc[i] = Op::init();
+      for (int64_t r = 0; r < s.R; ++r) {
+        const T* row = x + (o * s.R + r) * s.I + i0;
+        for (int64_t i = 0; i < n; ++i)
+          acc[i] = Op::combine(acc[i], static_cast<typename Op::Acc>(to_compute(row[i])));
+      }
+      for (int64_t i = 0; i < n; ++i) y[o * s.I + i0 + i] = from_compute<T>(acc[i]);
+    }
+  }
+};
+
+template <class T, ReduceKind K>
+void reduce_ori(const T* x, T* y, const ORI& s) {
   if (s.I == 1) {
-    parallel_for(s.O, std::max<int64_t>(1, 32768 / std::max<int64_t>(s.R, 1)),
-                 [&](int64_t b, int64_t e) {
-                   for (int64_t o = b; o < e; ++o) {
-                     const T* row = x + o * s.R;
-                     // Eight partial accumulators: vectorisable and more accurate than one chain.
-                     Acc acc[8];
-                     for (auto& a : acc) a = init();
-                     int64_t r = 0;
-                     for (; r + 8 <= s.R; r += 8)
-                       for (int j = 0; j < 8; ++j)
-                         acc[j] = combine(acc[j], static_cast<Acc>(to_compute(row[r + j])));
-                     for (; r < s.R; ++r)
-                       acc[0] = combine(acc[0], static_cast<Acc>(to_compute(row[r])));
-                     Acc t = acc[0];
-                     for (int j = 1; j < 8; ++j) t = combine(t, acc[j]);
-                     y[o] = from_compute<T>(t);
-                   }
-                 });
+    parallel_for(
+        s.O, std::max<int64_t>(1, 32768 / std::max<int64_t>(s.R, 1)),
+        [&](int64_t b, int64_t e) { cpu::isa_dispatch<ReduceRows<T, K>>(x, y, s.R, b, e); });
     return;
   }
-  constexpr int64_t IB = 256;
-  const int64_t nblk = (s.I + IB - 1) / IB;
-  parallel_for(s.O * nblk, std::max<int64_t>(1, 32768 / std::max<int64_t>(s.R * IB, 1)),
-               [&](int64_t b, int64_t e) {
-                 Acc acc[IB];
-                 for (int64_t t = b; t < e; ++t) {
-                   int64_t o = t / nblk, i0 = (t % nblk) * IB, n = std::min(IB, s.I - i0);
-                   for (int64_t i = 0; i < n; ++i) acc[i] = init();
-                   for (int64_t r = 0; r < s.R; ++r) {
-                     const T* row = x + (o * s.R + r) * s.I + i0;
-                     for (int64_t i = 0; i < n; ++i)
-                       acc[i] = combine(acc[i], static_cast<Acc>(to_compute(row[i])));
-                   }
-                   for (int64_t i = 0; i < n; ++i) y[o * s.I + i0 + i] = from_compute<T>(acc[i]);
-                 }
-               });
+  const int64_t nblk = (s.I + kColumnBlock - 1) / kColumnBlock;
+  parallel_for(
+      s.O * nblk, std::max<int64_t>(1, 32768 / std::max<int64_t>(s.R * kColumnBlock, 1)),
+      [&](int64_t b, int64_t e) { cpu::isa_dispatch<ReduceColumns<T, K>>(x, y, s, b, e); });
 }
 
 }  // namespace
@@ -179,8 +206,8 @@ void ArgMax::eval_cpu(const std::vector<const Array*>& in, const std::vector<Arr
         int64_t bi = 0;
         for (int64_t r = 1; r < s.R; ++r) {
           auto v = to_compute(base[r * s.I]);
-          if (best != best) break;  // NaN is the maximum, first one wins
-          if (v > best || v != v) {
+          if (std::isnan(best)) break;  // NaN is the maximum, first one wins
+          if (v > best || std::isnan(v)) {
             best = v;
             bi = r;
           }

@@ -25,7 +25,7 @@ namespace hetrain::cpu {
 /// +inf, so +inf -> +inf; subnormal results (x below -87.34) within one subnormal ulp; x below
 /// -103.98 (result under half the smallest subnormal) -> +0, so -inf -> +0.
 [[gnu::always_inline]] inline float vexp(float x) {
-  const bool nan = x != x, over = x > 88.72283935546875f, zero = x < -103.97908020019531f;
+  const bool nan = std::isnan(x), over = x > 88.72283935546875f, zero = x < -103.97908020019531f;
   // Clamped (and NaN replaced) so n below fits an int32 for every input.
   float xc = nan ? 0.0f : x;
   xc = xc < -103.97908020019531f ? -103.97908020019531f : xc;
@@ -53,7 +53,7 @@ inline double vexp(double x) { return std::exp(x); }
 
 /// Max of n values of T in compute precision (NaN propagates).
 template <class T>
-inline compute_t<T> row_max(const T* x, int64_t n) {
+[[gnu::always_inline]] inline compute_t<T> row_max(const T* x, int64_t n) {
   using C = compute_t<T>;
   C acc[8];
   for (auto& a : acc) a = -INFINITY;
@@ -61,20 +61,20 @@ inline compute_t<T> row_max(const T* x, int64_t n) {
   for (; i + 8 <= n; i += 8)
     for (int j = 0; j < 8; ++j) {
       C v = to_compute(x[i + j]);
-      acc[j] = (v > acc[j] || v != v) ? v : acc[j];
+      acc[j] = (v > acc[j] || std::isnan(v)) ? v : acc[j];
     }
   for (; i < n; ++i) {
     C v = to_compute(x[i]);
-    acc[0] = (v > acc[0] || v != v) ? v : acc[0];
+    acc[0] = (v > acc[0] || std::isnan(v)) ? v : acc[0];
   }
   C m = acc[0];
-  for (int j = 1; j < 8; ++j) m = (acc[j] > m || acc[j] != acc[j]) ? acc[j] : m;
+  for (int j = 1; j < 8; ++j) m = (acc[j] > m || std::isnan(acc[j])) ? acc[j] : m;
   return m;
 }
 
 /// sum over i of f(to_compute(x[i])) with eight partial sums.
 template <class T, class F>
-inline compute_t<T> row_sum(const T* x, int64_t n, F&& f) {
+[[gnu::always_inline]] inline compute_t<T> row_sum(const T* x, int64_t n, F&& f) {
   using C = compute_t<T>;
   C acc[8] = {};
   int64_t i = 0;
