@@ -38,12 +38,13 @@ inline float bf16_to_float(uint16_t b) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+/// Rounds to nearest even; a NaN stays a (quiet) NaN. Branch-free, so loops over it vectorise.
 inline uint16_t float_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
+  const uint32_t nan = (u >> 16) | 0x40u;
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest even
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 // IEEE half <-> float, exact (round to nearest even), inline and nearly branch-free so that
 // elementwise loops over f16 compile to straight-line code (no F16C needed: any x86-64).

@@ -102,12 +102,11 @@ struct ExpShifted {
   template <cpu::Isa, class T>
   [[gnu::always_inline]] static inline void run(T* s, int64_t n, T shift, T& sum) {
     for (int64_t c = 0; c < n; ++c) s[c] = cpu::vexp(s[c] - shift);
-    T acc[8] = {};
+    cpu::Lanes8<T> acc = {};
     int64_t c = 0;
-    for (; c + 8 <= n; c += 8)
-      for (int j = 0; j < 8; ++j) acc[j] += s[c + j];
+    for (; c + 8 <= n; c += 8) cpu::add8(acc, s + c);
     for (; c < n; ++c) acc[0] += s[c];
-    sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    sum = cpu::total8(acc);
   }
 };
 template <class T>

@@ -81,24 +81,49 @@ struct FastF32Binary<GeluTanhGradOp> {
     return b * ((u >= 0.0f ? p : q) + 2.0f * a * p * q * du);  // as GeluTanhGradOp::f
   }
 };
-/// o[i] = F::f(a[i]) (or F::f(a[i], b[i])) over contiguous f32, one source compiled for every
-/// vector width (cpu::isa_dispatch: AVX-512, AVX2 + FMA or baseline x86-64, the inlined vexp
-/// vectorised with the loop).
-template <class F>
-struct FastMap {
-  template <cpu::Isa>
-  [[gnu::always_inline]] static inline void run(const float* a, const float* b, float* o,
-                                                int64_t n) {
-    if constexpr (requires { F::f(0.0f, 0.0f); })
-      for (int64_t i = 0; i < n; ++i) o[i] = F::f(a[i], b[i]);
-    else
-      for (int64_t i = 0; i < n; ++i) o[i] = F::f(a[i]);
+/// The op's own formula as a map kernel's F (in the compute type; O the stored result type).
+template <class Op, class O>
+struct OpF {
+  template <class C>
+  [[gnu::always_inline]] static auto f(C a) {
+    return Op::f(a);
+  }
+  template <class C>
+  [[gnu::always_inline]] static auto f(C a, C b) {
+    return Op::f(a, b);
   }
 };
-template <class F>
-void fast_map(const float* a, const float* b, float* o, int64_t n) {
-  cpu::isa_dispatch<FastMap<F>>(a, b, o, n);
-}
+/// o[i] = F::f(a[i]) over a contiguous run of any dtype, loaded into and stored from the compute
+/// type; one source for every vector width (f16/bf16 conversions are branch-free, so they
+/// vectorise with the op).
+template <class F, class T>
+struct MapRun {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const T* a, T* o, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) cpu::store_compute(o + i, F::f(cpu::load_compute(a + i)));
+  }
+};
+/// Which operand of a binary run is a broadcast scalar (stride 0), if any.
+enum class ZipKind { both, a_scalar, b_scalar };
+/// o[i] = F::f(a[i], b[i]) over a run where each operand is contiguous or one scalar; every
+/// vector width.
+template <class F, class T, class O>
+struct ZipRun {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const T* a, const T* b, O* o, int64_t n,
+                                                ZipKind kind) {
+    if (kind == ZipKind::both) {
+      for (int64_t i = 0; i < n; ++i)
+        cpu::store_compute(o + i, F::f(cpu::load_compute(a + i), cpu::load_compute(b + i)));
+    } else if (kind == ZipKind::b_scalar) {
+      const auto s = cpu::load_compute(b);
+      for (int64_t i = 0; i < n; ++i) cpu::store_compute(o + i, F::f(cpu::load_compute(a + i), s));
+    } else {
+      const auto s = cpu::load_compute(a);
+      for (int64_t i = 0; i < n; ++i) cpu::store_compute(o + i, F::f(s, cpu::load_compute(b + i)));
+    }
+  }
+};
 }  // namespace
 
 template <class Op>
@@ -115,32 +140,23 @@ void Unary<Op>::eval_cpu(const std::vector<const Array*>& in,
         [&](const std::array<int64_t, 2>& pos, const std::array<int64_t, 2>& step, int64_t len) {
           T* o = yp + pos[0];
           const T* a = xp + pos[1];
-          // Ops with a branch-free f32 form run it for every f32-computing dtype and layout
-          // through the same compiled loop, so an element's bits depend on its value only;
-          // strided and f16/bf16 runs are staged through a small f32 buffer. (std::tanh there
-          // cost more than the GEMMs of a bf16 GPT step.)
-          if constexpr (FastF32<Op>::has && std::is_same_v<compute_t<T>, float>) {
-            if constexpr (std::is_same_v<T, float>) {
-              if (step[1] == 1) {
-                fast_map<FastF32<Op>>(a, nullptr, o, len);
-                return;
-              }
-            }
-            constexpr int64_t kStage = 256;
-            float buf[kStage];
-            for (int64_t i0 = 0; i0 < len; i0 += kStage) {
-              const int64_t m = std::min(kStage, len - i0);
-              for (int64_t i = 0; i < m; ++i) buf[i] = to_compute(a[(i0 + i) * step[1]]);
-              fast_map<FastF32<Op>>(buf, nullptr, buf, m);
-              for (int64_t i = 0; i < m; ++i) o[i0 + i] = from_compute<T>(buf[i]);
-            }
+          // Ops with a branch-free f32 form run it for every f32-computing dtype and layout,
+          // the others their formula; contiguous runs through one kernel source for every
+          // vector width (-ffp-contract=off: an element's bits depend on its value only).
+          // Strided runs are staged through a small contiguous buffer. (std::tanh there cost
+          // more than the GEMMs of a bf16 GPT step.)
+          using F = std::conditional_t<FastF32<Op>::has && std::is_same_v<compute_t<T>, float>,
+                                       FastF32<Op>, OpF<Op, T>>;
+          if (step[1] == 1) {
+            cpu::isa_dispatch<MapRun<F, T>>(a, o, len);
             return;
           }
-          if (step[1] == 1) {
-            for (int64_t i = 0; i < len; ++i) o[i] = from_compute<T>(Op::f(to_compute(a[i])));
-          } else {
-            for (int64_t i = 0; i < len; ++i)
-              o[i] = from_compute<T>(Op::f(to_compute(a[i * step[1]])));
+          constexpr int64_t kStage = 256;
+          T buf[kStage];
+          for (int64_t i0 = 0; i0 < len; i0 += kStage) {
+            const int64_t m = std::min(kStage, len - i0);
+            for (int64_t i = 0; i < m; ++i) buf[i] = a[(i0 + i) * step[1]];
+            cpu::isa_dispatch<MapRun<F, T>>(buf, o + i0, m);
           }
         });
   };
@@ -182,28 +198,21 @@ void Binary<Op>::eval_cpu(const std::vector<const Array*>& in,
           O* o = yp + pos[0];
           const T* x0 = ap + pos[1];
           const T* x1 = bp + pos[2];
-          if constexpr (FastF32Binary<Op>::has && std::is_same_v<T, float>) {
+          // Contiguous or scalar operands: one kernel source for every vector width. The
+          // branch-free f32 form, where the op has one, on fully contiguous runs.
+          using Fast = FastF32Binary<Op>;
+          if constexpr (Fast::has && std::is_same_v<compute_t<T>, float> && std::is_same_v<O, T>) {
             if (step[0] == 1 && step[1] == 1 && step[2] == 1) {
-              fast_map<FastF32Binary<Op>>(x0, x1, o, len);
-              return;
-            }
-          }
-          if constexpr (FastF32Binary<Op>::has && std::is_same_v<compute_t<T>, float>) {
-            if (step[0] == 1 && step[1] == 1 && step[2] == 1) {  // f16, bf16
-              for (int64_t i = 0; i < len; ++i)
-                o[i] = from_compute<T>(FastF32Binary<Op>::f(to_compute(x0[i]), to_compute(x1[i])));
+              cpu::isa_dispatch<ZipRun<Fast, T, O>>(x0, x1, o, len, ZipKind::both);
               return;
             }
           }
           if (step[1] == 1 && step[2] == 1) {
-            for (int64_t i = 0; i < len; ++i)
-              o[i] = from_compute<O>(Op::f(to_compute(x0[i]), to_compute(x1[i])));
+            cpu::isa_dispatch<ZipRun<OpF<Op, O>, T, O>>(x0, x1, o, len, ZipKind::both);
           } else if (step[1] == 1 && step[2] == 0) {
-            const auto s = to_compute(x1[0]);
-            for (int64_t i = 0; i < len; ++i) o[i] = from_compute<O>(Op::f(to_compute(x0[i]), s));
+            cpu::isa_dispatch<ZipRun<OpF<Op, O>, T, O>>(x0, x1, o, len, ZipKind::b_scalar);
           } else if (step[1] == 0 && step[2] == 1) {
-            const auto s = to_compute(x0[0]);
-            for (int64_t i = 0; i < len; ++i) o[i] = from_compute<O>(Op::f(s, to_compute(x1[i])));
+            cpu::isa_dispatch<ZipRun<OpF<Op, O>, T, O>>(x0, x1, o, len, ZipKind::a_scalar);
           } else {
             for (int64_t i = 0; i < len; ++i)
               o[i] =

@@ -28,7 +28,12 @@ Blocking blocking(const Shape& shape) {
   if (shape.empty()) return b;
   int64_t inner = numel(shape);
   size_t s = 0;
-  while (s + 1 < shape.size() && inner > kBlock) inner /= std::max<int64_t>(shape[s++], 1);
+  // The first dimension s whose trailing dimensions (s, end) fit a block: dimension s is cut
+  // into pieces of as many indices as fit. (Walking on while [s, end) is larger than a block
+  // cut (B, T, C) activations into blocks of one C-row each, and the per-block views cost more
+  // than the kernels on them.)
+  while (s + 1 < shape.size() && inner / std::max<int64_t>(shape[s], 1) > kBlock)
+    inner /= std::max<int64_t>(shape[s++], 1);
   // Now inner = elements of dimensions [s, end); one index of dimension s holds inner / shape[s].
   const int64_t row = shape[s] > 0 ? inner / shape[s] : 0;
   b.split = s;

@@ -47,7 +47,8 @@ struct SoftmaxRows {
         const C s = row_sum(xr, n, [m](C v) { return vexp(v - m); });
         // (x - m) - log(s), not x - (m + log(s)): no cancellation when |m| is large.
         const C ls = std::log(s);
-        for (int64_t i = 0; i < n; ++i) yr[i] = from_compute<T>((to_compute(xr[i]) - m) - ls);
+        for (int64_t i = 0; i < n; ++i)
+          yr[i] = from_compute<T>((cpu::load_compute(xr + i) - m) - ls);
         continue;
       }
       C* t;
@@ -55,7 +56,7 @@ struct SoftmaxRows {
         t = yr;
       else
         t = scratch;
-      for (int64_t i = 0; i < n; ++i) t[i] = vexp(to_compute(xr[i]) - m);
+      for (int64_t i = 0; i < n; ++i) t[i] = vexp(cpu::load_compute(xr + i) - m);
       const C inv = C(1) / row_sum(t, n, [](C v) { return v; });
       for (int64_t i = 0; i < n; ++i) yr[i] = from_compute<T>(t[i] * inv);
     }
@@ -91,17 +92,17 @@ void softmax_cols(const T* x, T* y, const ORI& d, bool log) {
       }
       for (int64_t r = 0; r < d.R; ++r)
         for (int64_t i = 0; i < len; ++i) {
-          C v = to_compute(xb[r * d.I + i]);
+          C v = cpu::load_compute(xb + r * d.I + i);
           m[i] = (v > m[i] || std::isnan(v)) ? v : m[i];
         }
       for (int64_t r = 0; r < d.R; ++r)
-        for (int64_t i = 0; i < len; ++i) s[i] += vexp(to_compute(xb[r * d.I + i]) - m[i]);
+        for (int64_t i = 0; i < len; ++i) s[i] += vexp(cpu::load_compute(xb + r * d.I + i) - m[i]);
       for (int64_t i = 0; i < len; ++i) {
         s[i] = log ? std::log(s[i]) : C(1) / s[i];
       }
       for (int64_t r = 0; r < d.R; ++r)
         for (int64_t i = 0; i < len; ++i) {
-          C v = to_compute(xb[r * d.I + i]);
+          C v = cpu::load_compute(xb + r * d.I + i);
           yb[r * d.I + i] = from_compute<T>(log ? (v - m[i]) - s[i] : vexp(v - m[i]) * s[i]);
         }
     }
@@ -148,16 +149,20 @@ struct NormRows {
       sp[2 * r + 1] = rstd;
       if (wp && bp) {
         for (int64_t i = 0; i < n; ++i)
-          yr[i] = from_compute<T>((to_compute(xr[i]) - mean) * rstd * to_compute(wp[i]) +
-                                  to_compute(bp[i]));
+          yr[i] = from_compute<T>((cpu::load_compute(xr + i) - mean) * rstd *
+                                      cpu::load_compute(wp + i) +
+                                  cpu::load_compute(bp + i));
       } else if (wp) {
         for (int64_t i = 0; i < n; ++i)
-          yr[i] = from_compute<T>((to_compute(xr[i]) - mean) * rstd * to_compute(wp[i]));
+          yr[i] = from_compute<T>((cpu::load_compute(xr + i) - mean) * rstd *
+                                  cpu::load_compute(wp + i));
       } else if (bp) {
         for (int64_t i = 0; i < n; ++i)
-          yr[i] = from_compute<T>((to_compute(xr[i]) - mean) * rstd + to_compute(bp[i]));
+          yr[i] = from_compute<T>((cpu::load_compute(xr + i) - mean) * rstd +
+                                  cpu::load_compute(bp + i));
       } else {
-        for (int64_t i = 0; i < n; ++i) yr[i] = from_compute<T>((to_compute(xr[i]) - mean) * rstd);
+        for (int64_t i = 0; i < n; ++i)
+          yr[i] = from_compute<T>((cpu::load_compute(xr + i) - mean) * rstd);
       }
     }
   }
@@ -193,24 +198,25 @@ struct NormBackwardRows {
         T* dxr = a.dxp + r * n;
         const C mean = a.sp[2 * r], rstd = a.sp[2 * r + 1];
         for (int64_t i = 0; i < n; ++i) {
-          xhat[i] = (to_compute(xr[i]) - mean) * rstd;
-          const C gi = to_compute(gr[i]);
-          gw[i] = a.wp ? gi * to_compute(a.wp[i]) : gi;
+          xhat[i] = (cpu::load_compute(xr + i) - mean) * rstd;
+          const C gi = cpu::load_compute(gr + i);
+          gw[i] = a.wp ? gi * cpu::load_compute(a.wp + i) : gi;
         }
         const C av = a.center ? row_sum(gw, n, [](C v) { return v; }) * a.inv_n : C(0);
-        C dots[8] = {};
+        cpu::Lanes8<C> dots = {};
         int64_t i = 0;
-        for (; i + 8 <= n; i += 8)
-          for (int j = 0; j < 8; ++j) dots[j] += gw[i + j] * xhat[i + j];
+        for (; i + 8 <= n; i += 8) {
+          C t[8];
+          for (int j = 0; j < 8; ++j) t[j] = gw[i + j] * xhat[i + j];
+          cpu::add8(dots, t);
+        }
         for (; i < n; ++i) dots[0] += gw[i] * xhat[i];
-        const C bdot = (((dots[0] + dots[1]) + (dots[2] + dots[3])) +
-                        ((dots[4] + dots[5]) + (dots[6] + dots[7]))) *
-                       a.inv_n;
+        const C bdot = cpu::total8(dots) * a.inv_n;
         for (i = 0; i < n; ++i) dxr[i] = from_compute<T>(rstd * (gw[i] - av - xhat[i] * bdot));
         if (pwc)
-          for (i = 0; i < n; ++i) pwc[i] += to_compute(gr[i]) * xhat[i];
+          for (i = 0; i < n; ++i) pwc[i] += cpu::load_compute(gr + i) * xhat[i];
         if (pbc)
-          for (i = 0; i < n; ++i) pbc[i] += to_compute(gr[i]);
+          for (i = 0; i < n; ++i) pbc[i] += cpu::load_compute(gr + i);
       }
     }
   }
@@ -312,7 +318,7 @@ struct CeRowsForward {
       const C ls = std::log(row_sum(xr, n, [m](C v) { return vexp(v - m); }));
       const int64_t t = static_cast<int64_t>(tg[r]);
       lse[r] = m + ls;
-      loss[r] = t == ignore ? C(0) : (m - to_compute(xr[t])) + ls;
+      loss[r] = t == ignore ? C(0) : (m - cpu::load_compute(xr + t)) + ls;
     }
   }
 };
@@ -330,8 +336,9 @@ struct CeRowsBackward {
       T* dr = dx + o * n;
       const int64_t t = static_cast<int64_t>(tg[o]);
       const C gg = t == ignore ? C(0) : g[o], l = lse[o];
-      for (int64_t r = 0; r < n; ++r) dr[r] = from_compute<T>(vexp(to_compute(xr[r]) - l) * gg);
-      if (t != ignore) dr[t] = from_compute<T>(vexp(to_compute(xr[t]) - l) * gg - gg);
+      for (int64_t r = 0; r < n; ++r)
+        dr[r] = from_compute<T>(vexp(cpu::load_compute(xr + r) - l) * gg);
+      if (t != ignore) dr[t] = from_compute<T>(vexp(cpu::load_compute(xr + t) - l) * gg - gg);
     }
   }
 };
@@ -359,17 +366,17 @@ void ce_forward(const T* x, const I* tg, compute_t<T>* loss, compute_t<T>* lse, 
       }
       for (int64_t r = 0; r < d.R; ++r)
         for (int64_t i = 0; i < len; ++i) {
-          C v = to_compute(xb[r * d.I + i]);
+          C v = cpu::load_compute(xb + r * d.I + i);
           m[i] = (v > m[i] || std::isnan(v)) ? v : m[i];
         }
       for (int64_t r = 0; r < d.R; ++r)
-        for (int64_t i = 0; i < len; ++i) s[i] += vexp(to_compute(xb[r * d.I + i]) - m[i]);
+        for (int64_t i = 0; i < len; ++i) s[i] += vexp(cpu::load_compute(xb + r * d.I + i) - m[i]);
       for (int64_t i = 0; i < len; ++i) {
         const int64_t k = o * d.I + i0 + i;
         const C ls = std::log(s[i]);
         const int64_t tt = static_cast<int64_t>(tg[k]);
         lse[k] = m[i] + ls;
-        loss[k] = tt == ignore ? C(0) : (m[i] - to_compute(xb[tt * d.I + i])) + ls;
+        loss[k] = tt == ignore ? C(0) : (m[i] - cpu::load_compute(xb + tt * d.I + i)) + ls;
       }
     }
   });
@@ -400,13 +407,14 @@ void ce_backward(const T* x, const I* tg, const compute_t<T>* lse, const compute
       const C* gp = gs.data();
       for (int64_t r = 0; r < d.R; ++r)
         for (int64_t i = 0; i < d.I; ++i)
-          dxo[r * d.I + i] = from_compute<T>(vexp(to_compute(xo[r * d.I + i]) - lo[i]) * gp[i]);
+          dxo[r * d.I + i] =
+              from_compute<T>(vexp(cpu::load_compute(xo + r * d.I + i) - lo[i]) * gp[i]);
       for (int64_t i = 0; i < d.I; ++i) {
         const int64_t k = o * d.I + i;
         const int64_t t = static_cast<int64_t>(tg[k]);
         if (t == ignore) continue;
         T& v = dxo[t * d.I + i];
-        v = from_compute<T>(vexp(to_compute(xo[t * d.I + i]) - lo[i]) * gp[i] - gp[i]);
+        v = from_compute<T>(vexp(cpu::load_compute(xo + t * d.I + i) - lo[i]) * gp[i] - gp[i]);
       }
     }
   });

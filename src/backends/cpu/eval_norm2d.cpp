@@ -47,24 +47,28 @@ template <bool Relu, class C>
 template <bool Relu, class T, class C>
 [[gnu::always_inline]] inline void plane_sums(const T* g, const T* x, int64_t n, C mu,
                                               const BnAffine<C>& aff, C& sg, C& sgx) {
-  C a[8] = {}, b[8] = {};
+  cpu::Lanes8<C> a = {}, b = {};
   const C scale = aff.scale, shift = aff.shift;
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
+  for (; i + 8 <= n; i += 8) {
+    C ga[8], gb[8];
     for (int j = 0; j < 8; ++j) {
-      const C xv = to_compute(x[i + j]);
-      const C gv = masked<Relu>(to_compute(g[i + j]), xv, scale, shift);
-      a[j] += gv;
-      b[j] += gv * (xv - mu);
+      const C xv = cpu::load_compute(x + i + j);
+      const C gv = masked<Relu>(cpu::load_compute(g + i + j), xv, scale, shift);
+      ga[j] = gv;
+      gb[j] = gv * (xv - mu);
     }
+    cpu::add8(a, ga);
+    cpu::add8(b, gb);
+  }
   for (; i < n; ++i) {
-    const C xv = to_compute(x[i]);
-    const C gv = masked<Relu>(to_compute(g[i]), xv, scale, shift);
+    const C xv = cpu::load_compute(x + i);
+    const C gv = masked<Relu>(cpu::load_compute(g + i), xv, scale, shift);
     a[0] += gv;
     b[0] += gv * (xv - mu);
   }
-  sg = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-  sgx = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+  sg = cpu::total8(a);
+  sgx = cpu::total8(b);
 }
 
 /// The backward's per-channel constants: dx = k * (g' - gmean - (x - mu) * proj).
@@ -78,8 +82,8 @@ template <bool Relu, class T, class C>
 [[gnu::always_inline]] inline void dx_plane(const T* g, const T* x, T* dx, int64_t n,
                                             const BnAffine<C>& a, const BnGrad<C>& d) {
   for (int64_t i = 0; i < n; ++i) {
-    const C xv = to_compute(x[i]);
-    const C gv = masked<Relu>(to_compute(g[i]), xv, a.scale, a.shift);
+    const C xv = cpu::load_compute(x + i);
+    const C gv = masked<Relu>(cpu::load_compute(g + i), xv, a.scale, a.shift);
     dx[i] = from_compute<T>(d.k * (gv - d.gmean - (xv - d.mu) * d.proj));
   }
 }
@@ -89,8 +93,8 @@ template <bool Relu, class T, class C>
 [[gnu::always_inline]] inline void apply_plane(const T* x, const T* r, T* y, int64_t n,
                                                const BnAffine<C>& a) {
   for (int64_t i = 0; i < n; ++i) {
-    C v = to_compute(x[i]) * a.scale + a.shift;
-    if (r) v += to_compute(r[i]);  // loop-invariant: GCC unswitches the loop on it
+    C v = cpu::load_compute(x + i) * a.scale + a.shift;
+    if (r) v += cpu::load_compute(r + i);  // loop-invariant: GCC unswitches the loop on it
     y[i] = from_compute<T>(Relu ? std::max(v, C(0)) : v);
   }
 }
@@ -206,8 +210,8 @@ void BatchNorm2d::eval_cpu(const std::vector<const Array*>& in,
       }
       mp[c] = static_cast<A>(s / M);
       vp[c] = static_cast<A>(ss / M);
-      aff.emplace_back(static_cast<double>(to_compute(wp[c])), to_compute(bp[c]), mp[c], vp[c],
-                       eps_);
+      aff.emplace_back(static_cast<double>(cpu::load_compute(wp + c)), cpu::load_compute(bp + c),
+                       mp[c], vp[c], eps_);
     }
     with_relu(relu_, [&]<bool Relu>() {
       parallel_for(P, grain, [&](int64_t p0, int64_t p1) {
@@ -237,8 +241,8 @@ void BatchNorm2dBackward::eval_cpu(const std::vector<const Array*>& in,
     std::vector<BnAffine<A>> aff;
     aff.reserve(static_cast<size_t>(C));
     for (int64_t c = 0; c < C; ++c)
-      aff.emplace_back(static_cast<double>(to_compute(wp[c])), to_compute(bp[c]), mp[c], vp[c],
-                       eps_);
+      aff.emplace_back(static_cast<double>(cpu::load_compute(wp + c)), cpu::load_compute(bp + c),
+                       mp[c], vp[c], eps_);
     std::vector<A> psg(static_cast<size_t>(P)), psgx(psg.size());
     std::vector<BnGrad<A>> d(static_cast<size_t>(C));
     with_relu(relu_, [&]<bool Relu>() {
@@ -256,7 +260,7 @@ void BatchNorm2dBackward::eval_cpu(const std::vector<const Array*>& in,
         const double invstd = 1.0 / std::sqrt(static_cast<double>(vp[c]) + eps_);
         dbp[c] = from_compute<T>(static_cast<A>(sg));
         dwp[c] = from_compute<T>(static_cast<A>(sgx * invstd));
-        d[c] = {mp[c], static_cast<A>(to_compute(wp[c]) * invstd), static_cast<A>(sg / M),
+        d[c] = {mp[c], static_cast<A>(cpu::load_compute(wp + c) * invstd), static_cast<A>(sg / M),
                 static_cast<A>(sgx * invstd * invstd / M)};
       }
       parallel_for(P, grain, [&](int64_t p0, int64_t p1) {

@@ -8,6 +8,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "hetrain/base/dtype.h"
 
@@ -51,6 +53,28 @@ namespace hetrain::cpu {
 }
 inline double vexp(double x) { return std::exp(x); }
 
+/// *x in its compute type. f16/bf16 are read through their bits: a copy of the struct would keep
+/// GCC from vectorising the loop around it.
+template <class T>
+[[gnu::always_inline]] inline auto load_compute(const T* x) {
+  if constexpr (std::is_same_v<T, BFloat16>)
+    return bf16_to_float(x->bits);
+  else if constexpr (std::is_same_v<T, Half>)
+    return half_to_float(x->bits);
+  else
+    return *x;
+}
+/// *y = v rounded to T (from_compute), f16/bf16 written through their bits.
+template <class T, class C>
+[[gnu::always_inline]] inline void store_compute(T* y, C v) {
+  if constexpr (std::is_same_v<T, BFloat16>)
+    y->bits = float_to_bf16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, Half>)
+    y->bits = float_to_half(static_cast<float>(v));
+  else
+    *y = from_compute<T>(v);
+}
+
 /// Max of n values of T in compute precision (NaN propagates).
 template <class T>
 [[gnu::always_inline]] inline compute_t<T> row_max(const T* x, int64_t n) {
@@ -60,11 +84,11 @@ template <class T>
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
     for (int j = 0; j < 8; ++j) {
-      C v = to_compute(x[i + j]);
+      C v = load_compute(x + i + j);
       acc[j] = (v > acc[j] || std::isnan(v)) ? v : acc[j];
     }
   for (; i < n; ++i) {
-    C v = to_compute(x[i]);
+    C v = load_compute(x + i);
     acc[0] = (v > acc[0] || std::isnan(v)) ? v : acc[0];
   }
   C m = acc[0];
@@ -72,16 +96,43 @@ template <class T>
   return m;
 }
 
-/// sum over i of f(to_compute(x[i])) with eight partial sums.
+/// Eight lanes of C as one GCC vector: the eight partial sums of the reductions here and in the
+/// kernels, one register (or two halves) at every width. A plain C[8] array of sums lets GCC 12
+/// vectorise the loop around it across iterations at AVX-512, with a shuffle per element (twice
+/// as slow as AVX2); the order of the additions is the same either way, lane j being sum j.
+template <class C>
+struct Lanes8Of {
+  typedef C type __attribute__((vector_size(8 * sizeof(C))));
+};
+template <class C>
+using Lanes8 = typename Lanes8Of<C>::type;
+/// acc += t[0..8) lane by lane (by reference: a vector passed or returned by value would
+/// depend on the ISA in the ABI).
+template <class C>
+[[gnu::always_inline]] inline void add8(Lanes8<C>& acc, const C* t) {
+  Lanes8<C> v;
+  std::memcpy(&v, t, sizeof v);
+  acc += v;
+}
+/// The eight partial sums (a Lanes8) added in a fixed order.
+template <class V>
+[[gnu::always_inline]] inline auto total8(const V& a) {
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+/// sum over i of f(load_compute(x + i)) with eight partial sums.
 template <class T, class F>
 [[gnu::always_inline]] inline compute_t<T> row_sum(const T* x, int64_t n, F&& f) {
   using C = compute_t<T>;
-  C acc[8] = {};
+  Lanes8<C> acc = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += f(to_compute(x[i + j]));
-  for (; i < n; ++i) acc[0] += f(to_compute(x[i]));
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i + 8 <= n; i += 8) {
+    C t[8];
+    for (int j = 0; j < 8; ++j) t[j] = f(load_compute(x + i + j));
+    add8(acc, t);
+  }
+  for (; i < n; ++i) acc[0] += f(load_compute(x + i));
+  return total8(acc);
 }
 
 /// Rows per parallel_for chunk so that a chunk holds about this many elements.
