@@ -22,6 +22,9 @@ CpuFeatures detect() {
   f.avx2 = __builtin_cpu_supports("avx2");
   f.fma = __builtin_cpu_supports("fma");
   f.avx512f = __builtin_cpu_supports("avx512f");
+  f.avx512bw = __builtin_cpu_supports("avx512bw");
+  f.avx512dq = __builtin_cpu_supports("avx512dq");
+  f.avx512vl = __builtin_cpu_supports("avx512vl");
   if (__get_cpuid(1, &a, &b, &c, &d)) f.f16c = (c >> 29) & 1u;
   // OS support for AVX-512/AMX state is implied by the kernel exposing the flags; cpuid
   // leaf 7 gives the feature bits.
@@ -62,6 +65,9 @@ std::string cpu_features_string() {
   add(f.fma, "fma");
   add(f.f16c, "f16c");
   add(f.avx512f, "avx512f");
+  add(f.avx512bw, "avx512bw");
+  add(f.avx512dq, "avx512dq");
+  add(f.avx512vl, "avx512vl");
   add(f.avx512bf16, "avx512_bf16");
   add(f.avx512fp16, "avx512_fp16");
   add(f.amx_tile, "amx_tile");

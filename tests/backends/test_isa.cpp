@@ -78,9 +78,10 @@ void check(const std::string& name, const std::vector<Tensor>& inputs, const Cas
 
 TEST(VectorIsa, WidestFollowsTheCpuFeatures) {
   const CpuFeatures& f = cpu_features();
-  const Isa want = f.avx512f && f.avx2 && f.fma ? Isa::avx512
-                   : f.avx2 && f.fma            ? Isa::avx2
-                                                : Isa::baseline;
+  const Isa want = f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.avx2 && f.fma
+                       ? Isa::avx512
+                   : f.avx2 && f.fma ? Isa::avx2
+                                     : Isa::baseline;
   EXPECT_EQ(cpu::widest_isa(), want) << cpu_features_string();
   // A request wider than the CPU is clamped; a narrower one holds.
   IsaScope scope(Isa::avx512);

@@ -48,7 +48,7 @@ const char* isa_name(Isa isa) {
 
 Isa widest_isa() {
   const CpuFeatures& f = cpu_features();
-  if (f.avx512f && f.avx2 && f.fma) return Isa::avx512;
+  if (f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.avx2 && f.fma) return Isa::avx512;
   if (f.avx2 && f.fma) return Isa::avx2;
   return Isa::baseline;
 }

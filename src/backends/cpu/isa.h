@@ -1,7 +1,9 @@
 // One source per vector kernel, built for every x86 width: a kernel is a struct with a
 // `template <Isa> static void run(...)` written in plain loops (or over vec_math.h's
 // branch-free helpers), and isa_dispatch<K>(...) calls the copy the compiler vectorised for
-// the widest ISA this CPU has: AVX-512 (16 lanes), AVX2 + FMA (8) or baseline x86-64 (SSE2, 4).
+// the widest ISA this CPU has: AVX-512 (16 lanes; F, BW, DQ and VL, as x86-64-v4: without BW,
+// GCC keeps loops over 16-bit elements, bf16 and f16, at 256 bits), AVX2 + FMA (8) or baseline
+// x86-64 (SSE2, 4).
 // The Isa parameter only tells a kernel which width it runs at (for tile sizes); the loops are
 // the same. Files with such kernels are compiled with -ffp-contract=off (CMakeLists.txt), so
 // every width rounds each operation the same way and gives the same bits.
@@ -15,7 +17,8 @@ enum class Isa { baseline = 0, avx2 = 1, avx512 = 2 };
 
 /// "baseline", "avx2" or "avx512".
 const char* isa_name(Isa isa);
-/// The widest ISA this CPU runs (avx512 needs AVX-512F with AVX2 and FMA; avx2 needs FMA).
+/// The widest ISA this CPU runs (avx512 needs AVX-512 F, BW, DQ and VL with AVX2 and FMA; avx2
+/// needs FMA).
 Isa widest_isa();
 /// The ISA the vector kernels use: widest_isa(), lowered by the environment variable
 /// HETRAIN_CPU_ISA=baseline|avx2|avx512 (read once; a wider value than the CPU has is clamped,
@@ -29,7 +32,7 @@ Isa set_vector_isa(Isa isa);
 constexpr int f32_lanes(Isa isa) { return isa == Isa::avx512 ? 16 : isa == Isa::avx2 ? 8 : 4; }
 
 template <class K, class... A>
-__attribute__((target("avx512f,avx2,fma"))) void run_avx512(A&&... a) {
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"))) void run_avx512(A&&... a) {
   K::template run<Isa::avx512>(std::forward<A>(a)...);
 }
 template <class K, class... A>
