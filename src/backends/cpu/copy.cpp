@@ -57,19 +57,12 @@ void copy_strided(const Array& x, Array& y) {
             D* o = dp + pos[0];
             const S* a = sp + pos[1];
             if (step[0] == 1 && step[1] == 1) {
-              if (cast_run_fast(a, o, len)) return;
-              if constexpr (!std::is_same_v<D, bool>) {
-                cpu::isa_dispatch<CastRun<S, D>>(a, o, len);
-                return;
-              }
+              if (!cast_run_fast(a, o, len)) cpu::isa_dispatch<CastRun<S, D>>(a, o, len);
+              return;
             }
-            for (int64_t i = 0; i < len; ++i) {
-              if constexpr (std::is_same_v<D, bool>) {
-                o[i * step[0]] = to_compute(a[i * step[1]]) != 0;
-              } else {
-                o[i * step[0]] = from_compute<D>(to_compute(a[i * step[1]]));
-              }
-            }
+            // To bool: from_compute's static_cast<bool> is `!= 0` (NaN -> true, as before).
+            for (int64_t i = 0; i < len; ++i)
+              cpu::store_compute(o + i * step[0], cpu::load_compute(a + i * step[1]));
           });
     });
   });

@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 
 #include "backends/cpu/compute_buffers.h"
 #include "backends/cpu/isa.h"
@@ -97,25 +96,19 @@ PackedGeom packed_geom(const Shape& qkv, int64_t heads, bool causal) {
   return {{qkv[0] * heads, L, L, d, d, causal}, heads};
 }
 
-/// s[c] = exp(s[c] - shift) for c < n; returns their sum (eight partial sums in a fixed order).
+/// s[c] = exp(s[c] - shift) for c < n; their sum is row_sum's (eight partial sums in a fixed
+/// order).
 struct ExpShifted {
   template <cpu::Isa, class T>
   [[gnu::always_inline]] static inline void run(T* s, int64_t n, T shift, T& sum) {
     for (int64_t c = 0; c < n; ++c) s[c] = cpu::vexp(s[c] - shift);
-    cpu::Lanes8<T> acc = {};
-    int64_t c = 0;
-    for (; c + 8 <= n; c += 8) cpu::add8(acc, s + c);
-    for (; c < n; ++c) acc[0] += s[c];
-    sum = cpu::total8(acc);
+    sum = cpu::row_sum(s, n, [](T v) { return v; });
   }
 };
 template <class T>
 T exp_shifted(T* s, int64_t n, T shift) {
   T sum{};
-  if constexpr (std::is_same_v<T, float>)
-    cpu::isa_dispatch<ExpShifted>(s, n, shift, sum);  // every vector width, the same bits
-  else
-    ExpShifted::run<cpu::Isa::baseline>(s, n, shift, sum);
+  cpu::isa_dispatch<ExpShifted>(s, n, shift, sum);  // every vector width, the same bits
   return sum;
 }
 

@@ -2,7 +2,8 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <string>
+#include <string_view>
+#include <utility>
 
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
@@ -11,21 +12,16 @@ namespace hetrain::cpu {
 
 namespace {
 
+constexpr std::pair<Isa, std::string_view> kNames[] = {
+    {Isa::baseline, "baseline"}, {Isa::avx2, "avx2"}, {Isa::avx512, "avx512"}};
+
 Isa from_environment() {
   const Isa widest = widest_isa();
   const char* v = std::getenv("HETRAIN_CPU_ISA");
   if (v == nullptr || *v == '\0') return widest;
-  const std::string s(v);
-  Isa want = Isa::baseline;
-  if (s == "baseline")
-    want = Isa::baseline;
-  else if (s == "avx2")
-    want = Isa::avx2;
-  else if (s == "avx512")
-    want = Isa::avx512;
-  else
-    fail("HETRAIN_CPU_ISA must be baseline, avx2 or avx512, got '", s, "'");
-  return want < widest ? want : widest;
+  for (const auto& [isa, name] : kNames)
+    if (name == v) return isa < widest ? isa : widest;
+  fail("HETRAIN_CPU_ISA must be baseline, avx2 or avx512, got '", v, "'");
 }
 
 // -1 until first read, so that a bad HETRAIN_CPU_ISA is reported by the first kernel (and by
@@ -35,14 +31,8 @@ std::atomic<int> g_isa{-1};
 }  // namespace
 
 const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::avx512:
-      return "avx512";
-    case Isa::avx2:
-      return "avx2";
-    case Isa::baseline:
-      break;
-  }
+  for (const auto& [i, name] : kNames)
+    if (i == isa) return name.data();
   return "baseline";
 }
 
