@@ -139,7 +139,7 @@ File load(const std::string& path) {
   json header;
   try {
     header = json::parse(htext);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range (a number too large)
     bad("header is not valid JSON: ", e.what());
   }
   if (!header.is_object()) bad("header is not a JSON object");
