@@ -66,7 +66,7 @@ if [ -n "$PREBUILT" ]; then
   done
   bin=$work/wrap
   HETRAIN=$bin/hetrain TEST_CUDA=$bin/test_cuda BENCH_CUDA=$bin/bench_cuda
-  TEST_DIST=$bin/test_distributed TEST_RUNTIME=$bin/test_runtime
+  TEST_DIST=$bin/test_distributed TEST_RUNTIME=$bin/test_runtime TEST_PARITY=$bin/test_parity
 else
   say "build ($BUILD, HETRAIN_CUDA=ON)"
   for tool in cmake ninja; do
@@ -81,7 +81,7 @@ else
     die "cmake configure failed (missing libraries? tools/install_deps.sh installs them)"
   fi
   t0=$(date +%s)
-  targets=(hetrain test_cuda test_distributed test_runtime)
+  targets=(hetrain test_cuda test_distributed test_runtime test_parity)
   grep -q 'build bench/bench_cuda:' "$BUILD/build.ninja" && targets+=(bench_cuda)
   if ! cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" > "$tmp/build.log" 2>&1; then
     grep -E -A5 'error|FAILED' "$tmp/build.log" | head -60 >&2
@@ -90,6 +90,7 @@ else
   echo "built in $(($(date +%s) - t0)) s" >&2
   HETRAIN=$BUILD/hetrain TEST_CUDA=$BUILD/tests/test_cuda BENCH_CUDA=$BUILD/bench/bench_cuda
   TEST_DIST=$BUILD/tests/test_distributed TEST_RUNTIME=$BUILD/tests/test_runtime
+  TEST_PARITY=$BUILD/tests/test_parity
 fi
 "$HETRAIN" version >&2
 
@@ -120,6 +121,21 @@ for t in "$TEST_DIST World.Nccl*" "$TEST_RUNTIME Scheduler.*:ListScheduler.*"; d
     echo "gpu_check: $(basename "$1") FAILED" >&2
   fi
 done
+
+# The PyTorch parity table (tests/parity) with every node pinned to cuda:0, forward and
+# gradients; cases needing a primitive without a CUDA kernel are listed, not run.
+if [ -x "$TEST_PARITY" ]; then
+  say "PyTorch parity table on cuda:0 (tests/parity)"
+  if HETRAIN_PARITY_DEVICE=cuda:0 HETRAIN_SOURCE_DIR=$PWD timeout 120 "$TEST_PARITY" \
+    --gtest_color=no > "$tmp/test_parity.log" 2>&1; then
+    grep -E '^\[  PASSED ' "$tmp/test_parity.log" >&2 || true
+  else
+    status=1
+    grep -E '^\[  FAILED|Failure|cases;|threw' "$tmp/test_parity.log" | head -60 >&2 || true
+    echo "gpu_check: parity on cuda:0 FAILED" >&2
+  fi
+  grep -E 'not run' "$tmp/test_parity.log" | sed 's/; worst.*; / /' >&2 || true
+fi
 
 if [ -x "$BENCH_CUDA" ]; then
   say "kernel micro-benchmarks (bench/bench_cuda.cpp)"
@@ -193,6 +209,31 @@ if [ "$have_torch" -eq 1 ]; then
   gemm=$(python3 tools/gpu_check_torch.py --gemm | python3 -c 'import json,sys; print(json.load(sys.stdin)["bf16_gemm_tflops"])') || gemm="null"
   echo "measured bf16 GEMM rate (cuBLAS through PyTorch, 8192^3): $gemm TFLOP/s" >&2
 fi
+
+# The same short fp32 run on the CPU alone and with the GPU (density placement puts the dense
+# work there): the losses must agree to summation order.
+say "loss agreement: gpt-mini fp32, 5 steps, cpu against cpu,cuda:0"
+for devs in cpu cpu,cuda:0; do
+  timeout "$RUN_TIMEOUT" "$HETRAIN" train --preset gpt-mini --steps 5 --dropout 0 --precision fp32 \
+    --devices "$devs" --placement density --data "$work/corpus.txt" --eval-batches 1 \
+    --log-every 1 --no-progress --no-record --json-log "$tmp/agree-$devs.jsonl" \
+    > /dev/null 2> "$tmp/agree-$devs.err" || echo "  $devs failed: $(tail -2 "$tmp/agree-$devs.err")" >&2
+done
+python3 - "$tmp/agree-cpu.jsonl" "$tmp/agree-cpu,cuda:0.jsonl" <<'PY' || status=1
+import json, sys
+def losses(p):
+    try:
+        return [r["loss"] for r in map(json.loads, open(p)) if "loss" in r and "final" not in r]
+    except OSError:
+        return []
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+print("cpu          ", a, file=sys.stderr)
+print("cpu,cuda:0   ", b, file=sys.stderr)
+worst = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=None)
+ok = worst is not None and len(a) == len(b) and worst <= 1e-3
+print(f"largest relative difference {worst}: {'agree' if ok else 'DIFFER'}", file=sys.stderr)
+sys.exit(0 if ok else 1)
+PY
 
 hetrain_run gpt-mini 4 128 4 64 32
 hetrain_run gpt2-124M-shape 12 768 12 1024 "$BATCH"

@@ -18,7 +18,8 @@ die() {
 grep -q '^HETRAIN_CUDA:STRING=ON' "$BUILD/CMakeCache.txt" ||
   die "$BUILD was not configured with -DHETRAIN_CUDA=ON"
 bins=()
-for b in hetrain tests/test_cuda tests/test_distributed tests/test_runtime bench/bench_cuda; do
+for b in hetrain tests/test_cuda tests/test_distributed tests/test_runtime tests/test_parity \
+  bench/bench_cuda; do
   [ -x "$BUILD/$b" ] && bins+=("$BUILD/$b")
 done
 [ -x "$BUILD/hetrain" ] && [ -x "$BUILD/tests/test_cuda" ] ||

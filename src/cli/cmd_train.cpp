@@ -34,7 +34,7 @@ const char* const kSettingFlags[] = {
     "widths",   "blocks",  "layers",   "heads",      "width",     "context",      "dropout",
     "precision", "grad-scaler", "loss-scale", "loss-scale-growth-interval", "loss-scale-floor",
     "grad-accum", "bucket-mb", "comm-timeout", "zero", "param-persistence-threshold",
-    "divergence-factor", "divergence-steps", "memory-budget", "recompute"};
+    "divergence-factor", "divergence-steps", "memory-budget", "recompute", "state-device"};
 // clang-format on
 // The run as a record of the planner's measured-runs file (docs/PLANNING.md): the model as
 // the planner describes it (IDX image sets are 28x28 grey images in 10 classes).
@@ -183,6 +183,11 @@ int cmd_train(const Args& args) {
               "where unpinned nodes run: pinned (first device), density (roofline + transfer "
               "cost) or heft (earliest finish time)",
               "heft")
+      .option("state-device", "DEV",
+              "where parameters and optimizer state live and the optimizer step runs: auto "
+              "(the first GPU in --devices, else the CPU; the CPU under --zero), cpu, or a "
+              "device of --devices (cuda:N, sim:N); there they stay between steps",
+              "auto")
       .option("precision", "P",
               "fp32, bf16 or fp16: autocast runs matmul, conv and attention in bf16/fp16 and "
               "softmax, norms, losses and accumulating reductions in f32; parameters, gradients "

@@ -190,6 +190,16 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     if (v != "0" && v != "1" && v != "2" && v != "3")
       fail("[train] ", origin, ": zero must be 0, 1, 2 or 3 (the ZeRO stage), got '", v, "'");
     c.zero = v[0] - '0';
+  } else if (key == "state-device") {
+    if (v != "auto") {
+      try {
+        (void)Device::parse_name(v);
+      } catch (const Error&) {
+        fail("[train] ", origin, ": state-device must be auto, cpu, cuda:N or sim:N, got '", v,
+             "'");
+      }
+    }
+    c.state_device = v;
   } else if (key == "comm-timeout")
     c.comm_timeout = d();
   else if (key == "precision") {

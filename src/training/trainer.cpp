@@ -230,6 +230,28 @@ const RecomputePolicy& step_policy(RecomputeState& rs, const Tensor& root, const
 }
 }  // namespace
 
+Device resolve_state_device(const TrainConfig& cfg) {
+  const std::vector<runtime::DeviceModel>& devices = runtime::config().devices;
+  if (cfg.state_device == "auto") {
+    if (cfg.zero == 0)
+      for (const runtime::DeviceModel& m : devices)
+        if (m.device.kind == DeviceKind::cuda) return m.device;
+    return Device::cpu();
+  }
+  const Device d = Device::parse_name(cfg.state_device);
+  if (d.kind == DeviceKind::cpu) return Device::cpu();
+  if (cfg.zero > 0)
+    fail("[train] state-device ", cfg.state_device, ": under zero ", cfg.zero,
+         " the optimizer's shards live on the host; give state-device cpu or auto");
+  std::string names;
+  for (const runtime::DeviceModel& m : devices) {
+    if (m.device == d) return d;
+    names += (names.empty() ? "" : ", ") + m.device.str();
+  }
+  fail("[train] state-device ", cfg.state_device, " is not among the configured devices (", names,
+       "); add it to --devices");
+}
+
 StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
                        const std::vector<data::Batch>& micro, const TrainConfig& cfg, bool language,
                        amp::GradScaler* scaler, int64_t step, distributed::GradReducer* reducer,
@@ -267,10 +289,17 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
   if (reducer) out.times = reducer->reduce(static_cast<int64_t>(micro.size()) * comm.size());
   if (scaler) scaler->unscale(opt);  // clipping sees the true gradients
   if (cfg.clip > 0) opt.clip_grad_norm(cfg.clip);
-  if (scaler)
-    scaler->step(opt);  // skipped (and counted) when a gradient is inf/NaN
-  else
-    opt.step();
+  {
+    // The update runs where the model state lives: the new parameters and moments stay there,
+    // and the next step reads them without a copy.
+    const Device home = resolve_state_device(cfg);
+    std::optional<DeviceScope> on;
+    if (home.kind != DeviceKind::cpu) on.emplace(home);
+    if (scaler)
+      scaler->step(opt);  // skipped (and counted) when a gradient is inf/NaN
+    else
+      opt.step();
+  }
   opt.zero_grad();
   if (scaler) {
     try {
@@ -478,6 +507,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
 
 TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::Communicator& comm) {
   validate(cfg);
+  const Device state_device = resolve_state_device(cfg);
   MemoryBudgetScope budget(cfg.memory_budget);
   const int world = comm.size();
   const bool leader = comm.rank() == 0;  // the one voice: prints, logs, checkpoints
@@ -562,12 +592,15 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
             " micro-batch(es) of " + std::to_string(cfg.batch_size / micro_batches);
     std::fprintf(stderr,
                  "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld%s, %d "
-                 "threads%s, precision %s%s\n",
+                 "threads%s, precision %s%s%s\n",
                  cfg.preset.c_str(), cfg.model.c_str(),
                  static_cast<long long>(model->num_parameters()), data.train->describe().c_str(),
                  static_cast<long long>(total), static_cast<long long>(cfg.batch_size), par.c_str(),
                  num_threads(), world > 1 ? " per rank" : "", cfg.precision.c_str(),
-                 scaler ? " with dynamic loss scaling" : "");
+                 scaler ? " with dynamic loss scaling" : "",
+                 state_device.kind == DeviceKind::cpu
+                     ? ""
+                     : (", parameters and optimizer state on " + state_device.str()).c_str());
   }
   jlog.open();  // the inputs are good: the old log goes now
 

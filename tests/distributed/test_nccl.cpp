@@ -56,9 +56,45 @@ TEST(World, NcclCollectivesOnTheRanksGpus) {
   ASSERT_EQ(cudaMemcpy(got.data(), dr, size * sizeof(int64_t), cudaMemcpyDeviceToHost),
             cudaSuccess);
   for (int s = 0; s < size; ++s) EXPECT_EQ(got[s], s * 100 + me);
+  // reduce_scatter (ZeRO's gradient shards): rank r gets the sum over ranks of block r, here
+  // through the non-blocking handle; then all_gather puts every rank's shard back in order.
+  const int64_t shard = 250;
+  std::vector<float> full(static_cast<size_t>(shard * size));
+  for (int64_t i = 0; i < shard * size; ++i) full[i] = value(me, i);
+  float *dfull = nullptr, *dshard = nullptr;
+  ASSERT_EQ(cudaMalloc(&dfull, full.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dshard, shard * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dfull, full.data(), full.size() * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  gpu->ireduce_scatter(dfull, dshard, shard, Dtype::f32, ReduceOp::sum)->wait();
+  std::vector<float> mine(shard);
+  ASSERT_EQ(cudaMemcpy(mine.data(), dshard, shard * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (int64_t i = 0; i < shard; ++i) {
+    float want = 0;
+    for (int r = 0; r < size; ++r) want += value(r, me * shard + i);
+    ASSERT_EQ(mine[i], want) << "reduce_scatter [" << i << "]";
+  }
+  ASSERT_EQ(cudaMemset(dfull, 0, full.size() * sizeof(float)), cudaSuccess);
+  gpu->all_gather(dshard, dfull, shard, Dtype::f32);
+  ASSERT_EQ(cudaMemcpy(full.data(), dfull, full.size() * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (int64_t i = 0; i < shard * size; ++i) {
+    float want = 0;
+    for (int r = 0; r < size; ++r) want += value(r, i);
+    ASSERT_EQ(full[i], want) << "all_gather [" << i << "]";
+  }
+  // broadcast from the last rank.
+  for (int64_t i = 0; i < n; ++i) h[i] = value(me, i);
+  ASSERT_EQ(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  gpu->broadcast(d, n, Dtype::f32, size - 1);
+  ASSERT_EQ(cudaMemcpy(out.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], value(size - 1, i)) << "broadcast " << i;
   gpu->barrier();
   cudaFree(d);
   cudaFree(ds);
   cudaFree(dr);
+  cudaFree(dfull);
+  cudaFree(dshard);
 #endif
 }

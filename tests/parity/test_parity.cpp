@@ -3,6 +3,10 @@
 // gradients of sum(out * cotangent) are compared with PyTorch's at the tolerance of the dtype. One
 // parameterised test per op, so a failure names its op; each failure names the case.
 //
+// HETRAIN_PARITY_DEVICE=cuda:0 (or sim:0) runs the same table with every node pinned to that
+// device (forward and gradients): a case whose graph holds a primitive with no kernel there is
+// listed, not failed; every other case must match PyTorch at the same tolerances.
+//
 // Tolerances, |got - want| <= atol + rtol * |want| with atol = rtol:
 //   f64 1e-10   f32 1e-5   f16 2e-3 (about 2 ulp)   bf16 2e-2 (about 2.5 ulp)   ints, bool exact
 #include <gtest/gtest.h>
@@ -16,13 +20,16 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "hetrain/base/error.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
+#include "hetrain/graph/primitive.h"
 #include "hetrain/interop/safetensors.h"
 #include "hetrain/runtime/eval.h"
+#include "hetrain/runtime/scheduler.h"
 
 using namespace hetrain;
 using nlohmann::json;
@@ -259,6 +266,38 @@ std::string compare(const Tensor& got, const Tensor& want) {
   return os.str();
 }
 
+/// The device of HETRAIN_PARITY_DEVICE; the CPU when unset.
+Device parity_device() {
+  static const Device d = [] {
+    const char* env = std::getenv("HETRAIN_PARITY_DEVICE");
+    if (!env || !*env) return Device{};
+    Device dev = Device::parse(env);
+    if (dev.kind != DeviceKind::cpu)
+      runtime::configure({.devices = runtime::parse_devices(std::string("cpu,") + env),
+                          .placement = runtime::PlacementPolicy::pinned});
+    return dev;
+  }();
+  return d;
+}
+
+/// Names of the primitives in the graphs of `ts` that have no kernel on device kind k.
+std::set<std::string> without_kernel(const std::vector<Tensor>& ts, DeviceKind k) {
+  std::set<std::string> names;
+  std::set<const Node*> seen;
+  std::vector<const Node*> todo;
+  for (const Tensor& t : ts)
+    if (t.defined()) todo.push_back(t.node());
+  while (!todo.empty()) {
+    const Node* n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    if (n->prim && !n->prim->has_kernel(k)) names.insert(n->prim->name());
+    for (const Tensor& i : n->inputs)
+      if (i.defined()) todo.push_back(i.node());
+  }
+  return names;
+}
+
 Tensor apply_layout(Tensor x, const json& views) {
   if (views.is_null()) return x;
   for (const json& v : views) {
@@ -312,14 +351,21 @@ std::vector<std::string> check_dropout(const Case& c, const Tensor& y,
     fails.push_back("dropped " + std::to_string(dropped) + " of " + std::to_string(x.size()) +
                     ", expected about " + std::to_string(n * p));
   // The registry entry seeds a fresh generator from the case: a second run must agree.
-  if (registry().at(c.meta["op"])({c.in[0]}, c.meta["attrs"])[0].to_vector<double>() != got)
-    fails.push_back("the same seed gave a different mask");
+  Tensor again;
+  {
+    DeviceScope on(parity_device());
+    again = registry().at(c.meta["op"])({c.in[0]}, c.meta["attrs"])[0];
+  }
+  if (again.to_vector<double>() != got) fails.push_back("the same seed gave a different mask");
   return fails;
 }
 
-/// Runs one case; returns the failures (empty when it passes).
-std::vector<std::string> run_case(const Case& c) {
+/// Runs one case on parity_device(); returns the failures (empty when it passes). A case whose
+/// graph needs a primitive with no kernel on that device is not run: its names go to `missing`.
+std::vector<std::string> run_case(const Case& c, std::set<std::string>& missing) {
   std::vector<std::string> fails;
+  const Device dev = parity_device();
+  DeviceScope on(dev);
   const json& m = c.meta;
   // Fresh leaves per run, so the shared reference tensors never join a graph.
   if (!m["layout"].is_array() || m["layout"].size() != c.in.size())
@@ -350,7 +396,18 @@ std::vector<std::string> run_case(const Case& c) {
   }
   std::vector<Tensor> all = outs;
   all.insert(all.end(), grads.begin(), grads.end());
+  if (dev.kind != DeviceKind::cpu) {
+    std::set<std::string> no = without_kernel(all, dev.kind);
+    if (!no.empty()) {
+      missing.insert(no.begin(), no.end());
+      return fails;
+    }
+  }
   eval(all);
+  for (const Tensor& t : all)
+    if (t.node()->prim && !(t.node()->device == dev))
+      fails.push_back(std::string(t.node()->prim->name()) + " ran on " + t.node()->device.str() +
+                      ", not on " + dev.str());
   if (m.contains("check") && m["check"] == "dropout") return check_dropout(c, outs[0], grads);
   for (size_t k = 0; k < outs.size(); ++k) {
     std::string d = compare(outs[k], c.out[k]);
@@ -374,23 +431,35 @@ class OpParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(OpParity, MatchesPyTorch) {
   worst_ratio().clear();
-  int n = 0;
+  int n = 0, not_run = 0;
+  std::set<std::string> missing;
   for (const Case& c : parity_cases()) {
     if (c.meta["op"] != GetParam()) continue;
     ++n;
     std::vector<std::string> fails;
+    bool skipped = false;
     try {
-      fails = run_case(c);
+      std::set<std::string> no;
+      fails = run_case(c, no);
+      skipped = !no.empty();
+      missing.insert(no.begin(), no.end());
     } catch (const std::exception& e) {
       fails.push_back(std::string("threw: ") + e.what());
     }
+    not_run += skipped ? 1 : 0;
     for (const auto& f : fails)
       ADD_FAILURE() << c.name << " " << GetParam() << " " << c.meta["dtype"].get<std::string>()
                     << " attrs " << c.meta["attrs"].dump() << " layout " << c.meta["layout"].dump()
                     << " (ref " << c.meta["ref"].get<std::string>() << "): " << f;
   }
-  std::cout << "[parity] " << GetParam() << ": " << n << " cases; worst |err| / tolerance:";
+  std::cout << "[parity] " << GetParam() << " on " << parity_device().str() << ": " << n
+            << " cases; worst |err| / tolerance:";
   for (const auto& [dt, r] : worst_ratio()) std::cout << " " << dtype_name(dt) << " " << r;
+  if (not_run > 0) {
+    std::cout << "; " << not_run << " not run (no kernel there for";
+    for (const std::string& m : missing) std::cout << " " << m;
+    std::cout << ")";
+  }
   std::cout << "\n";
   EXPECT_GT(n, 0) << "no cases for '" << GetParam() << "' in " << parity_path()
                   << "; run /usr/bin/python3 tools/gen_parity.py";

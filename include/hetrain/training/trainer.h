@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "hetrain/memory/device.h"
+
 namespace hetrain::nn {
 class Module;
 }
@@ -53,6 +55,10 @@ struct TrainConfig {
   // optimizer state, 1 shards it, 2 also shards the reduced gradients
   int64_t zero = 0;
   double comm_timeout = 600;  // seconds a collective may take before the job is aborted
+  // where the parameters and optimizer state live and the optimizer step runs: auto (the first
+  // GPU among the configured devices, as PyTorch's model.to("cuda"); the CPU without one or
+  // under ZeRO, whose shards live on the host), cpu, or a configured device (cuda:N, sim:N)
+  std::string state_device = "auto";
   // mixed precision (graph/autocast.h, training/amp.h)
   std::string precision = "fp32";    // fp32 | bf16 | fp16
   std::string grad_scaler = "auto";  // auto (on for fp16 only) | on | off
@@ -70,6 +76,10 @@ struct TrainConfig {
   bool progress = true;      // a live bar when stderr is a terminal
   bool final_eval = true;    // evaluate on the test/validation set after the last step
 };
+
+/// The device cfg.state_device names among the runtime's configured devices (auto resolved);
+/// throws naming the value when it is not one of them, or not the CPU under ZeRO.
+Device resolve_state_device(const TrainConfig& cfg);
 
 /// A preset's defaults; throws for an unknown name (listing the known ones).
 TrainConfig preset_config(const std::string& name);
