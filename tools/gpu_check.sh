@@ -153,26 +153,30 @@ rows="$tmp/rows.jsonl"
 # One JSON line per run: {"run", "model", "batch", "context", "layers", "width", ...result}.
 record() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(json.loads(sys.argv[2])); print(json.dumps(d))' "$1" "$2" >> "$rows"; }
 
-hetrain_run() {  # model-name layers width heads context batch
-  local name=$1 layers=$2 width=$3 heads=$4 context=$5 batch=$6
-  local meta="{\"run\": \"hetrain\", \"model\": \"$name\", \"layers\": $layers, \"width\": $width, \"context\": $context, \"batch\": $batch}"
-  echo "hetrain $name ..." >&2
+hetrain_run() {  # model-name layers width heads context batch [state-device]
+  local name=$1 layers=$2 width=$3 heads=$4 context=$5 batch=$6 state=${7:-auto}
+  local label=hetrain stem=$name
+  [ "$state" = auto ] || label="hetrain, state on $state" stem="$name-state-$state"
+  local meta="{\"run\": \"$label\", \"model\": \"$name\", \"layers\": $layers, \"width\": $width, \"context\": $context, \"batch\": $batch}"
+  echo "$label $name ..." >&2
   local rc=0
   timeout "$RUN_TIMEOUT" "$HETRAIN" train --preset gpt-mini --layers "$layers" \
     --width "$width" --heads "$heads" --context "$context" --batch-size "$batch" \
     --steps "$((STEPS + 3))" --dropout 0 --precision bf16 --devices cpu,cuda:0 \
-    --placement heft --data "$work/corpus.txt" --eval-batches 1 --log-every 1000000 \
-    --no-progress --no-record --json-log "$tmp/$name.jsonl" > "$tmp/$name.out" 2> "$tmp/$name.err" || rc=$?
-  if [ "$rc" -ne 0 ] || ! grep -q '"final"' "$tmp/$name.jsonl" 2> /dev/null; then
+    --placement heft --state-device "$state" --data "$work/corpus.txt" --eval-batches 1 \
+    --log-every 1000000 \
+    --no-progress --no-record --json-log "$tmp/$stem.jsonl" > "$tmp/$stem.out" 2> "$tmp/$stem.err" || rc=$?
+  if [ "$rc" -ne 0 ] || ! grep -q '"final"' "$tmp/$stem.jsonl" 2> /dev/null; then
     local why="exit $rc"
     [ "$rc" -eq 124 ] && why="timed out after $RUN_TIMEOUT s"
-    echo "  failed ($why): $(tail -2 "$tmp/$name.err" | tr '\n' ' ')" >&2
+    echo "  failed ($why): $(tail -2 "$tmp/$stem.err" | tr '\n' ' ')" >&2
     record "$meta" "{\"error\": \"$why\"}"
     return 0
   fi
+  grep -h '^scheduler' "$tmp/$stem.err" | sed 's/^/  /' >&2 || true
   local params
-  params=$(grep -o '[0-9]* parameters' "$tmp/$name.err" | head -1 | cut -d' ' -f1)
-  record "$meta" "$(grep '"final"' "$tmp/$name.jsonl" | python3 -c '
+  params=$(grep -o '[0-9]* parameters' "$tmp/$stem.err" | head -1 | cut -d' ' -f1)
+  record "$meta" "$(grep '"final"' "$tmp/$stem.jsonl" | python3 -c '
 import json, sys
 r = json.loads(sys.stdin.read())
 peak = sum(r.get("device_peak_memory_bytes", {}).values()) or None
@@ -237,6 +241,9 @@ PY
 
 hetrain_run gpt-mini 4 128 4 64 32
 hetrain_run gpt2-124M-shape 12 768 12 1024 "$BATCH"
+# The same with the weights kept on the host (the layout before --state-device): the optimizer
+# step on the CPU and the weights copied to the GPU every step.
+hetrain_run gpt2-124M-shape 12 768 12 1024 "$BATCH" cpu
 if [ "$have_torch" -eq 1 ]; then
   torch_run gpt-mini 4 128 4 64 32
   torch_run gpt2-124M-shape 12 768 12 1024 "$BATCH"
@@ -250,12 +257,12 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 gemm = None if sys.argv[2] in ("", "null") else float(sys.argv[2])
 print(f"measured bf16 GEMM rate: {gemm:.0f} TFLOP/s" if gemm else "bf16 GEMM rate: not measured (no PyTorch)")
 print()
-print("| model | run | batch x context | step (ms) | tokens/s | MFU | peak GPU memory (MiB) |")
-print("|---|---|---|---|---|---|---|")
+print("| model | run | batch x context | step (ms) | tokens/s | MFU | peak GPU memory (MiB) | final loss |")
+print("|---|---|---|---|---|---|---|---|")
 for r in rows:
     shape = f"{r['batch']} x {r['context']}"
     if "error" in r:
-        print(f"| {r['model']} | {r['run']} | {shape} | {r['error']} | | | |")
+        print(f"| {r['model']} | {r['run']} | {shape} | {r['error']} | | | | |")
         continue
     tokens = r["batch"] * r["context"]
     t = r["step_time_s"]
@@ -263,6 +270,7 @@ for r in rows:
     flops = 6 * r["params"] + 12 * r["layers"] * r["width"] * r["context"]
     mfu = f"{100 * flops * tokens / t / (gemm * 1e12):.1f}%" if gemm and r["params"] else "n/a"
     peak = f"{r['peak_gpu_bytes'] / 2**20:.0f}" if r.get("peak_gpu_bytes") else "n/a"
-    print(f"| {r['model']} | {r['run']} | {shape} | {1e3 * t:.1f} | {tokens / t:,.0f} | {mfu} | {peak} |")
+    loss = f"{r['loss']:.4f}" if r.get("loss") is not None else "n/a"
+    print(f"| {r['model']} | {r['run']} | {shape} | {1e3 * t:.1f} | {tokens / t:,.0f} | {mfu} | {peak} | {loss} |")
 PY
 exit "$status"
