@@ -153,17 +153,19 @@ rows="$tmp/rows.jsonl"
 # One JSON line per run: {"run", "model", "batch", "context", "layers", "width", ...result}.
 record() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d.update(json.loads(sys.argv[2])); print(json.dumps(d))' "$1" "$2" >> "$rows"; }
 
-hetrain_run() {  # model-name layers width heads context batch [state-device]
+hetrain_run() {  # model-name layers width heads context batch [state-device [placement]]
   local name=$1 layers=$2 width=$3 heads=$4 context=$5 batch=$6 state=${7:-auto}
+  local placement=${8:-heft}
   local label=hetrain stem=$name
   [ "$state" = auto ] || label="hetrain, state on $state" stem="$name-state-$state"
+  [ "$placement" = heft ] || label="$label, $placement" stem="$stem-$placement"
   local meta="{\"run\": \"$label\", \"model\": \"$name\", \"layers\": $layers, \"width\": $width, \"context\": $context, \"batch\": $batch}"
   echo "$label $name ..." >&2
   local rc=0
   timeout "$RUN_TIMEOUT" "$HETRAIN" train --preset gpt-mini --layers "$layers" \
     --width "$width" --heads "$heads" --context "$context" --batch-size "$batch" \
     --steps "$((STEPS + 3))" --dropout 0 --precision bf16 --devices cpu,cuda:0 \
-    --placement heft --state-device "$state" --data "$work/corpus.txt" --eval-batches 1 \
+    --placement "$placement" --state-device "$state" --data "$work/corpus.txt" --eval-batches 1 \
     --log-every 1000000 \
     --no-progress --no-record --json-log "$tmp/$stem.jsonl" > "$tmp/$stem.out" 2> "$tmp/$stem.err" || rc=$?
   if [ "$rc" -ne 0 ] || ! grep -q '"final"' "$tmp/$stem.jsonl" 2> /dev/null; then
@@ -244,6 +246,8 @@ hetrain_run gpt2-124M-shape 12 768 12 1024 "$BATCH"
 # The same with the weights kept on the host (the layout before --state-device): the optimizer
 # step on the CPU and the weights copied to the GPU every step.
 hetrain_run gpt2-124M-shape 12 768 12 1024 "$BATCH" cpu
+# Placement by density (each node where its roofline time plus input copies is least).
+hetrain_run gpt2-124M-shape 12 768 12 1024 "$BATCH" auto density
 if [ "$have_torch" -eq 1 ]; then
   torch_run gpt-mini 4 128 4 64 32
   torch_run gpt2-124M-shape 12 768 12 1024 "$BATCH"

@@ -184,9 +184,10 @@ int cmd_train(const Args& args) {
               "cost) or heft (earliest finish time)",
               "heft")
       .option("state-device", "DEV",
-              "where parameters and optimizer state live and the optimizer step runs: auto "
-              "(the first GPU in --devices, else the CPU; the CPU under --zero), cpu, or a "
-              "device of --devices (cuda:N, sim:N); there they stay between steps",
+              "where parameters and optimizer state live and the optimizer step runs, so that "
+              "they stay there between steps: auto (the first GPU in --devices; without one, "
+              "or under --zero, where the scheduler places the step), cpu, or a device of "
+              "--devices (cuda:N, sim:N)",
               "auto")
       .option("precision", "P",
               "fp32, bf16 or fp16: autocast runs matmul, conv and attention in bf16/fp16 and "

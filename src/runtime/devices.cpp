@@ -46,7 +46,11 @@ DeviceModel cpu_model() {
   m.gflops = 50 * cores;
   m.gbps = 10 * cores;
   m.link_gbps = 10;
-  m.workers = static_cast<int>(cores);
+  // One node at a time at that rate: each CPU kernel already spreads over every core, so nodes
+  // run side by side share the same cores and add no throughput. (Counting each thread as a
+  // worker at the whole CPU's rate made the CPU look cores-times faster than it is, and led
+  // HEFT to move a GPU run's independent work, such as weight gradients, onto it.)
+  m.workers = 1;
   return m;
 }
 

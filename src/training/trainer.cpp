@@ -230,13 +230,13 @@ const RecomputePolicy& step_policy(RecomputeState& rs, const Tensor& root, const
 }
 }  // namespace
 
-Device resolve_state_device(const TrainConfig& cfg) {
+std::optional<Device> resolve_state_device(const TrainConfig& cfg) {
   const std::vector<runtime::DeviceModel>& devices = runtime::config().devices;
   if (cfg.state_device == "auto") {
     if (cfg.zero == 0)
       for (const runtime::DeviceModel& m : devices)
         if (m.device.kind == DeviceKind::cuda) return m.device;
-    return Device::cpu();
+    return std::nullopt;
   }
   const Device d = Device::parse_name(cfg.state_device);
   if (d.kind == DeviceKind::cpu) return Device::cpu();
@@ -292,9 +292,8 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
   {
     // The update runs where the model state lives: the new parameters and moments stay there,
     // and the next step reads them without a copy.
-    const Device home = resolve_state_device(cfg);
     std::optional<DeviceScope> on;
-    if (home.kind != DeviceKind::cpu) on.emplace(home);
+    if (const std::optional<Device> home = resolve_state_device(cfg)) on.emplace(*home);
     if (scaler)
       scaler->step(opt);  // skipped (and counted) when a gradient is inf/NaN
     else
@@ -507,7 +506,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
 
 TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::Communicator& comm) {
   validate(cfg);
-  const Device state_device = resolve_state_device(cfg);
+  const std::optional<Device> state_device = resolve_state_device(cfg);
   MemoryBudgetScope budget(cfg.memory_budget);
   const int world = comm.size();
   const bool leader = comm.rank() == 0;  // the one voice: prints, logs, checkpoints
@@ -590,17 +589,16 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
     if (micro_batches > 1)
       par = ", " + std::to_string(world) + " rank(s) x " + std::to_string(cfg.grad_accum) +
             " micro-batch(es) of " + std::to_string(cfg.batch_size / micro_batches);
-    std::fprintf(stderr,
-                 "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld%s, %d "
-                 "threads%s, precision %s%s%s\n",
-                 cfg.preset.c_str(), cfg.model.c_str(),
-                 static_cast<long long>(model->num_parameters()), data.train->describe().c_str(),
-                 static_cast<long long>(total), static_cast<long long>(cfg.batch_size), par.c_str(),
-                 num_threads(), world > 1 ? " per rank" : "", cfg.precision.c_str(),
-                 scaler ? " with dynamic loss scaling" : "",
-                 state_device.kind == DeviceKind::cpu
-                     ? ""
-                     : (", parameters and optimizer state on " + state_device.str()).c_str());
+    std::fprintf(
+        stderr,
+        "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld%s, %d "
+        "threads%s, precision %s%s%s\n",
+        cfg.preset.c_str(), cfg.model.c_str(), static_cast<long long>(model->num_parameters()),
+        data.train->describe().c_str(), static_cast<long long>(total),
+        static_cast<long long>(cfg.batch_size), par.c_str(), num_threads(),
+        world > 1 ? " per rank" : "", cfg.precision.c_str(),
+        scaler ? " with dynamic loss scaling" : "",
+        state_device ? (", parameters and optimizer state on " + state_device->str()).c_str() : "");
   }
   jlog.open();  // the inputs are good: the old log goes now
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,11 +84,13 @@ TEST_F(StateDevice, OnASimDeviceBitwiseTheCpuRun) {
   for (const auto& [name, dev] : cpu.where) EXPECT_EQ(dev, "cpu") << name;
 }
 
-TEST_F(StateDevice, AutoIsTheCpuWithoutAGpu) {
-  EXPECT_EQ(resolve_state_device(cfg_), Device::cpu()) << "sim devices are not GPUs";
+TEST_F(StateDevice, AutoLeavesTheStepToTheSchedulerWithoutAGpu) {
+  EXPECT_EQ(resolve_state_device(cfg_), std::nullopt) << "sim devices are not GPUs";
   TrainConfig c = cfg_;
   c.state_device = "sim:0";
   EXPECT_EQ(resolve_state_device(c), (Device{DeviceKind::sim, 0}));
+  c.state_device = "cpu";
+  EXPECT_EQ(resolve_state_device(c), Device::cpu());
 }
 
 TEST_F(StateDevice, BadValuesAreRefusedWithTheirName) {

@@ -28,7 +28,8 @@ struct DeviceModel {
   double link_gbps = 10;          // copies into this device's memory node, GB/s
   double link_latency_s = 5e-6;   // per copy
   double node_overhead_s = 2e-6;  // scheduling and dispatch per node
-  int workers = 1;       // nodes that run at once (the CPU: its threads, as the executor does)
+  int workers = 1;       // nodes that run at once, each at the rates above (the CPU: one, as
+                         // each of its kernels runs on every core)
   double slowdown = 1;   // sim devices: kernels take this many times their CPU time
   std::string hardware;  // simulate: the catalog entry this device models ("" = itself)
   /// > 0: the device's workers run on this machine's cores, this many, shared with every other

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,8 +57,9 @@ struct TrainConfig {
   int64_t zero = 0;
   double comm_timeout = 600;  // seconds a collective may take before the job is aborted
   // where the parameters and optimizer state live and the optimizer step runs: auto (the first
-  // GPU among the configured devices, as PyTorch's model.to("cuda"); the CPU without one or
-  // under ZeRO, whose shards live on the host), cpu, or a configured device (cuda:N, sim:N)
+  // GPU among the configured devices, as PyTorch's model.to("cuda"); without one, or under
+  // ZeRO, whose shards live on the host, wherever the scheduler places the step), cpu, or a
+  // configured device (cuda:N, sim:N)
   std::string state_device = "auto";
   // mixed precision (graph/autocast.h, training/amp.h)
   std::string precision = "fp32";    // fp32 | bf16 | fp16
@@ -77,9 +79,10 @@ struct TrainConfig {
   bool final_eval = true;    // evaluate on the test/validation set after the last step
 };
 
-/// The device cfg.state_device names among the runtime's configured devices (auto resolved);
-/// throws naming the value when it is not one of them, or not the CPU under ZeRO.
-Device resolve_state_device(const TrainConfig& cfg);
+/// The device cfg.state_device names among the runtime's configured devices, where the optimizer
+/// step is pinned; none for auto without a GPU (the scheduler places the step). Throws naming
+/// the value when it is not a configured device, or not the CPU under ZeRO.
+std::optional<Device> resolve_state_device(const TrainConfig& cfg);
 
 /// A preset's defaults; throws for an unknown name (listing the known ones).
 TrainConfig preset_config(const std::string& name);
