@@ -251,6 +251,13 @@ TEST_F(Cuda, Reductions) {
                                      argmax(x, 2), argmax(x, 0),   sum(transpose(x, 0, 2), {1})};
         },
         kLongSums, "reduce " + std::string(dtype_name(dt)));
+    // Down long columns (bias gradients: [B, T, C] over B and T), in row chunks and in one.
+    Tensor c = input({3, 700, 45}, dt, 25), r = input({300, 20}, dt, 26);
+    compare(
+        [&] {
+          return std::vector<Tensor>{sum(c, {0, 1}), max(c, {0, 1}), sum(r, {0})};
+        },
+        kLongSums, "columns " + std::string(dtype_name(dt)));
   }
   Tensor f = input({8, 1000}, Dtype::f32, 24);
   compare([&] { return std::vector<Tensor>{mean(f, {1}), mean(f)}; }, kLongSums, "mean");

@@ -17,22 +17,40 @@ void Reduce::eval_cuda(const std::vector<const Array*>& in, const std::vector<Ar
   Array& y = *out[0];
   y.allocate();
   cuda::ReduceDims d;
+  int last = -1;  // the group of the previous axis of size > 1: 0 kept, 1 reduced
   for (size_t i = 0; i < x.shape.size(); ++i) {
     if (x.shape[i] == 1) continue;  // contributes nothing either way
     const bool reduced = std::find(axes_.begin(), axes_.end(), static_cast<int>(i)) != axes_.end();
     int& nd = reduced ? d.red_ndim : d.kept_ndim;
+    int64_t* shape = reduced ? d.red_shape : d.kept_shape;
+    int64_t* strides = reduced ? d.red_strides : d.kept_strides;
+    // An axis that continues the previous one of its group in memory merges into it (the
+    // kernels see [B, T, C] summed over B and T as one reduced axis of B * T rows).
+    const bool merges =
+        last == static_cast<int>(reduced) && nd > 0 && strides[nd - 1] == x.strides[i] * x.shape[i];
+    last = static_cast<int>(reduced);
+    if (merges) {
+      shape[nd - 1] *= x.shape[i];
+      strides[nd - 1] = x.strides[i];
+      (reduced ? d.reduced : d.outputs) *= x.shape[i];
+      continue;
+    }
     if (nd == cuda::kMaxDims)
       fail("[", name(), "] the CUDA kernel handles up to ", cuda::kMaxDims,
            " kept and reduced dims of size > 1, got shape ", shape_str(x.shape));
-    (reduced ? d.red_shape : d.kept_shape)[nd] = x.shape[i];
-    (reduced ? d.red_strides : d.kept_strides)[nd] = x.strides[i];
+    shape[nd] = x.shape[i];
+    strides[nd] = x.strides[i];
     (reduced ? d.reduced : d.outputs) *= x.shape[i];
     ++nd;
   }
   const cuda::ReduceOp op = kind_ == ReduceKind::sum   ? cuda::ReduceOp::sum
                             : kind_ == ReduceKind::max ? cuda::ReduceOp::max
                                                        : cuda::ReduceOp::min;
-  cuda::launch_reduce(op, x.dtype, d, y.raw(), x.raw(), cuda::stream());
+  const size_t ws_bytes = cuda::reduce_workspace_bytes(d);
+  Array ws;
+  if (ws_bytes > 0) ws = cuda::device_array({static_cast<int64_t>((ws_bytes + 7) / 8)}, Dtype::f64);
+  cuda::launch_reduce(op, x.dtype, d, y.raw(), x.raw(), ws_bytes > 0 ? ws.raw() : nullptr,
+                      cuda::stream());
 }
 
 void ArgMax::eval_cuda(const std::vector<const Array*>& in, const std::vector<Array*>& out) const {

@@ -56,8 +56,10 @@ struct ReduceDims {
   int64_t outputs = 1, reduced = 1;
 };
 enum class ReduceOp : uint8_t { sum, max, min };
+/// Bytes of device workspace launch_reduce needs for d (0: none; then workspace may be null).
+size_t reduce_workspace_bytes(const ReduceDims& d);
 void launch_reduce(ReduceOp op, Dtype dt, const ReduceDims& d, void* y, const void* x,
-                   cudaStream_t s);
+                   void* workspace, cudaStream_t s);
 /// argmax over the middle axis of a contiguous (O, R, I) array: y (O, I) int64 (the first
 /// maximum; a NaN is the maximum, the first one wins).
 void launch_argmax(Dtype dt, int64_t O, int64_t R, int64_t I, int64_t* y, const void* x,

@@ -104,6 +104,71 @@ __global__ void reduce_cols_kernel(ReduceDims d, T* __restrict__ y, const T* __r
   }
 }
 
+/// Down columns: the kept index is contiguous (o), one reduced axis of stride rs (r). Block
+/// (32, 8): the x threads read 32 adjacent columns (coalesced), the y threads stride over
+/// rows [r0, r1) of the block's chunk; the 8 partials of a column combine in a fixed order.
+/// With one chunk (gridDim.y == 1) the result goes to y, else the chunk's partial to
+/// part[chunk * outputs + o] (reduce_partials_kernel finishes).
+template <class T, ReduceOp K, class A>
+__global__ void reduce_columns_kernel(int64_t outputs, int64_t reduced, int64_t rs,
+                                      int64_t rows_per_chunk, T* __restrict__ y,
+                                      A* __restrict__ part, const T* __restrict__ x) {
+  __shared__ A partial[8][33];
+  const int64_t o = blockIdx.x * int64_t{32} + threadIdx.x;
+  const int64_t r0 = blockIdx.y * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < reduced ? r0 + rows_per_chunk : reduced;
+  A acc = identity<K, A>();
+  if (o < outputs) {
+    int64_t r = r0 + threadIdx.y;
+    // Four loads in flight per thread, combined in row order.
+    for (; r + 24 < r1; r += 32) {
+      const A v0 = static_cast<A>(load(x[r * rs + o]));
+      const A v1 = static_cast<A>(load(x[(r + 8) * rs + o]));
+      const A v2 = static_cast<A>(load(x[(r + 16) * rs + o]));
+      const A v3 = static_cast<A>(load(x[(r + 24) * rs + o]));
+      acc = combine<K, A>(combine<K, A>(combine<K, A>(combine<K, A>(acc, v0), v1), v2), v3);
+    }
+    for (; r < r1; r += 8) acc = combine<K, A>(acc, static_cast<A>(load(x[r * rs + o])));
+  }
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && o < outputs) {
+    A t = partial[0][threadIdx.x];
+    for (int k = 1; k < 8; ++k) t = combine<K, A>(t, partial[k][threadIdx.x]);
+    if (gridDim.y == 1)
+      y[o] = store<T>(t);
+    else
+      part[blockIdx.y * outputs + o] = t;
+  }
+}
+
+/// y[o] = the chunks' partials of column o combined in chunk order.
+template <class T, ReduceOp K, class A>
+__global__ void reduce_partials_kernel(int64_t outputs, int chunks, T* __restrict__ y,
+                                       const A* __restrict__ part) {
+  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < outputs;
+       o += int64_t{gridDim.x} * blockDim.x) {
+    A t = part[o];
+    for (int c = 1; c < chunks; ++c) t = combine<K, A>(t, part[c * outputs + o]);
+    y[o] = store<T>(t);
+  }
+}
+
+/// The column layout reduce_columns_kernel takes: one kept axis, contiguous, and one reduced
+/// axis (Reduce::eval_cuda merges adjacent axes first).
+bool columns_layout(const ReduceDims& d) {
+  return d.kept_ndim == 1 && d.kept_strides[0] == 1 && d.red_ndim == 1 && d.reduced > 1;
+}
+
+/// Row chunks of a column reduction: enough blocks to fill a large GPU (about 512), each chunk
+/// at least 256 rows. A function of the shape alone, so a result does not depend on the GPU.
+int64_t column_chunks(const ReduceDims& d) {
+  const int64_t col_blocks = (d.outputs + 31) / 32;
+  int64_t chunks = (512 + col_blocks - 1) / col_blocks;
+  const int64_t most = (d.reduced + 255) / 256;
+  return chunks < most ? chunks : most;
+}
+
 template <class T>
 __global__ void argmax_kernel(int64_t O, int64_t R, int64_t I, int64_t* __restrict__ y,
                               const T* __restrict__ x) {
@@ -127,9 +192,16 @@ __global__ void argmax_kernel(int64_t O, int64_t R, int64_t I, int64_t* __restri
 
 }  // namespace
 
+size_t reduce_workspace_bytes(const ReduceDims& d) {
+  if (d.outputs == 0 || !columns_layout(d)) return 0;
+  const int64_t chunks = column_chunks(d);
+  return chunks > 1 ? static_cast<size_t>(chunks * d.outputs) * sizeof(double) : 0;
+}
+
 void launch_reduce(ReduceOp op, Dtype dt, const ReduceDims& d, void* y, const void* x,
-                   cudaStream_t s) {
+                   void* workspace, cudaStream_t s) {
   if (d.outputs == 0) return;
+  const bool columns = columns_layout(d);
   // Long reductions whose elements are adjacent (or too few outputs to fill the GPU) get a
   // block per output; the rest a thread per output.
   const bool inner_reduced = d.red_ndim > 0 && d.red_strides[d.red_ndim - 1] == 1;
@@ -139,7 +211,24 @@ void launch_reduce(ReduceOp op, Dtype dt, const ReduceDims& d, void* y, const vo
       fail("[reduce] does not support dtype bool");
     } else {
       auto go = [&]<ReduceOp K>() {
-        if (rows) {
+        if (columns) {
+          using A = compute_of<T>;
+          const int64_t chunks = column_chunks(d);
+          const int64_t per = (d.reduced + chunks - 1) / chunks;
+          if (chunks > 1 && !workspace) fail("[reduce] internal: no workspace for the partials");
+          const dim3 grid(static_cast<unsigned>((d.outputs + 31) / 32),
+                          static_cast<unsigned>(chunks));
+          reduce_columns_kernel<T, K, A><<<grid, dim3(32, 8), 0, s>>>(
+              d.outputs, d.reduced, d.red_strides[0], per, static_cast<T*>(y),
+              static_cast<A*>(workspace), static_cast<const T*>(x));
+          HT_CUDA_CHECK_LAUNCH("reduce_columns_kernel");
+          if (chunks > 1) {
+            reduce_partials_kernel<T, K, A><<<grid_for(d.outputs, 256), 256, 0, s>>>(
+                d.outputs, static_cast<int>(chunks), static_cast<T*>(y),
+                static_cast<const A*>(workspace));
+            HT_CUDA_CHECK_LAUNCH("reduce_partials_kernel");
+          }
+        } else if (rows) {
           const unsigned blocks = static_cast<unsigned>(d.outputs < 65535 ? d.outputs : 65535);
           reduce_rows_kernel<T, K>
               <<<blocks, 256, 0, s>>>(d, static_cast<T*>(y), static_cast<const T*>(x));
