@@ -63,18 +63,26 @@ __device__ __forceinline__ int64_t offset_in(int64_t i, int nd, const int64_t* s
   return off;
 }
 
-/// One block per output (grid-stride): the block's threads stride over the reduced
-/// elements, then combine through shared memory.
-template <class T, ReduceOp K>
-__global__ void reduce_rows_kernel(ReduceDims d, T* __restrict__ y, const T* __restrict__ x) {
-  using A = compute_of<T>;
+/// One block per output and chunk of its reduced elements (grid-stride over outputs): the
+/// block's threads stride over the chunk, then combine through shared memory. With one chunk
+/// (gridDim.y == 1) the result goes to y, else the chunk's partial to part[chunk * outputs + o]
+/// (reduce_partials_kernel finishes), so that a few long reductions (a norm's sum of squares
+/// to one number) still fill the GPU.
+template <class T, ReduceOp K, class A>
+__global__ void reduce_rows_kernel(ReduceDims d, int64_t per_chunk, T* __restrict__ y,
+                                   A* __restrict__ part, const T* __restrict__ x) {
   __shared__ A shared[32];
+  const int64_t r0 = blockIdx.y * per_chunk;
+  const int64_t r1 = r0 + per_chunk < d.reduced ? r0 + per_chunk : d.reduced;
+  const bool one_axis = d.red_ndim == 1;  // no index arithmetic per element
   for (int64_t o = blockIdx.x; o < d.outputs; o += gridDim.x) {
     const T* base = x + offset_in(o, d.kept_ndim, d.kept_shape, d.kept_strides);
     A acc = identity<K, A>();
-    for (int64_t r = threadIdx.x; r < d.reduced; r += blockDim.x)
+    for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x)
       acc = combine<K, A>(
-          acc, static_cast<A>(load(base[offset_in(r, d.red_ndim, d.red_shape, d.red_strides)])));
+          acc, static_cast<A>(
+                   load(base[one_axis ? r * d.red_strides[0]
+                                      : offset_in(r, d.red_ndim, d.red_shape, d.red_strides)])));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int s = 16; s > 0; s >>= 1) acc = combine<K, A>(acc, __shfl_xor_sync(0xffffffffu, acc, s));
     __syncthreads();  // shared is reused across outputs
@@ -83,7 +91,12 @@ __global__ void reduce_rows_kernel(ReduceDims d, T* __restrict__ y, const T* __r
     if (warp == 0) {
       A t = lane < nw ? shared[lane] : identity<K, A>();
       for (int s = 16; s > 0; s >>= 1) t = combine<K, A>(t, __shfl_xor_sync(0xffffffffu, t, s));
-      if (lane == 0) y[o] = store<T>(t);
+      if (lane == 0) {
+        if (gridDim.y == 1)
+          y[o] = store<T>(t);
+        else
+          part[blockIdx.y * d.outputs + o] = t;
+      }
     }
   }
 }
@@ -160,13 +173,26 @@ bool columns_layout(const ReduceDims& d) {
   return d.kept_ndim == 1 && d.kept_strides[0] == 1 && d.red_ndim == 1 && d.reduced > 1;
 }
 
-/// Row chunks of a column reduction: enough blocks to fill a large GPU (about 512), each chunk
-/// at least 256 rows. A function of the shape alone, so a result does not depend on the GPU.
-int64_t column_chunks(const ReduceDims& d) {
-  const int64_t col_blocks = (d.outputs + 31) / 32;
-  int64_t chunks = (512 + col_blocks - 1) / col_blocks;
-  const int64_t most = (d.reduced + 255) / 256;
+/// Chunks of the reduced elements for `blocks` blocks per chunk: enough blocks to fill a large
+/// GPU (about 512), each chunk at least `least` elements. A function of the shape alone, so a
+/// result does not depend on the GPU.
+int64_t chunks_for(int64_t blocks, int64_t reduced, int64_t least) {
+  const int64_t chunks = (512 + blocks - 1) / blocks;
+  const int64_t most = (reduced + least - 1) / least;
   return chunks < most ? chunks : most;
+}
+int64_t column_chunks(const ReduceDims& d) {
+  return chunks_for((d.outputs + 31) / 32, d.reduced, 256);
+}
+
+/// Whether a reduction takes the block-per-output kernel: long reductions whose elements are
+/// adjacent, or too few outputs to fill the GPU with a thread each.
+bool rows_layout(const ReduceDims& d) {
+  const bool inner_reduced = d.red_ndim > 0 && d.red_strides[d.red_ndim - 1] == 1;
+  return !columns_layout(d) && d.reduced >= 128 && (inner_reduced || d.outputs < 8192);
+}
+int64_t row_chunks(const ReduceDims& d) {
+  return d.outputs >= 512 ? 1 : chunks_for(d.outputs, d.reduced, 4096);
 }
 
 template <class T>
@@ -193,19 +219,17 @@ __global__ void argmax_kernel(int64_t O, int64_t R, int64_t I, int64_t* __restri
 }  // namespace
 
 size_t reduce_workspace_bytes(const ReduceDims& d) {
-  if (d.outputs == 0 || !columns_layout(d)) return 0;
-  const int64_t chunks = column_chunks(d);
+  if (d.outputs == 0) return 0;
+  const int64_t chunks = columns_layout(d) ? column_chunks(d) : rows_layout(d) ? row_chunks(d) : 1;
   return chunks > 1 ? static_cast<size_t>(chunks * d.outputs) * sizeof(double) : 0;
 }
 
 void launch_reduce(ReduceOp op, Dtype dt, const ReduceDims& d, void* y, const void* x,
                    void* workspace, cudaStream_t s) {
   if (d.outputs == 0) return;
-  const bool columns = columns_layout(d);
-  // Long reductions whose elements are adjacent (or too few outputs to fill the GPU) get a
-  // block per output; the rest a thread per output.
-  const bool inner_reduced = d.red_ndim > 0 && d.red_strides[d.red_ndim - 1] == 1;
-  const bool rows = d.reduced >= 128 && (inner_reduced || d.outputs < 8192);
+  // Columns: a warp per 32 adjacent outputs; long reductions whose elements are adjacent (or
+  // too few outputs to fill the GPU): a block per output; the rest: a thread per output.
+  const bool columns = columns_layout(d), rows = rows_layout(d);
   dispatch_device(dt, "reduce", [&]<class T>() {
     if constexpr (std::is_same_v<T, bool>) {
       fail("[reduce] does not support dtype bool");
@@ -229,10 +253,21 @@ void launch_reduce(ReduceOp op, Dtype dt, const ReduceDims& d, void* y, const vo
             HT_CUDA_CHECK_LAUNCH("reduce_partials_kernel");
           }
         } else if (rows) {
-          const unsigned blocks = static_cast<unsigned>(d.outputs < 65535 ? d.outputs : 65535);
-          reduce_rows_kernel<T, K>
-              <<<blocks, 256, 0, s>>>(d, static_cast<T*>(y), static_cast<const T*>(x));
+          using A = compute_of<T>;
+          const int64_t chunks = row_chunks(d);
+          const int64_t per = (d.reduced + chunks - 1) / chunks;
+          if (chunks > 1 && !workspace) fail("[reduce] internal: no workspace for the partials");
+          const dim3 grid(static_cast<unsigned>(d.outputs < 65535 ? d.outputs : 65535),
+                          static_cast<unsigned>(chunks));
+          reduce_rows_kernel<T, K, A><<<grid, 256, 0, s>>>(
+              d, per, static_cast<T*>(y), static_cast<A*>(workspace), static_cast<const T*>(x));
           HT_CUDA_CHECK_LAUNCH("reduce_rows_kernel");
+          if (chunks > 1) {
+            reduce_partials_kernel<T, K, A><<<grid_for(d.outputs, 256), 256, 0, s>>>(
+                d.outputs, static_cast<int>(chunks), static_cast<T*>(y),
+                static_cast<const A*>(workspace));
+            HT_CUDA_CHECK_LAUNCH("reduce_partials_kernel");
+          }
         } else {
           reduce_cols_kernel<T, K><<<grid_for(d.outputs, 256), 256, 0, s>>>(
               d, static_cast<T*>(y), static_cast<const T*>(x));
