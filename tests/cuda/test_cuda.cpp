@@ -258,6 +258,13 @@ TEST_F(Cuda, Reductions) {
           return std::vector<Tensor>{sum(c, {0, 1}), max(c, {0, 1}), sum(r, {0})};
         },
         kLongSums, "columns " + std::string(dtype_name(dt)));
+    // Few long rows (a gradient norm's sum of squares), split over blocks in chunks.
+    Tensor big = input({700, 300}, dt, 27);
+    compare(
+        [&] {
+          return std::vector<Tensor>{sum(big), min(big, {1}), sum(transpose(big, 0, 1))};
+        },
+        kLongSums, "chunked rows " + std::string(dtype_name(dt)));
   }
   Tensor f = input({8, 1000}, Dtype::f32, 24);
   compare([&] { return std::vector<Tensor>{mean(f, {1}), mean(f)}; }, kLongSums, "mean");
