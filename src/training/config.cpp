@@ -11,6 +11,7 @@
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/recompute.h"
+#include "hetrain/runtime/scheduler.h"
 #include "hetrain/training/trainer.h"
 
 namespace hetrain::training {
@@ -104,6 +105,16 @@ std::vector<int64_t> to_list(const std::string& key, const std::string& v,
   return out;
 }
 
+std::string check_state_device(const std::string& v, const std::string& origin) {
+  if (v == "auto") return v;
+  try {
+    (void)Device::parse_name(v);
+  } catch (const Error&) {
+    fail("[train] ", origin, ": state-device must be auto, cpu, cuda:N or sim:N, got '", v, "'");
+  }
+  return v;
+}
+
 }  // namespace
 
 void apply_setting(TrainConfig& c, const std::string& key_in, const std::string& v,
@@ -142,10 +153,8 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     // Given explicitly, 0 is a mistake (it used to fall back silently to the preset's epochs).
     const int64_t n = i();
     if (n < 1) fail("[train] ", origin, ": '", key, "' must be at least 1, got ", n);
-    if (key == "epochs")
-      c.epochs = n, c.steps = 0;
-    else
-      c.steps = n;
+    (key == "epochs" ? c.epochs : c.steps) = n;
+    if (key == "epochs") c.steps = 0;  // epochs count only when steps are not given
   } else if (key == "batch-size")
     c.batch_size = i();
   else if (key == "lr")
@@ -191,15 +200,7 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
       fail("[train] ", origin, ": zero must be 0, 1, 2 or 3 (the ZeRO stage), got '", v, "'");
     c.zero = v[0] - '0';
   } else if (key == "state-device") {
-    if (v != "auto") {
-      try {
-        (void)Device::parse_name(v);
-      } catch (const Error&) {
-        fail("[train] ", origin, ": state-device must be auto, cpu, cuda:N or sim:N, got '", v,
-             "'");
-      }
-    }
-    c.state_device = v;
+    c.state_device = check_state_device(v, origin);
   } else if (key == "comm-timeout")
     c.comm_timeout = d();
   else if (key == "precision") {
@@ -317,6 +318,28 @@ void apply_toml_string(TrainConfig& cfg, const std::string& text, const std::str
     fail("[train] config ", origin, ": ", os.str());
   }
   apply_toml_table(cfg, tbl, origin, allow_preset);
+}
+
+std::optional<Device> resolve_state_device(const TrainConfig& cfg) {
+  const std::vector<runtime::DeviceModel>& devices = runtime::config().devices;
+  if (cfg.state_device == "auto") {
+    if (cfg.zero == 0)
+      for (const runtime::DeviceModel& m : devices)
+        if (m.device.kind == DeviceKind::cuda) return m.device;
+    return std::nullopt;
+  }
+  const Device d = Device::parse_name(cfg.state_device);
+  if (d.kind == DeviceKind::cpu) return Device::cpu();
+  if (cfg.zero > 0)
+    fail("[train] state-device ", cfg.state_device, ": under zero ", cfg.zero,
+         " the optimizer's shards live on the host; give state-device cpu or auto");
+  std::string names;
+  for (const runtime::DeviceModel& m : devices) {
+    if (m.device == d) return d;
+    names += (names.empty() ? "" : ", ") + m.device.str();
+  }
+  fail("[train] state-device ", cfg.state_device, " is not among the configured devices (", names,
+       "); add it to --devices");
 }
 
 void validate(const TrainConfig& c) {

@@ -42,6 +42,7 @@
 #include "hetrain/training/nn.h"
 #include "hetrain/training/optim.h"
 #include "training/data_parallel.h"
+#include "training/run_output.h"
 #include "training/step.h"
 #include "training/train_checkpoint.h"
 
@@ -230,28 +231,6 @@ const RecomputePolicy& step_policy(RecomputeState& rs, const Tensor& root, const
 }
 }  // namespace
 
-std::optional<Device> resolve_state_device(const TrainConfig& cfg) {
-  const std::vector<runtime::DeviceModel>& devices = runtime::config().devices;
-  if (cfg.state_device == "auto") {
-    if (cfg.zero == 0)
-      for (const runtime::DeviceModel& m : devices)
-        if (m.device.kind == DeviceKind::cuda) return m.device;
-    return std::nullopt;
-  }
-  const Device d = Device::parse_name(cfg.state_device);
-  if (d.kind == DeviceKind::cpu) return Device::cpu();
-  if (cfg.zero > 0)
-    fail("[train] state-device ", cfg.state_device, ": under zero ", cfg.zero,
-         " the optimizer's shards live on the host; give state-device cpu or auto");
-  std::string names;
-  for (const runtime::DeviceModel& m : devices) {
-    if (m.device == d) return d;
-    names += (names.empty() ? "" : ", ") + m.device.str();
-  }
-  fail("[train] state-device ", cfg.state_device, " is not among the configured devices (", names,
-       "); add it to --devices");
-}
-
 StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
                        const std::vector<data::Batch>& micro, const TrainConfig& cfg, bool language,
                        amp::GradScaler* scaler, int64_t step, distributed::GradReducer* reducer,
@@ -319,105 +298,6 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
 }
 
 namespace {
-
-std::string fmt_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "--";
-  int64_t t = static_cast<int64_t>(s + 0.5);
-  std::ostringstream os;
-  if (t >= 3600)
-    os << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t / 60) % 60 << "m";
-  else if (t >= 60)
-    os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
-  else
-    os << t << "s";
-  return os.str();
-}
-
-/// A live bar on a terminal, plain lines otherwise.
-class Progress {
- public:
-  Progress(int64_t total, bool enabled) : total_(total), tty_(enabled && isatty(STDERR_FILENO)) {}
-  /// extra: appended to the line (the loss scale and skipped steps under fp16).
-  void update(int64_t step, double loss, double sps, double eta, bool log_line, int64_t epoch,
-              double lr, const std::string& extra) {
-    if (tty_) {
-      const int width = 24;
-      int filled =
-          static_cast<int>(width * static_cast<double>(step) / static_cast<double>(total_));
-      std::string bar(static_cast<size_t>(filled), '=');
-      if (filled < width) bar += '>';
-      bar.resize(width, ' ');
-      std::fprintf(stderr, "\r\033[K step %lld/%lld [%s] loss %.4f%s | %.0f samples/s | ETA %s",
-                   static_cast<long long>(step), static_cast<long long>(total_), bar.c_str(), loss,
-                   extra.c_str(), sps, fmt_duration(eta).c_str());
-      std::fflush(stderr);
-    } else if (log_line) {
-      std::fprintf(stderr, "step %lld/%lld epoch %lld loss %.4f lr %.3g%s %.0f samples/s ETA %s\n",
-                   static_cast<long long>(step), static_cast<long long>(total_),
-                   static_cast<long long>(epoch), loss, lr, extra.c_str(), sps,
-                   fmt_duration(eta).c_str());
-    }
-  }
-  void finish() {
-    if (tty_) std::fprintf(stderr, "\n");
-  }
-
- private:
-  int64_t total_;
-  bool tty_;
-};
-
-/// The --json-log file: checked before any work but emptied only when training starts (a run
-/// that fails on its inputs leaves an old log as it was); a record that cannot be written whole
-/// fails the run, and the part of it that was written is cut off again.
-class JsonLog {
- public:
-  explicit JsonLog(std::string path) : path_(std::move(path)) {
-    if (!path_.empty()) check(path_);
-  }
-  JsonLog(const JsonLog&) = delete;
-  JsonLog& operator=(const JsonLog&) = delete;
-  ~JsonLog() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  explicit operator bool() const { return !path_.empty(); }
-  void open() {
-    if (path_.empty()) return;
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0666);
-    if (fd_ < 0) fail_write(errno);
-  }
-  void write(const nlohmann::json& record) {
-    if (fd_ < 0) return;
-    const std::string line = record.dump() + "\n";
-    size_t done = 0;
-    while (done < line.size()) {
-      const ssize_t w = ::write(fd_, line.data() + done, line.size() - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        const int e = w < 0 ? errno : ENOSPC;
-        if (done > 0) (void)::ftruncate(fd_, static_cast<off_t>(written_));  // no half record
-        fail_write(e);
-      }
-      done += static_cast<size_t>(w);
-    }
-    written_ += line.size();
-  }
-
- private:
-  static void check(const std::string& path) {
-    try {
-      check_output_file(path, "--json-log file");
-    } catch (const Error& e) {
-      fail("[train] ", e.what());
-    }
-  }
-  [[noreturn]] void fail_write(int e) const {
-    fail("[train] cannot write --json-log file '", path_, "': ", std::strerror(e));
-  }
-  std::string path_;
-  int fd_ = -1;
-  uint64_t written_ = 0;
-};
 
 /// Stops a run that is not training: a finite loss far above the first step's (it exploded), or
 /// a long run of steps skipped by the grad scaler (gradients non-finite at every scale).
