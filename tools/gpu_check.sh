@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # GPU check of the CUDA backend (issue 8), for a machine with an NVIDIA GPU. In order:
 #   1. builds Hetrain with HETRAIN_CUDA=ON into build-gpu/ (hetrain and test_cuda only);
-#   2. runs tests/cuda (every CUDA kernel against the CPU backend), then the kernels'
-#      micro-benchmarks (bench/bench_cuda.cpp, when Google Benchmark is installed);
+#   2. runs tests/cuda (every CUDA kernel against the CPU backend), NCCL on this GPU, the
+#      scheduler tests with a real cuda:0, the PyTorch parity table pinned to cuda:0, then the
+#      kernels' micro-benchmarks (bench/bench_cuda.cpp, when Google Benchmark is installed);
 #   3. times training steps in bf16 of gpt-mini and of a GPT-2-124M-shaped model (12 layers,
 #      768 wide, 12 heads, context 1024; byte vocabulary as Hetrain's gpt preset) with
 #      `hetrain train --devices cpu,cuda:0`, then the same model under PyTorch on the same GPU
 #      (eager, and torch.compile if it works);
+#      after a loss-agreement check (gpt-mini fp32 on cpu against cpu,cuda:0);
 #   4. prints a markdown table: step time, tokens/s, MFU against the measured bf16 GEMM rate,
-#      peak GPU memory.
+#      peak GPU memory, final loss; then where the 124M step's time goes (hetrain perfmodel
+#      show --sort time after a recorded run).
 # Sized for under 8 minutes on one H200 (each timed run is cut off after GPU_CHECK_TIMEOUT s).
 #
 # Usage: tools/gpu_check.sh        Environment: GPU_CHECK_BATCH (124M model's batch, 8),
@@ -277,4 +280,18 @@ for r in rows:
     loss = f"{r['loss']:.4f}" if r.get("loss") is not None else "n/a"
     print(f"| {r['model']} | {r['run']} | {shape} | {1e3 * t:.1f} | {tokens / t:,.0f} | {mfu} | {peak} | {loss} |")
 PY
+
+# Where the 124M step's time goes: the same run with the kernel timings recorded (each node
+# waits for its kernel, so the step is slower than above; the shares are what matter).
+say "where the gpt2-124M-shape step goes (kernel time per primitive and device, 11 steps)"
+cache="$work/perfcache"
+if XDG_CACHE_HOME=$cache HOME=$work/home timeout "$RUN_TIMEOUT" "$HETRAIN" train --preset gpt-mini \
+  --layers 12 --width 768 --heads 12 --context 1024 --batch-size "$BATCH" --steps "$((STEPS + 3))" \
+  --dropout 0 --precision bf16 --devices cpu,cuda:0 --data "$work/corpus.txt" --eval-batches 1 \
+  --log-every 1000000 --no-progress > "$tmp/breakdown.out" 2>&1; then
+  XDG_CACHE_HOME=$cache "$HETRAIN" perfmodel show --sort time | head -25
+  XDG_CACHE_HOME=$cache "$HETRAIN" perfmodel show | tail -1
+else
+  echo "  failed: $(tail -2 "$tmp/breakdown.out" | tr '\n' ' ')" >&2
+fi
 exit "$status"
