@@ -203,6 +203,40 @@ TEST_F(OnnxTest, ExternalDataAndOpsetChoice) {
   EXPECT_FALSE(fs::exists(path("x.onnx")));
 }
 
+// Past the threshold the weights go beside the model whatever the flag says (protobuf cannot
+// write a message of 2 GiB); the threshold is lowered here so a small model crosses it.
+TEST_F(OnnxTest, ExternalDataIsAutomaticPastTheThreshold) {
+  EXPECT_LT(interop::OnnxExportOptions{}.external_threshold_bytes, int64_t{2} << 30);
+  training::TrainConfig cfg = small_config("fashion-mlp");
+  auto model = training::build_model(cfg);
+  randomise_buffers(*model);
+  model->eval();
+  interop::OnnxExportOptions opt;
+  ASSERT_FALSE(opt.external_data);
+  int64_t bytes = interop::export_onnx(cfg, *model, path("below.onnx"), opt).parameter_bytes;
+  EXPECT_GE(bytes, model->num_parameters() * 4);
+  opt.external_threshold_bytes = bytes + 1;  // one byte short of the threshold: inline
+  interop::OnnxExportInfo below = interop::export_onnx(cfg, *model, path("below.onnx"), opt);
+  EXPECT_FALSE(below.external_data);
+  EXPECT_FALSE(fs::exists(path("below.onnx.data")));
+  opt.external_threshold_bytes = bytes;  // reached: external
+  interop::OnnxExportInfo at = interop::export_onnx(cfg, *model, path("at.onnx"), opt);
+  EXPECT_TRUE(at.external_data);
+  ASSERT_TRUE(fs::exists(path("at.onnx.data")));
+  EXPECT_GE(static_cast<int64_t>(fs::file_size(path("at.onnx.data"))), at.parameter_bytes);
+  EXPECT_LT(static_cast<int64_t>(fs::file_size(path("at.onnx"))), at.parameter_bytes);
+  // Both files give the same outputs, bit for bit (the same f32 weights, read back either way).
+  NoGradScope ng;
+  Tensor x = model_input(cfg, 3, 0, 7);
+  std::vector<float> a = values(interop::load_onnx(path("below.onnx")).forward({x})[0]);
+  std::vector<float> b = values(interop::load_onnx(path("at.onnx")).forward({x})[0]);
+  std::vector<float> want = values(model->forward(x));
+  EXPECT_EQ(a, b);
+  ASSERT_EQ(a.size(), want.size());
+  std::vector<double> da(a.begin(), a.end()), dw(want.begin(), want.end());
+  hetrain::testing::expect_close(da, dw, 1e-6, 1e-5);
+}
+
 TEST_F(OnnxTest, ExporterRefusesAModelItDoesNotDescribe) {
   training::TrainConfig cfg = small_config("fashion-mlp");
   auto model = training::build_model(cfg);
