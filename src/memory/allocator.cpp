@@ -131,11 +131,7 @@ HostAllocator::~HostAllocator() { empty_cache(); }
 
 void HostAllocator::count(MemoryTag tag, int64_t delta) {
   if (device_.kind != DeviceKind::cpu) g_device_bytes.fetch_add(delta, std::memory_order_relaxed);
-  auto i = static_cast<size_t>(tag);
-  stats_.current[i] += delta;
-  stats_.current_total += delta;
-  stats_.peak[i] = std::max(stats_.peak[i], stats_.current[i]);
-  stats_.peak_total = std::max(stats_.peak_total, stats_.current_total);
+  stats_.count(tag, delta);
   if (observer_) observer_->on_memory(tag, delta, stats_);
 }
 
@@ -292,9 +288,7 @@ MemoryStats HostAllocator::stats() const {
 
 void HostAllocator::reset_peak() {
   std::lock_guard<std::mutex> lk(mu_);
-  stats_.peak = stats_.current;
-  stats_.peak_total = stats_.current_total;
-  stats_.peak_reserved = stats_.reserved;
+  stats_.reset_peaks();
 }
 
 void HostAllocator::empty_cache() {

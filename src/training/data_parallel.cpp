@@ -77,11 +77,12 @@ double global_mean_loss(distributed::Communicator& comm, const std::vector<doubl
 
 nlohmann::json rank_memory(distributed::Communicator& comm, const MemoryStats& stats,
                            const std::array<int64_t, kNumMemoryTags>* at_update) {
-  const size_t n = 2 * kNumMemoryTags + 1;
+  const size_t n = 3 * kNumMemoryTags + 1;
   std::vector<int64_t> mine(n, 0), all(n * static_cast<size_t>(comm.size()));
   for (size_t t = 0; t < kNumMemoryTags; ++t) {
     mine[t] = stats.peak[t];
     if (at_update) mine[kNumMemoryTags + t] = (*at_update)[t];
+    mine[2 * kNumMemoryTags + t] = stats.at_peak[t];
   }
   mine[n - 1] = stats.peak_total;
   comm.set_context({-1, "all_gather of the ranks' memory statistics"});
@@ -89,14 +90,17 @@ nlohmann::json rank_memory(distributed::Communicator& comm, const MemoryStats& s
   nlohmann::json out = nlohmann::json::array();
   for (int r = 0; r < comm.size(); ++r) {
     const int64_t* v = all.data() + static_cast<size_t>(r) * n;
-    nlohmann::json peak = nlohmann::json::object(), states = nlohmann::json::object();
+    nlohmann::json peak = nlohmann::json::object(), states = nlohmann::json::object(),
+                   at_peak = nlohmann::json::object();
     for (size_t t = 0; t < kNumMemoryTags; ++t) {
       const std::string tag(memory_tag_name(static_cast<MemoryTag>(t)));
       peak[tag] = v[t];
       states[tag] = v[kNumMemoryTags + t];
+      at_peak[tag] = v[2 * kNumMemoryTags + t];
     }
     peak["total"] = v[n - 1];
-    nlohmann::json rec = {{"rank", r}, {"peak_bytes", peak}};
+    // peak_bytes: each tag's own peak; at_peak_bytes: what was live when the total peaked.
+    nlohmann::json rec = {{"rank", r}, {"peak_bytes", peak}, {"at_peak_bytes", at_peak}};
     if (at_update) {
       states["model_states"] =
           v[kNumMemoryTags + 0] + v[kNumMemoryTags + 1] + v[kNumMemoryTags + 2];

@@ -117,6 +117,30 @@ TEST(AllocatorCapacity, CacheIsGivenBackBeforeReservedPassesCapacity) {
   EXPECT_EQ(c.stats().peak_reserved, (512 + 700) * 1024);
 }
 
+// at_peak: the live bytes by tag when the total peaked, not each tag's own peak.
+TEST(AllocatorStats, AtPeakIsWhatWasLiveWhenTheTotalPeaked) {
+  HostAllocator a;
+  auto idx = [](MemoryTag t) { return static_cast<size_t>(t); };
+  auto acts = a.allocate(4096, MemoryTag::activations);
+  auto grads = a.allocate(1024, MemoryTag::gradients);
+  acts.reset();  // activations peaked at 4096 with 5120 in all
+  auto state = a.allocate(8192, MemoryTag::optimizer_state);  // the total's peak: 9216
+  state.reset();
+  auto more = a.allocate(2048, MemoryTag::activations);  // below the peak: no change
+  MemoryStats s = a.stats();
+  EXPECT_EQ(s.peak_total, 1024 + 8192);
+  EXPECT_EQ(s.peak[idx(MemoryTag::activations)], 4096);
+  EXPECT_EQ(s.at_peak[idx(MemoryTag::activations)], 0);
+  EXPECT_EQ(s.at_peak[idx(MemoryTag::gradients)], 1024);
+  EXPECT_EQ(s.at_peak[idx(MemoryTag::optimizer_state)], 8192);
+  // After reset_peak the peaks start again from what is live.
+  a.reset_peak();
+  s = a.stats();
+  EXPECT_EQ(s.peak_total, 1024 + 2048);
+  EXPECT_EQ(s.at_peak[idx(MemoryTag::activations)], 2048);
+  EXPECT_EQ(s.at_peak[idx(MemoryTag::optimizer_state)], 0);
+}
+
 TEST(AllocatorCapacity, NegativeCapacityRefused) {
   HostAllocator a;
   EXPECT_THROW(a.set_capacity(-5, "test"), Error);

@@ -1,6 +1,7 @@
 // Allocators with statistics. Every memory figure Hetrain reports comes from these counters.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -35,6 +36,27 @@ struct MemoryStats {
   std::array<int64_t, kNumMemoryTags> peak{};
   int64_t current_total = 0;
   int64_t peak_total = 0;
+  /// Live bytes by tag when the total last reached peak_total: what the peak was made of.
+  std::array<int64_t, kNumMemoryTags> at_peak{};
+
+  /// Counts delta bytes (negative when freed) under tag, and the peaks with them.
+  void count(MemoryTag tag, int64_t delta) {
+    const auto i = static_cast<size_t>(tag);
+    current[i] += delta;
+    current_total += delta;
+    peak[i] = std::max(peak[i], current[i]);
+    if (current_total > peak_total) {
+      peak_total = current_total;
+      at_peak = current;
+    }
+  }
+  /// The peaks restart from what is live now.
+  void reset_peaks() {
+    peak = current;
+    peak_total = current_total;
+    at_peak = current;
+    peak_reserved = reserved;
+  }
   int64_t reserved = 0;  // bytes held by the allocator, cached blocks included
   int64_t peak_reserved = 0;
   int64_t allocations = 0;

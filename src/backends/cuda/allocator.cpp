@@ -67,9 +67,7 @@ class CudaAllocator final : public Allocator {
   }
   void reset_peak() override {
     std::lock_guard<std::mutex> lk(mu_);
-    stats_.peak = stats_.current;
-    stats_.peak_total = stats_.current_total;
-    stats_.peak_reserved = stats_.reserved;
+    stats_.reset_peaks();
   }
   void empty_cache() override {
     std::multimap<size_t, void*> blocks;
@@ -107,11 +105,7 @@ class CudaAllocator final : public Allocator {
   // Caller holds mu_.
   void count(MemoryTag tag, int64_t delta) {
     g_in_use.fetch_add(delta, std::memory_order_relaxed);
-    const auto i = static_cast<size_t>(tag);
-    stats_.current[i] += delta;
-    stats_.current_total += delta;
-    stats_.peak[i] = std::max(stats_.peak[i], stats_.current[i]);
-    stats_.peak_total = std::max(stats_.peak_total, stats_.current_total);
+    stats_.count(tag, delta);
     if (observer_) observer_->on_memory(tag, delta, stats_);
   }
 
