@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The planner's model states against the allocator's: for gpt-mini under `mpirun -np NP hetrain
-# train --zero S`, every rank's parameters + gradients + optimizer state live at the update
-# (rank_memory in the log) must be within 3% of `hetrain plan --hardware local --gpus NP --zero S
-# --precision fp32` for the same model (weights + gradients + optimizer per device).
+# The planner's model states and peak against the allocator's: for gpt-mini under `mpirun -np NP
+# hetrain train --zero S`, every rank's parameters + gradients + optimizer state live at the
+# update (rank_memory in the log) must be within 3% of `hetrain plan --preset gpt-mini --hardware
+# local --gpus NP --zero S --precision fp32` (weights + gradients + optimizer per device), and the
+# rank's peak of live bytes over the run within 10% of the plan's total per device.
 # Usage: zero_plan.sh HETRAIN NP
 set -euo pipefail
 ht=$1 np=$2
@@ -18,8 +19,8 @@ for z in 0 1 2 3; do
   bash "$here/mpirun.sh" "$np" 200 "$ht" train --preset gpt-mini --steps 2 --batch-size 8 \
     --eval-batches 1 --threads 1 --no-progress --no-record --zero "$z" \
     --json-log "$dir/z$z.jsonl" > "$dir/z$z.out" 2>&1 || { cat "$dir/z$z.out"; exit 1; }
-  # gpt-mini's shape (src/training/config.cpp): 4 layers, width 128, 4 heads, context 64, bytes.
-  "$ht" plan --model gpt --layers 4 --hidden 128 --heads 4 --seq 64 --vocab 256 \
+  # The preset: Hetrain's own engine profile (its layout, activations and step peak).
+  "$ht" plan --preset gpt-mini \
     --hardware local --gpus "$np" --zero "$z" --precision fp32 --global-batch 8 \
     --micro-batch $((8 / np)) --json > "$dir/plan$z.json" 2> "$dir/plan$z.err" \
     || { cat "$dir/plan$z.err"; exit 1; }
@@ -38,8 +39,14 @@ for r in fin["rank_memory"]:
     ok = ok and good
     print(f"{'' if good else 'FAIL: '}zero {z} rank {r['rank']}: model states measured {got} B, "
           f"planned {want:.0f} B ({p['params']} parameters), error {100 * err:+.2f}%")
+    peak, planned = r["peak_bytes"]["total"], m["total"]
+    err = planned / peak - 1
+    good = abs(err) <= 0.10
+    ok = ok and good
+    print(f"{'' if good else 'FAIL: '}zero {z} rank {r['rank']}: peak measured {peak} B "
+          f"(at the peak: {r['at_peak_bytes']}), planned {planned:.0f} B, error {100 * err:+.2f}%")
 sys.exit(0 if ok else 1)
 EOF
 done
-[[ $status == 0 ]] && echo "ZeRO -np $np: model states within 3% of the plan"
+[[ $status == 0 ]] && echo "ZeRO -np $np: model states within 3% of the plan, peaks within 10%"
 exit $status

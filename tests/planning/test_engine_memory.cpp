@@ -64,6 +64,27 @@ TEST_P(EngineMemory, PlanTermsAgreeWithTheMemoryModel) {
   }
 }
 
+// The step's peak under data parallelism: the three moments by hand for a model whose
+// activations are small (the update decides) and one whose activations are large (the forward).
+TEST(EngineStepPeak, LargestOfForwardBackwardAndUpdate) {
+  const double psi = 1e6, W = 4 * psi, O = 8 * psi;
+  // One rank: the single-process step (states + activations, or the update's new values).
+  EXPECT_DOUBLE_EQ(planning::hetrain_step_peak_bytes(psi, 1, 0, 1e5), 2 * W + W + 2 * O);
+  EXPECT_DOUBLE_EQ(planning::hetrain_step_peak_bytes(psi, 1, 3, 1e8), W + W + O + 1e8);
+  // Stage 0 over 2 ranks, small activations: the update, 28 bytes a parameter.
+  EXPECT_DOUBLE_EQ(planning::hetrain_step_peak_bytes(psi, 2, 0, 1e5), 28 * psi);
+  // Stage 1 over 4 ranks: the backward's end, states + exchange buffer + gradient tensors.
+  EXPECT_DOUBLE_EQ(planning::hetrain_step_peak_bytes(psi, 4, 1, 1e5), W + W + O / 4 + 2 * W);
+  // Stage 2, large activations: the forward's end with the accumulation buffers and the first
+  // bucket's exchange (1 MiB).
+  EXPECT_DOUBLE_EQ(planning::hetrain_step_peak_bytes(psi, 2, 2, 1e8),
+                   W + W / 2 + O / 2 + 1e8 + W + 1024.0 * 1024);
+  // Stage 3: the shards, the gathered parameters (at most three 25 MiB buckets) and activations.
+  EXPECT_DOUBLE_EQ(planning::hetrain_step_peak_bytes(psi, 4, 3, 1e8), (W + W + O) / 4 + W + 1e8);
+  EXPECT_DOUBLE_EQ(planning::hetrain_step_peak_bytes(100 * psi, 4, 3, 1e10),
+                   100 * (W + W + O) / 4 + 3 * 25.0 * 1024 * 1024 + 1e10);
+}
+
 INSTANTIATE_TEST_SUITE_P(HetrainPresets, EngineMemory,
                          ::testing::Values("fashion-mlp", "fashion-cnn", "gpt-mini"),
                          [](const ::testing::TestParamInfo<std::string>& i) {

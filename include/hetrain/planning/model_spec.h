@@ -152,6 +152,18 @@ double convnet_activation_bytes(const ConvNetSpec& c, int64_t micro_batch, Recom
 /// (the gradient arriving at a layer and the one leaving it).
 double hetrain_activation_bytes(const ModelSpec& m, int64_t micro_batch, double elem);
 
+/// The peak of live bytes over one of Hetrain's f32 training steps on one of `ranks` data-parallel
+/// ranks under ZeRO stage `zero` (0..3), for `params` parameters (W = G = 4 bytes each, AdamW's
+/// state O = 8) and an activation peak `activations` (hetrain_activation_bytes). It is the
+/// largest of three moments, as the allocator's at_peak_bytes shows them (training/trainer's
+/// JSON log): the end of the forward (the activations at their peak, with stage 2's bucket
+/// buffers and stage 3's gathered parameters); the end of the backward (every bucket's exchange
+/// buffer, plus stages 2-3's accumulation buffer, next to the backward's own gradient tensors,
+/// which stage 3 has let go before it reduces); and the update (new parameter and state values
+/// evaluated before the old ones go). Bucket sizes are the trainer's defaults (25 MiB, the first
+/// 1 MiB); stage 3 gathers at most three buckets at a time. One rank is the single-process step.
+double hetrain_step_peak_bytes(double params, int ranks, int zero, double activations);
+
 const char* to_string(Recompute r);
 Recompute recompute_from_string(const std::string& s);
 
