@@ -31,6 +31,12 @@ const Conv2dBackwardInput* sole_input_gradient(const Tensor& t) {
   return dynamic_cast<const Conv2dBackwardInput*>(p->prim.get());
 }
 
+/// The fused convolution forms (an input gradient with an addend or a relu mask, two
+/// convolutions of one input in one pass) are Hetrain's own f32 kernels: f32 and f64 only. A
+/// 16-bit convolution stays plain, so it runs on oneDNN's 16-bit kernels (AMX, AVX512-BF16)
+/// instead of being converted to f32 and back around the fused kernel.
+bool fused_conv_dtype(Dtype dt) { return dt == Dtype::f32 || dt == Dtype::f64; }
+
 template <class P>
 bool is(const Node& n) {
   return n.prim && dynamic_cast<const P*>(n.prim.get()) != nullptr;
@@ -70,7 +76,7 @@ std::shared_ptr<Primitive> paired(const Conv2dBackwardInput& a, const Conv2dBack
 bool fuse_input_gradient_sum(Node& n, FusionContext& ctx) {
   if (!is<Binary<AddOp>>(n)) return false;
   const Tensor &a = n.inputs[0], &b = n.inputs[1];
-  if (a.dtype() != Dtype::f32 && a.dtype() != Dtype::f64) return false;
+  if (!fused_conv_dtype(a.dtype())) return false;
   const Conv2dBackwardInput *pa = sole_input_gradient(a), *pb = sole_input_gradient(b);
   if (pa && pb) {
     if (auto p = paired(*pb, *pa)) {
@@ -99,6 +105,7 @@ bool fuse_input_gradient_sum(Node& n, FusionContext& ctx) {
 bool fuse_input_gradient_relu_mask(Node& n, FusionContext& ctx) {
   if (!is<Binary<ReluGradOp>>(n)) return false;
   const Tensor &m = n.inputs[0], &g = n.inputs[1];
+  if (!fused_conv_dtype(g.dtype())) return false;
   const Conv2dBackwardInput* pg = sole_input_gradient(g);
   if (!pg || pg->relu_mask()) return false;
   auto p = std::make_shared<Conv2dBackwardInput>(pg->window(), pg->in_hw(), pg->addend(),
@@ -273,7 +280,9 @@ bool depends_on(const Tensor& t, const Node* on) {
 template <class P>
 bool pair_with_sibling(Node& n, FusionContext& ctx) {
   const auto* pn = dynamic_cast<const P*>(n.prim.get());
-  if (!pn || pn->second() || n.inputs.size() != 2 || n.evaluated()) return false;
+  if (!pn || pn->second() || n.inputs.size() != 2 || n.evaluated() ||
+      !fused_conv_dtype(n.outs[0].dtype))
+    return false;
   const Tensor& x = n.inputs[0];
   std::vector<Node*>& seen = ctx.by_first_input[{x.node(), x.index()}];
   for (Node* s : seen) {

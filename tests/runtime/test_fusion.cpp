@@ -92,6 +92,22 @@ TEST(Fusion, RulesRewriteTheSumAndMaskNodes) {
       grad({sum(conv2d(xb, wb, {}, {1, 1}, {1, 1})) + sum(xb * cast(r, Dtype::bf16))}, {xb})[0];
   runtime::fuse({db});
   EXPECT_TRUE(db.node()->prim->is_elementwise()) << db.node()->prim->name();
+  // Nor do bf16 convolutions pair, or take a relu mask: the fused forms are f32 kernels, and a
+  // plain bf16 convolution runs on oneDNN's bf16 kernels (AMX, AVX512-BF16) without converting.
+  Tensor w2b = cast(w2, Dtype::bf16);
+  Tensor p1 = conv2d(xb, wb, {}, {2, 2}, {1, 1}), p2 = conv2d(xb, w2b, {}, {2, 2}, {0, 0});
+  Tensor pair_sum = sum(p1) + sum(p2);
+  EXPECT_EQ(runtime::fuse({pair_sum}), 0);
+  EXPECT_EQ(p1.node()->inputs.size(), 2u);
+  EXPECT_STREQ(p2.node()->prim->name(), "conv2d");
+  Tensor masked = grad({sum(relu(conv2d(relu(xb), wb, {}, {1, 1}, {1, 1})))}, {xb})[0];
+  runtime::fuse({masked});
+  EXPECT_STRNE(masked.node()->prim->name(), "conv2d_backward_input");
+  // The same in f32: paired.
+  Tensor q1 = conv2d(x, w1, {}, {2, 2}, {1, 1}), q2 = conv2d(x, w2, {}, {2, 2}, {0, 0});
+  Tensor q_sum = sum(q1) + sum(q2);
+  EXPECT_GE(runtime::fuse({q_sum}), 1);
+  EXPECT_EQ(q1.node()->inputs.size(), 3u);  // x, w1, w2
 }
 
 // A random elementwise graph over a few leaves (some broadcast, one a transposed view): unary

@@ -89,7 +89,12 @@ class SingleOmpThread {
   int saved_;
 };
 
-bool dnnl_pays(const ConvShape& s) { return s.kh * s.kw > 1 && s.C >= 8 && s.O >= 8; }
+/// In f32 Hetrain's own kernels take 1x1 convolutions and narrow ones (fewer than 8 channels in
+/// or out). In bf16 oneDNN's kernels are the only 16-bit ones: the alternative converts to f32
+/// and back around an f32 kernel, so oneDNN takes every shape it has a real kernel for.
+bool dnnl_pays(const ConvShape& s, Dt dt) {
+  return dt != Dt::f32 || (s.kh * s.kw > 1 && s.C >= 8 && s.O >= 8);
+}
 
 /// The plan for one pass over a batch of s.N images of data type dt, or null when oneDNN offers
 /// only its reference kernel (the im2col path is faster than that). bf16 weight gradients are
@@ -239,7 +244,7 @@ struct ChunkedPlans {
 };
 
 std::optional<ChunkedPlans> chunked_plans(Pass pass, const ConvShape& s, bool bias, Dt dt) {
-  if (s.N <= 0 || !dnnl_pays(s)) return std::nullopt;
+  if (s.N <= 0 || !dnnl_pays(s, dt)) return std::nullopt;
   ChunkedPlans cp;
   cp.chunks = std::min<int64_t>(s.N, num_threads());
   cp.small_n = s.N / cp.chunks;
