@@ -1,7 +1,6 @@
 // hetrain topo: this machine's topology from hwloc (packages, NUMA nodes with memory, cores,
 // caches, GPUs and network devices with their NUMA locality) and, under mpirun, each rank's
 // host, local rank, bound CPUs and threads; the MPI library and NCCL versions; warnings.
-#include <dlfcn.h>
 #include <hwloc.h>
 #include <sched.h>
 #include <unistd.h>
@@ -19,6 +18,7 @@
 #include "cli/commands.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
+#include "hetrain/distributed/gpu_topology.h"
 #include "hetrain/distributed/mpi.h"
 #include "hetrain/distributed/nccl.h"
 
@@ -96,17 +96,65 @@ json machine_topology() {
   return m;
 }
 
-/// This rank: host, ranks, bound CPUs, threads, device.
-json rank_record(const distributed::Communicator& c) {
+/// The NUMA nodes of the CPUs this process is bound to (hwloc); empty if hwloc cannot say.
+std::vector<int> bound_numa_nodes() {
+  std::vector<int> out;
+  hwloc_topology_t t;
+  if (hwloc_topology_init(&t) != 0) return out;
+  if (hwloc_topology_load(t) == 0) {
+    hwloc_bitmap_t cpus = hwloc_bitmap_alloc(), nodes = hwloc_bitmap_alloc();
+    if (hwloc_get_cpubind(t, cpus, HWLOC_CPUBIND_PROCESS) == 0) {
+      hwloc_cpuset_to_nodeset(t, cpus, nodes);
+      for (int n = hwloc_bitmap_first(nodes); n >= 0; n = hwloc_bitmap_next(nodes, n))
+        out.push_back(n);
+    }
+    hwloc_bitmap_free(cpus);
+    hwloc_bitmap_free(nodes);
+  }
+  hwloc_topology_destroy(t);
+  return out;
+}
+
+/// This rank: host, ranks, bound CPUs and their NUMA nodes, threads, device (the GPU NCCL
+/// would choose, local rank % GPUs, with its NUMA node).
+json rank_record(const distributed::Communicator& c, const distributed::GpuTopology& gpus) {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
+  const int n = static_cast<int>(gpus.gpus.size());
+  const int gpu = n > 0 ? c.local_rank() % n : -1;
   return {{"rank", c.rank()},
           {"local_rank", c.local_rank()},
           {"host", host},
           {"bound_cpus", bound_cpus()},
+          {"cpu_numa_nodes", bound_numa_nodes()},
           {"cpus", available_cpus()},
           {"threads", num_threads()},
-          {"device", "cpu"}};
+          {"device", gpu >= 0 ? "cuda:" + std::to_string(gpu) : "cpu"},
+          {"gpu", gpu},
+          {"gpu_numa_node", gpu >= 0 ? gpus.gpus[static_cast<size_t>(gpu)].numa_node : -1}};
+}
+
+/// Per GPU: name, bus id, NUMA node, NVLink links up; and the pair matrix.
+json gpu_json(const distributed::GpuTopology& t) {
+  json g = json::array();
+  for (const auto& d : t.gpus)
+    g.push_back({{"name", d.name},
+                 {"bus_id", d.bus_id},
+                 {"numa_node", d.numa_node},
+                 {"nvlink_links_up", d.nvlink_peers.size()}});
+  return {{"driver_version", t.driver_version},
+          {"gpus", g},
+          {"pair_matrix", distributed::gpu_pair_matrix(t)}};
+}
+
+/// Warnings for ranks whose GPU is on a NUMA node none of their CPUs are on.
+std::vector<std::string> placement_warnings(const std::vector<json>& ranks) {
+  std::vector<distributed::RankPlacement> p;
+  for (const json& r : ranks)
+    p.push_back({r["rank"].get<int>(), r["host"].get<std::string>(),
+                 r["cpu_numa_nodes"].get<std::vector<int>>(), r["gpu"].get<int>(),
+                 r["gpu_numa_node"].get<int>()});
+  return distributed::far_gpu_warnings(p);
 }
 
 /// Every rank's record on every rank (fixed-size slots: one all_gather).
@@ -147,6 +195,11 @@ void print_text(const json& j) {
     std::cout << "  rank " << r["rank"] << " (local " << r["local_rank"] << ") on "
               << r["host"].get<std::string>() << ": CPUs " << r["bound_cpus"].get<std::string>()
               << ", " << r["threads"] << " thread(s), " << r["device"].get<std::string>() << "\n";
+  for (const json& g : j["nvml"]["gpus"])
+    std::cout << "  GPU " << g["bus_id"].get<std::string>() << " " << g["name"].get<std::string>()
+              << ": NUMA node " << g["numa_node"] << ", " << g["nvlink_links_up"]
+              << " NVLink link(s) up\n";
+  if (!j["nvml"]["gpus"].empty()) std::cout << j["gpu_matrix_text"].get<std::string>();
   for (const json& w : j["warnings"]) std::cout << "warning: " << w.get<std::string>() << "\n";
 }
 
@@ -162,7 +215,8 @@ int cmd_topo(const Args& args) {
   if (!p.parse(args)) return 0;
   if (!p.positional().empty()) fail("[topo] unexpected argument '", p.positional()[0], "'");
   std::unique_ptr<distributed::Communicator> comm = distributed::make_world_communicator();
-  const std::vector<json> ranks = gather_records(*comm, rank_record(*comm));
+  const distributed::GpuTopology gpus = distributed::load_gpu_topology();
+  const std::vector<json> ranks = gather_records(*comm, rank_record(*comm, gpus));
   if (comm->rank() != 0) return 0;
   json j;
   j["machine"] = machine_topology();
@@ -180,11 +234,10 @@ int cmd_topo(const Args& args) {
       warnings.push_back("oversubscribed: " + std::to_string(n) + " threads on " + host + "'s " +
                          std::to_string(cores) + " CPUs");
   if (!distributed::nccl_available()) warnings.push_back("no GPU: ranks train on the CPU");
-  void* nvml = dlopen("libnvidia-ml.so.1", RTLD_LAZY);
-  if (nvml)
-    dlclose(nvml);
-  else
-    warnings.push_back("no NVML (libnvidia-ml.so.1): no NVLink or GPU pair matrix");
+  if (!gpus.note.empty()) warnings.push_back(gpus.note);
+  for (const std::string& w : placement_warnings(ranks)) warnings.push_back(w);
+  j["nvml"] = gpu_json(gpus);
+  if (!p.get_flag("json")) j["gpu_matrix_text"] = distributed::format_gpu_matrix(gpus);
   j["warnings"] = warnings;
   if (p.get_flag("json"))
     std::cout << j.dump(2) << "\n";

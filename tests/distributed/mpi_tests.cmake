@@ -61,6 +61,11 @@ endforeach()
 add_test(NAME distributed.topo COMMAND $<TARGET_FILE:hetrain> topo)
 set_tests_properties(distributed.topo PROPERTIES
                      PASS_REGULAR_EXPRESSION "package\\(s\\), [0-9]+ cores.*NUMA node 0: CPUs.*rank 0 \\(local 0\\)")
+# Without NVML (the library named by HETRAIN_NVML_LIBRARY is missing) topo warns and succeeds.
+add_test(NAME distributed.topo_no_nvml COMMAND $<TARGET_FILE:hetrain> topo --json)
+set_tests_properties(distributed.topo_no_nvml PROPERTIES
+                     ENVIRONMENT "HETRAIN_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1"
+                     PASS_REGULAR_EXPRESSION "no NVML \\(/nonexistent/libnvidia-ml.so.1\\)")
 add_test(NAME distributed.topo_np2
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/topo_np2.sh $<TARGET_FILE:hetrain>)
 set_tests_properties(distributed.topo_np2 PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
