@@ -1,7 +1,9 @@
 // The communicator interface's shared checks and the world of one process.
 #include "hetrain/distributed/communicator.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "hetrain/base/error.h"
 
@@ -81,6 +83,19 @@ class LocalCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_local_communicator() {
   return std::make_unique<LocalCommunicator>();
+}
+
+ProgressMode progress_mode_from_env() {
+  const char* e = std::getenv("HETRAIN_DDP_PROGRESS");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "executor") return ProgressMode::executor;
+  if (v == "thread") return ProgressMode::thread;
+  if (v == "none") return ProgressMode::none;
+  fail("[ddp] HETRAIN_DDP_PROGRESS must be executor, thread or none, got '", v, "'");
+}
+
+const char* progress_mode_name(ProgressMode m) {
+  return m == ProgressMode::thread ? "thread" : m == ProgressMode::none ? "none" : "executor";
 }
 
 }  // namespace hetrain::distributed

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "distributed/host_buffers.h"
 #include "hetrain/base/error.h"
@@ -71,6 +72,33 @@ GradReducer::GradReducer(std::vector<Tensor*> params, Communicator& comm, Bucket
 
 GradReducer::~GradReducer() {
   if (watching_) remove_node_observer(this);
+  if (progress_thread_.joinable()) {
+    progress_stop_ = true;
+    progress_thread_.join();
+  }
+}
+
+void GradReducer::progress_loop() {
+  try {
+    while (!progress_stop_) {
+      {
+        std::lock_guard lock(mu_);
+        sum_exchanged(false, nullptr);
+      }
+      // A short sleep leaves the lock and the cores to backward between polls.
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  } catch (...) {
+    progress_error_ = std::current_exception();
+  }
+}
+
+// Called without mu_ held (the loop takes it).
+void GradReducer::stop_progress() {
+  if (!progress_thread_.joinable()) return;
+  progress_stop_ = true;
+  progress_thread_.join();
+  if (progress_error_) std::rethrow_exception(std::exchange(progress_error_, nullptr));
 }
 
 // Without keep_buffers the full buffer exists only during a step (a communication buffer).
@@ -132,6 +160,10 @@ void GradReducer::overlap_next_backward(bool first) {
   started_any_ = false;
   watching_ = true;
   add_node_observer(this);
+  if (opt_.progress == ProgressMode::thread) {
+    progress_stop_ = false;
+    progress_thread_ = std::thread([this] { progress_loop(); });
+  }
 }
 
 // Runs on the executor's threads after each node: takes a parameter's gradient as soon as its
@@ -155,7 +187,7 @@ void GradReducer::on_node(const Node& node, int64_t, int64_t) {
   const size_t before = next_start_;
   start_ready_buckets();
   overlapped_ += static_cast<int64_t>(next_start_ - before);
-  sum_exchanged(false, nullptr);
+  if (opt_.progress == ProgressMode::executor) sum_exchanged(false, nullptr);
 }
 
 void GradReducer::start_ready_buckets() {
@@ -203,6 +235,7 @@ void GradReducer::sum_exchanged(bool wait, double* waited) {
 }
 
 void GradReducer::accumulate(bool first) {
+  stop_progress();
   std::lock_guard lock(mu_);
   if (watching_) {
     remove_node_observer(this);

@@ -660,6 +660,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
                           {"ranks_identical", r.ranks_identical},
                           {"memory", memory_json(stats)}};
     fin["rank_memory"] = ranks_memory;
+    fin["ddp_progress"] = distributed::progress_mode_name(distributed::progress_mode_from_env());
     if (sharded) {
       fin["zero"] = sharded->stage();
       fin["zero_padding_elements"] = sharded->padding();

@@ -28,6 +28,18 @@ foreach(np 2 4)
                        distributed.ddp_equals_accum_gpt_np${np}_small_buckets
                        PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "DDP -np ${np} equals")
 endforeach()
+# The progress mode (HETRAIN_DDP_PROGRESS) changes when a bucket is summed, never the bits: the
+# many-bucket run under a communication thread, and with no progress until reduce().
+foreach(mode thread none)
+  foreach(np 2 4)
+    add_test(NAME distributed.ddp_equals_accum_gpt_np${np}_small_buckets_${mode}_progress
+             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/ddp_equal.sh $<TARGET_FILE:hetrain>
+                     ${np} ${HT_DDP_GPT} --bucket-mb 0.01)
+    set_tests_properties(distributed.ddp_equals_accum_gpt_np${np}_small_buckets_${mode}_progress
+                         PROPERTIES TIMEOUT 600 ENVIRONMENT "HETRAIN_DDP_PROGRESS=${mode}"
+                         PASS_REGULAR_EXPRESSION "DDP -np ${np} equals")
+  endforeach()
+endforeach()
 # fashion-cnn under DDP: BatchNorm statistics per rank (PyTorch DDP's default), so the
 # parameters, optimizer state and losses equal --grad-accum bit for bit and rank 0's running
 # statistics are its own micro-batches' (ddp_equal.sh --bn-per-rank).

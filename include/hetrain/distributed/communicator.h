@@ -109,4 +109,11 @@ std::unique_ptr<Communicator> make_local_communicator();
 void check_collective(const Communicator& c, const char* op, int64_t count, Dtype dt, bool reduces,
                       int root = 0);
 
+/// Who polls DDP's bucket exchanges in flight during backward (distributed/grad_reducer.h);
+/// MPI is initialised with the thread level the mode needs.
+enum class ProgressMode { none, executor, thread };
+/// $HETRAIN_DDP_PROGRESS (none|executor|thread; unset: executor). Throws for another value.
+ProgressMode progress_mode_from_env();
+const char* progress_mode_name(ProgressMode m);
+
 }  // namespace hetrain::distributed

@@ -22,13 +22,19 @@
 // when a parameter's gradient node has run, its values go into the bucket at once, and a bucket
 // whose gradients are all in starts its all-to-all (buckets start in bucket order on every
 // rank, as MPI requires) while backward goes on; completed exchanges are summed there too.
-// Each later node polls the collectives in flight (Open MPI progresses non-blocking collectives
-// only inside MPI calls). reduce() starts what is left and finishes with the all-gathers.
+// Open MPI progresses non-blocking collectives only inside MPI calls, so something polls the
+// exchanges in flight while backward runs, as ProgressMode says: each later node (executor), a
+// communication thread that runs while backward does (thread), or nothing until reduce()
+// (none, a baseline). The mode changes when a bucket is summed, never how: the bits are the
+// same. reduce() starts what is left and finishes with the all-gathers.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "hetrain/distributed/communicator.h"
@@ -52,6 +58,7 @@ struct BucketOptions {
   int64_t persist_numel = 0;
   bool overlap = true;  // overlap_next_backward() starts buckets during backward
                         // (false: ZeRO 3, whose gathers are backward's collectives)
+  ProgressMode progress = progress_mode_from_env();
 };
 
 /// Time spent on the reductions of one step.
@@ -117,6 +124,9 @@ class GradReducer final : private NodeObserver {
   // exchanges that completed (wait: block for each in turn).
   void start_ready_buckets();
   void sum_exchanged(bool wait, double* waited);
+  // ProgressMode::thread: polls under mu_ until stop_progress() (which rethrows its error).
+  void progress_loop();
+  void stop_progress();
 
   std::vector<Tensor*> params_;
   Communicator& comm_;
@@ -135,6 +145,9 @@ class GradReducer final : private NodeObserver {
   int64_t overlapped_ = 0;
   bool started_any_ = false;
   std::chrono::steady_clock::time_point first_start_;
+  std::thread progress_thread_;
+  std::atomic<bool> progress_stop_{false};
+  std::exception_ptr progress_error_;
 };
 
 }  // namespace hetrain::distributed

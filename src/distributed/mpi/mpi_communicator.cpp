@@ -100,7 +100,14 @@ class MpiCommunicator final : public Communicator {
     HT_MPI_CHECK(MPI_Initialized(&inited));
     if (!inited) {
       int provided = 0;
-      HT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+      // A communication thread (HETRAIN_DDP_PROGRESS=thread) tests requests while the main
+      // thread may start others: MPI_THREAD_MULTIPLE; otherwise one thread at a time.
+      const bool comm_thread = progress_mode_from_env() == ProgressMode::thread;
+      const int want = comm_thread ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED;
+      HT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, want, &provided));
+      if (provided < want)
+        fail("[mpi] HETRAIN_DDP_PROGRESS=thread needs MPI_THREAD_MULTIPLE; this MPI gives ",
+             provided == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED" : "less");
       owns_mpi_ = true;
     }
     HT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
