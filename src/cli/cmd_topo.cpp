@@ -122,16 +122,17 @@ json rank_record(const distributed::Communicator& c, const distributed::GpuTopol
   gethostname(host, sizeof host - 1);
   const int n = static_cast<int>(gpus.gpus.size());
   const int gpu = n > 0 ? c.local_rank() % n : -1;
-  return {{"rank", c.rank()},
-          {"local_rank", c.local_rank()},
-          {"host", host},
-          {"bound_cpus", bound_cpus()},
-          {"cpu_numa_nodes", bound_numa_nodes()},
-          {"cpus", available_cpus()},
-          {"threads", num_threads()},
-          {"device", gpu >= 0 ? "cuda:" + std::to_string(gpu) : "cpu"},
-          {"gpu", gpu},
-          {"gpu_numa_node", gpu >= 0 ? gpus.gpus[static_cast<size_t>(gpu)].numa_node : -1}};
+  return {
+      {"rank", c.rank()},
+      {"local_rank", c.local_rank()},
+      {"host", host},
+      {"bound_cpus", bound_cpus()},
+      {"cpu_numa_nodes", bound_numa_nodes()},
+      {"cpus", available_cpus()},
+      {"threads", num_threads()},
+      {"device", gpu >= 0 && distributed::nccl_available() ? "cuda:" + std::to_string(gpu) : "cpu"},
+      {"gpu", gpu},
+      {"gpu_numa_node", gpu >= 0 ? gpus.gpus[static_cast<size_t>(gpu)].numa_node : -1}};
 }
 
 /// Per GPU: name, bus id, NUMA node, NVLink links up; and the pair matrix.
@@ -197,8 +198,9 @@ void print_text(const json& j) {
               << ", " << r["threads"] << " thread(s), " << r["device"].get<std::string>() << "\n";
   for (const json& g : j["nvml"]["gpus"])
     std::cout << "  GPU " << g["bus_id"].get<std::string>() << " " << g["name"].get<std::string>()
-              << ": NUMA node " << g["numa_node"] << ", " << g["nvlink_links_up"]
-              << " NVLink link(s) up\n";
+              << ": NUMA node "
+              << (g["numa_node"].get<int>() < 0 ? "?" : std::to_string(g["numa_node"].get<int>()))
+              << ", " << g["nvlink_links_up"] << " NVLink link(s) up\n";
   if (!j["nvml"]["gpus"].empty()) std::cout << j["gpu_matrix_text"].get<std::string>();
   for (const json& w : j["warnings"]) std::cout << "warning: " << w.get<std::string>() << "\n";
 }

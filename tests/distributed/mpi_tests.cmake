@@ -73,6 +73,17 @@ endforeach()
 add_test(NAME distributed.topo COMMAND $<TARGET_FILE:hetrain> topo)
 set_tests_properties(distributed.topo PROPERTIES
                      PASS_REGULAR_EXPRESSION "package\\(s\\), [0-9]+ cores.*NUMA node 0: CPUs.*rank 0 \\(local 0\\)")
+# A stand-in NVML (two GPUs joined by NVLink) for load_gpu_topology's dlopen path without a GPU.
+enable_language(C)
+add_library(fake_nvml SHARED ${CMAKE_CURRENT_SOURCE_DIR}/distributed/fake_nvml.c)
+add_dependencies(test_distributed fake_nvml)
+target_compile_definitions(test_distributed PRIVATE
+                           HETRAIN_FAKE_NVML="$<TARGET_FILE:fake_nvml>")
+# hetrain topo over the stand-in: the GPUs and the pair matrix in text.
+add_test(NAME distributed.topo_fake_nvml COMMAND $<TARGET_FILE:hetrain> topo)
+set_tests_properties(distributed.topo_fake_nvml PROPERTIES
+                     ENVIRONMENT "HETRAIN_NVML_LIBRARY=$<TARGET_FILE:fake_nvml>"
+                     PASS_REGULAR_EXPRESSION "2 NVLink link\\(s\\) up.*GPU0  X     NV2")
 # Without NVML (the library named by HETRAIN_NVML_LIBRARY is missing) topo warns and succeeds.
 add_test(NAME distributed.topo_no_nvml COMMAND $<TARGET_FILE:hetrain> topo --json)
 set_tests_properties(distributed.topo_no_nvml PROPERTIES

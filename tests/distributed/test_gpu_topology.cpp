@@ -52,5 +52,20 @@ TEST(GpuTopology, MissingNvmlLibraryIsANoteNotAnError) {
   EXPECT_NE(t.note.find("no NVML"), std::string::npos) << t.note;
 }
 
+#ifdef HETRAIN_FAKE_NVML
+TEST(GpuTopology, LoadsAStandInNvmlThroughDlopen) {
+  const GpuTopology t = load_gpu_topology(HETRAIN_FAKE_NVML);
+  ASSERT_TRUE(t.note.empty()) << t.note;
+  ASSERT_EQ(t.gpus.size(), 2u);
+  EXPECT_EQ(t.gpus[0].name, "Fake GPU 0");
+  EXPECT_EQ(t.gpus[0].bus_id, "0000:17:00.0");
+  EXPECT_EQ(t.gpus[0].nvlink_peers.size(), 2u);
+  EXPECT_EQ(t.driver_version, "999.99");
+  const auto m = gpu_pair_matrix(t);
+  EXPECT_EQ(m[0][1], "NV2");
+  EXPECT_EQ(m[1][0], "PXB");  // GPU 1's links are down in the stand-in
+}
+#endif
+
 }  // namespace
 }  // namespace hetrain::distributed
