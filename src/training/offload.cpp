@@ -14,21 +14,24 @@ namespace hetrain::training {
 bool offloads_optimizer(const TrainConfig& cfg) {
   if (cfg.offload == "none") return false;
   if (cfg.offload == "optimizer+params")
-    fail("[train] offload optimizer+params (parameter shards on the host under --zero 3) is not "
-         "implemented yet; --offload optimizer keeps the optimizer state and step on the host");
+    fail(
+        "[train] offload optimizer+params (parameter shards on the host under --zero 3) is not "
+        "implemented yet; --offload optimizer keeps the optimizer state and step on the host");
   if (cfg.offload != "optimizer")
     fail("[train] offload must be none, optimizer or optimizer+params, got '", cfg.offload, "'");
   if (cfg.zero > 0)
-    fail("[train] offload optimizer runs under --zero 0: ZeRO's optimizer shards already live on "
-         "the host (this run has --zero ",
-         cfg.zero, ")");
+    fail(
+        "[train] offload optimizer runs under --zero 0: ZeRO's optimizer shards already live on "
+        "the host (this run has --zero ",
+        cfg.zero, ")");
   const std::optional<Device> home = resolve_state_device(cfg);
   if (!home || home->kind == DeviceKind::cpu)
-    fail("[train] offload optimizer moves the optimizer state from an accelerator to the host, "
-         "but this run's parameters already live on the host (state-device ",
-         cfg.state_device,
-         ", no GPU among --devices): add a GPU or sim device to --devices and, for sim, "
-         "--state-device sim:N");
+    fail(
+        "[train] offload optimizer moves the optimizer state from an accelerator to the host, "
+        "but this run's parameters already live on the host (state-device ",
+        cfg.state_device,
+        ", no GPU among --devices): add a GPU or sim device to --devices and, for sim, "
+        "--state-device sim:N");
   return true;
 }
 
