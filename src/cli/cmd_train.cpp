@@ -34,7 +34,8 @@ const char* const kSettingFlags[] = {
     "widths",   "blocks",  "layers",   "heads",      "width",     "context",      "dropout",
     "precision", "grad-scaler", "loss-scale", "loss-scale-growth-interval", "loss-scale-floor",
     "grad-accum", "bucket-mb", "comm-timeout", "zero", "param-persistence-threshold",
-    "divergence-factor", "divergence-steps", "memory-budget", "recompute", "state-device"};
+    "divergence-factor", "divergence-steps", "memory-budget", "recompute", "state-device",
+    "offload"};
 // clang-format on
 // The run as a record of the planner's measured-runs file (docs/PLANNING.md): the model as
 // the planner describes it (IDX image sets are 28x28 grey images in 10 classes).
@@ -189,6 +190,11 @@ int cmd_train(const Args& args) {
               "or under --zero, where the scheduler places the step), cpu, or a device of "
               "--devices (cuda:N, sim:N)",
               "auto")
+      .option("offload", "WHAT",
+              "none, or optimizer: the optimizer state and step on the host while parameters "
+              "and gradients stay on the state device (a GPU, or a sim device); "
+              "optimizer+params is not implemented yet",
+              "none")
       .option("precision", "P",
               "fp32, bf16 or fp16: autocast runs matmul, conv and attention in bf16/fp16 and "
               "softmax, norms, losses and accumulating reductions in f32; parameters, gradients "

@@ -105,7 +105,15 @@ std::vector<int64_t> to_list(const std::string& key, const std::string& v,
   return out;
 }
 
-std::string check_state_device(const std::string& v, const std::string& origin) {
+/// A value of state-device or offload (where the model state lives), checked.
+std::string check_state_setting(const std::string& key, const std::string& v,
+                                const std::string& origin) {
+  if (key == "offload") {
+    if (v != "none" && v != "optimizer" && v != "optimizer+params")
+      fail("[train] ", origin, ": offload must be none, optimizer or optimizer+params, got '", v,
+           "'");
+    return v;
+  }
   if (v == "auto") return v;
   try {
     (void)Device::parse_name(v);
@@ -199,8 +207,8 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     if (v != "0" && v != "1" && v != "2" && v != "3")
       fail("[train] ", origin, ": zero must be 0, 1, 2 or 3 (the ZeRO stage), got '", v, "'");
     c.zero = v[0] - '0';
-  } else if (key == "state-device") {
-    c.state_device = check_state_device(v, origin);
+  } else if (key == "state-device" || key == "offload") {
+    (key == "offload" ? c.offload : c.state_device) = check_state_setting(key, v, origin);
   } else if (key == "comm-timeout")
     c.comm_timeout = d();
   else if (key == "precision") {

@@ -42,6 +42,7 @@
 #include "hetrain/training/nn.h"
 #include "hetrain/training/optim.h"
 #include "training/data_parallel.h"
+#include "training/offload.h"
 #include "training/run_output.h"
 #include "training/step.h"
 #include "training/train_checkpoint.h"
@@ -270,14 +271,16 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
   if (cfg.clip > 0) opt.clip_grad_norm(cfg.clip);
   {
     // The update runs where the model state lives: the new parameters and moments stay there,
-    // and the next step reads them without a copy.
+    // and the next step reads them without a copy. Under offload the optimizer state lives on
+    // the host: the update runs there and the new parameters go back to the state device.
     std::optional<DeviceScope> on;
-    if (const std::optional<Device> home = resolve_state_device(cfg)) on.emplace(*home);
+    if (const std::optional<Device> home = optimizer_step_device(cfg)) on.emplace(*home);
     if (scaler)
       scaler->step(opt);  // skipped (and counted) when a gradient is inf/NaN
     else
       opt.step();
   }
+  place_parameters(model, cfg);
   opt.zero_grad();
   if (scaler) {
     try {
@@ -387,6 +390,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
 TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::Communicator& comm) {
   validate(cfg);
   const std::optional<Device> state_device = resolve_state_device(cfg);
+  const bool offload = offloads_optimizer(cfg);
   MemoryBudgetScope budget(cfg.memory_budget);
   const int world = comm.size();
   const bool leader = comm.rank() == 0;  // the one voice: prints, logs, checkpoints
@@ -478,13 +482,18 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
         static_cast<long long>(cfg.batch_size), par.c_str(), num_threads(),
         world > 1 ? " per rank" : "", cfg.precision.c_str(),
         scaler ? " with dynamic loss scaling" : "",
-        state_device ? (", parameters and optimizer state on " + state_device->str()).c_str() : "");
+        !state_device ? ""
+        : offload
+            ? (", parameters on " + state_device->str() + ", optimizer state offloaded to cpu")
+                  .c_str()
+            : (", parameters and optimizer state on " + state_device->str()).c_str());
   }
   jlog.open();  // the inputs are good: the old log goes now
 
+  place_parameters(*model, cfg);  // under offload: on the state device from the first step
   host_allocator().reset_peak();
   for (const runtime::DeviceModel& m : runtime::config().devices)
-    if (m.device.kind == DeviceKind::cuda) allocator_for(m.device).reset_peak();
+    if (m.device.kind != DeviceKind::cpu) allocator_for(m.device).reset_peak();
   RssGrowth rss_growth;
   Progress progress(total, cfg.progress && leader);
   const auto t0 = Clock::now();
@@ -667,11 +676,18 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
       fin["zero_persistent_elements"] = sharded->persistent_elements();
     }
     if (r.peak_rss_growth_bytes >= 0) fin["peak_rss_growth_bytes"] = r.peak_rss_growth_bytes;
-    // GPU memory: the peak of each CUDA device's allocator over the run (all tags).
+    // Device memory: the peak of each CUDA or sim device's allocator over the run (all tags),
+    // and by tag (offload: no optimizer state there).
     for (const runtime::DeviceModel& m : runtime::config().devices)
-      if (m.device.kind == DeviceKind::cuda)
-        fin["device_peak_memory_bytes"][m.device.str()] =
-            allocator_for(m.device).stats().peak_total;
+      if (m.device.kind != DeviceKind::cpu) {
+        const MemoryStats ds = allocator_for(m.device).stats();
+        fin["device_peak_memory_bytes"][m.device.str()] = ds.peak_total;
+        for (int t = 0; t < kNumMemoryTags; ++t)
+          fin["device_memory_by_tag"][m.device.str()]
+             [std::string(memory_tag_name(static_cast<MemoryTag>(t)))] =
+                 ds.peak[static_cast<size_t>(t)];
+      }
+    if (offload) fin["offload"] = cfg.offload;
     if (scaler) fin["loss_scale"] = r.loss_scale;
     if (data.language) {
       fin["val_loss"] = r.val_loss;

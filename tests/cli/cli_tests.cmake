@@ -149,6 +149,7 @@ set_tests_properties(interop.onnx_node_random PROPERTIES TIMEOUT 300 SKIP_RETURN
 include(${CMAKE_CURRENT_LIST_DIR}/reliability.cmake)
 # Issue 23: the CPU allocator's capacity (--memory-budget) and the memory records of the log.
 add_test(NAME cli.memory_budget COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/memory_budget.sh ${HT})
+add_test(NAME cli.offload COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/offload.sh ${HT})
 set_tests_properties(cli.memory_budget PROPERTIES TIMEOUT 300)
 # Activation checkpointing: each --recompute mode bitwise equal to none (losses, checkpoints).
 add_test(NAME cli.recompute_bitwise_gpt

@@ -61,6 +61,10 @@ struct TrainConfig {
   // ZeRO, whose shards live on the host, wherever the scheduler places the step), cpu, or a
   // configured device (cuda:N, sim:N)
   std::string state_device = "auto";
+  // optimizer offload (training/offload.h): none, or optimizer (the optimizer state and step on
+  // the host while parameters and gradients stay on the state device, an accelerator);
+  // optimizer+params (zero 3's parameter shards on the host) is not implemented yet
+  std::string offload = "none";
   // mixed precision (graph/autocast.h, training/amp.h)
   std::string precision = "fp32";    // fp32 | bf16 | fp16
   std::string grad_scaler = "auto";  // auto (on for fp16 only) | on | off

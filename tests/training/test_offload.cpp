@@ -1,0 +1,167 @@
+// Optimizer offload (TrainConfig::offload): the optimizer state and step on the host while the
+// parameters and gradients live on the state device. A model that does not fit on a
+// capacity-limited sim:0 without offload (an out-of-memory error naming the device, the request
+// and the bytes by tag) trains with it, bitwise the same run on a sim device large enough.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "hetrain/base/error.h"
+#include "hetrain/graph/tensor.h"
+#include "hetrain/memory/allocator.h"
+#include "hetrain/runtime/scheduler.h"
+#include "hetrain/training/checkpoint.h"
+#include "hetrain/training/nn.h"
+#include "hetrain/training/trainer.h"
+
+using namespace hetrain;
+using namespace hetrain::training;
+namespace fs = std::filesystem;
+
+namespace {
+
+const Device kSim{DeviceKind::sim, 0};
+
+struct RunResult {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> params;
+  std::map<std::string, std::vector<float>> opt_state;
+  std::map<std::string, std::string> where;  // parameter -> device of its array
+  nlohmann::json final_log;
+  int64_t sim_peak = 0;
+};
+
+class Offload : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("hetrain_offload_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "corpus.txt") << std::string(4000, 'a') + "the quick brown fox jumps "
+                                       << "over the lazy dog, again and again and again.\n";
+    cfg_ = preset_config("gpt-mini");
+    cfg_.data = (dir_ / "corpus.txt").string();
+    cfg_.layers = 2;
+    cfg_.width = 64;
+    cfg_.heads = 2;
+    cfg_.context = 8;
+    cfg_.batch_size = 2;
+    cfg_.steps = 3;
+    cfg_.dropout = 0;
+    cfg_.threads = 1;
+    cfg_.progress = false;
+    cfg_.final_eval = false;
+    cfg_.state_device = "sim:0";
+  }
+  void TearDown() override {
+    runtime::configure({});
+    fs::remove_all(dir_);
+  }
+  /// A run whose every node is on sim:0 (pinned there) but the offloaded optimizer step.
+  RunResult run(const std::string& offload, int64_t capacity) {
+    const std::string mem = capacity > 0 ? ":mem=" + std::to_string(capacity) : "";
+    runtime::configure({.devices = runtime::parse_devices("cpu,sim:0" + mem),
+                        .placement = runtime::PlacementPolicy::heft});
+    TrainConfig c = cfg_;
+    c.offload = offload;
+    c.json_log = (dir_ / ("log_" + offload + ".jsonl")).string();
+    c.save_dir = (dir_ / ("ckpt_" + offload)).string();
+    RunResult r;
+    StepHooks hooks;
+    hooks.end = [&](int64_t, double loss) { r.losses.push_back(loss); };
+    hooks.finished = [&](nn::Module& model) {
+      for (auto& [name, p] : model.named_parameters()) {
+        r.where[name] = p->array().device().str();
+        r.params[name] = p->to_vector<float>();
+      }
+    };
+    {
+      DeviceScope on(kSim);
+      train(c, hooks);
+    }
+    r.sim_peak = allocator_for(kSim).stats().peak_total;
+    std::ifstream log(c.json_log);
+    for (std::string line; std::getline(log, line);) r.final_log = nlohmann::json::parse(line);
+    const checkpoint::Contents ck = checkpoint::read(c.save_dir);
+    for (const auto& [name, t] : ck.parts.at("train_state").tensors)
+      r.opt_state[name] = t.to_vector<float>();
+    return r;
+  }
+  fs::path dir_;
+  TrainConfig cfg_;
+};
+
+TEST_F(Offload, ModelThatDoesNotFitTrainsWithOffloadBitwiseTheLargeDeviceRun) {
+  const RunResult ref = run("none", 0);
+  const RunResult off = run("optimizer", 0);
+  ASSERT_EQ(ref.losses.size(), 3u);
+  EXPECT_EQ(off.losses, ref.losses);
+  EXPECT_EQ(off.params, ref.params);
+  ASSERT_FALSE(ref.opt_state.empty());
+  EXPECT_EQ(off.opt_state, ref.opt_state);
+  for (const auto& [name, dev] : off.where) EXPECT_EQ(dev, "sim:0") << name;
+
+  // Memory by tag: the moments on sim:0 without offload, on the host with it.
+  const nlohmann::json& ref_sim = ref.final_log.at("device_memory_by_tag").at("sim:0");
+  const nlohmann::json& off_sim = off.final_log.at("device_memory_by_tag").at("sim:0");
+  EXPECT_GT(ref_sim.at("optimizer_state").get<int64_t>(), 0);
+  EXPECT_EQ(off_sim.at("optimizer_state").get<int64_t>(), 0);
+  EXPECT_GT(off_sim.at("parameters").get<int64_t>(), 0);
+  EXPECT_GT(off_sim.at("gradients").get<int64_t>(), 0);
+  EXPECT_GT(off_sim.at("activations").get<int64_t>(), 0) << "the forward and backward ran there";
+  EXPECT_GT(off.final_log.at("peak_memory_bytes").at("optimizer_state").get<int64_t>(),
+            ref.final_log.at("peak_memory_bytes").at("optimizer_state").get<int64_t>());
+  EXPECT_EQ(off.final_log.at("offload"), "optimizer");
+
+  // A capacity between the two peaks: too small without offload, enough with it.
+  ASSERT_LT(off.sim_peak, ref.sim_peak);
+  const int64_t capacity = (off.sim_peak + ref.sim_peak) / 2;
+  try {
+    (void)run("none", capacity);
+    FAIL() << "no out-of-memory error at " << capacity << " bytes";
+  } catch (const OutOfMemoryError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("out of memory on sim:0"), std::string::npos) << m;
+    EXPECT_NE(m.find("optimizer_state"), std::string::npos) << m;
+    EXPECT_NE(m.find("parameters"), std::string::npos) << m;
+  }
+  const RunResult fits = run("optimizer", capacity);
+  EXPECT_EQ(fits.losses, ref.losses);
+  EXPECT_EQ(fits.params, ref.params);
+  EXPECT_EQ(fits.opt_state, ref.opt_state);
+  EXPECT_LE(fits.sim_peak, capacity);
+}
+
+TEST_F(Offload, CpuOnlyRunIsRefusedSayingWhy) {
+  runtime::configure({.devices = runtime::parse_devices("cpu,sim:0")});
+  TrainConfig c = cfg_;
+  c.offload = "optimizer";
+  c.state_device = "cpu";
+  try {
+    train(c, {});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already live on the host"), std::string::npos)
+        << e.what();
+  }
+  c.state_device = "sim:0";
+  c.offload = "optimizer+params";
+  EXPECT_THROW(train(c, {}), Error) << "not implemented yet";
+  try {
+    apply_setting(c, "offload", "gpu", "config.toml");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("offload must be none, optimizer or optimizer+params"),
+              std::string::npos)
+        << e.what();
+  }
+  apply_setting(c, "offload", "optimizer", "config.toml");
+  EXPECT_EQ(c.offload, "optimizer");
+}
+
+}  // namespace
