@@ -561,25 +561,27 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
   }
   // Hetrain's own engine, one device, nothing recomputed: its measured layout (the peak over
   // the step, which its memory model predicts: test_planning's EngineMemory).
-  const bool engine = m.engine == Engine::hetrain && st.recompute == Recompute::none &&
-                      st.tp == 1 && st.pp == 1 && st.offload == Offload::none &&
-                      job.precision == Precision::fp32;
+  const bool engine =
+      m.engine == Engine::hetrain && st.recompute == Recompute::none && st.tp == 1 && st.pp == 1;
+  // Its f32 layout without offload: the step's peak over data parallelism and ZeRO.
+  const bool engine_peak =
+      engine && st.offload == Offload::none && job.precision == Precision::fp32;
   if (engine) {
     mem.activations = hetrain_activation_bytes(m, st.micro_batch, 2 * act_scale);
-    // The rest of its step's peak (the update's new values, the buckets' buffers, stage 3's
-    // gathered parameters) is temporary: the peak less the model states and activations. (It
-    // replaces the generic stage-3 working set above.)
-    const double peak = hetrain_step_peak_bytes(P, p.dp, st.zero, mem.activations);
-    mem.temporary =
-        std::max(0.0, peak - (mem.weights + mem.gradients + mem.optimizer + mem.activations));
-  } else if (m.engine == Engine::hetrain && st.recompute == Recompute::none && st.tp == 1 &&
-             st.pp == 1) {
-    mem.activations = hetrain_activation_bytes(m, st.micro_batch, 2 * act_scale);
-    // Its optimizer evaluates the new parameters and state before the old ones go, once the
-    // activations are freed: the step's peak where they outweigh the activations.
-    mem.temporary += std::max(0.0, mem.weights + mem.optimizer - mem.activations);
+    if (engine_peak) {
+      // The rest of the peak (the update's new values, the buckets' buffers, stage 3's gathered
+      // parameters) is temporary: the peak less the model states and activations. (It replaces
+      // the generic stage-3 working set above.)
+      const double peak = hetrain_step_peak_bytes(P, p.dp, st.zero, mem.activations);
+      mem.temporary =
+          std::max(0.0, peak - (mem.weights + mem.gradients + mem.optimizer + mem.activations));
+    } else {
+      // Its optimizer evaluates the new parameters and state before the old ones go, once the
+      // activations are freed: the step's peak where they outweigh the activations.
+      mem.temporary += std::max(0.0, mem.weights + mem.optimizer - mem.activations);
+    }
   }
-  if (p.dp > 1 && !engine) mem.temporary += 2 * 25e6;  // gradient communication buckets
+  if (p.dp > 1 && !engine_peak) mem.temporary += 2 * 25e6;  // gradient communication buckets
   mem.total =
       mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.temporary + mem.reserved;
   p.fits = mem.total <= mem.capacity && mem.host_per_device <= mem.host_capacity;

@@ -11,8 +11,10 @@
 
 namespace hetrain::training {
 
-bool offloads_optimizer(const TrainConfig& cfg) {
-  if (cfg.offload == "none") return false;
+bool offloads_optimizer(const TrainConfig& cfg) { return cfg.offload == "optimizer"; }
+
+void check_offload(const TrainConfig& cfg) {
+  if (cfg.offload == "none") return;
   if (cfg.offload == "optimizer+params")
     fail(
         "[train] offload optimizer+params (parameter shards on the host under --zero 3) is not "
@@ -32,7 +34,6 @@ bool offloads_optimizer(const TrainConfig& cfg) {
         cfg.state_device,
         ", no GPU among --devices): add a GPU or sim device to --devices and, for sim, "
         "--state-device sim:N");
-  return true;
 }
 
 std::optional<Device> optimizer_step_device(const TrainConfig& cfg) {

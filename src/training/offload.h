@@ -13,8 +13,12 @@
 
 namespace hetrain::training {
 
-/// Whether cfg offloads the optimizer ("optimizer"); throws, saying why, for an offload the run
-/// cannot do: without an accelerator as state device (a CPU-only run), or optimizer+params.
+/// Throws, saying why, for an offload the run cannot do: without an accelerator as state device
+/// (a CPU-only run), under ZeRO, optimizer+params, or an unknown value. train() calls it once.
+void check_offload(const TrainConfig& cfg);
+
+/// Whether cfg offloads the optimizer ("optimizer"; a config check_offload accepted). Cheap:
+/// the training step asks it twice a step.
 bool offloads_optimizer(const TrainConfig& cfg);
 
 /// Where the optimizer step runs: the host under offload, else the state device (none: the

@@ -390,6 +390,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks) {
 TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::Communicator& comm) {
   validate(cfg);
   const std::optional<Device> state_device = resolve_state_device(cfg);
+  check_offload(cfg);
   const bool offload = offloads_optimizer(cfg);
   MemoryBudgetScope budget(cfg.memory_budget);
   const int world = comm.size();
