@@ -5,8 +5,9 @@
 # exception, timeout, out-of-memory) fails the script and leaves its input in
 # build-asan/fuzz-findings/. docs/FUZZING.md says how to run them longer.
 # Usage: tools/run_fuzzers.sh [SECONDS_EACH (default 20)] [TARGET...]
-# FUZZ_SEED=N fixes libFuzzer's random seed (CI sets it, so a CI finding comes back when the
-# command is run again); unset, each run draws a new seed and explores further.
+# FUZZ_SEED=N fixes libFuzzer's random seed; unset (as in CI), each run draws a new seed and
+# explores further. A finding prints the seed it ran with and the input it failed on, so
+# `FUZZ_SEED=N tools/run_fuzzers.sh 10 TARGET` explores the same way again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-20}
@@ -35,7 +36,11 @@ for t in "${targets[@]}"; do
     echo "fuzz_$t: $((($(date +%s) - start))) s, ${runs:-?} inputs, ${cov:-cov: ?}, no finding"
   else
     echo "fuzz_$t: FINDING (log: $findings/$t.log)"
-    grep -E "ERROR|SUMMARY|uncaught|terminate|==[0-9]+==" "$findings/$t.log" | head -20
+    grep -E "INFO: Seed:|ERROR|SUMMARY|uncaught|terminate|==[0-9]+==" "$findings/$t.log" | head -20
+    # The failing input, as text where it is printable (most targets read text formats).
+    for a in "$findings/$t"-*; do
+      [ -f "$a" ] && { echo "input $a:"; head -c 600 "$a" | cat -v; echo; }
+    done
     failed+=("$t")
   fi
   rm -rf "$scratch"

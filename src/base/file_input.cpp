@@ -50,4 +50,19 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
   }
 }
 
+std::string json_string(const nlohmann::json& o, const char* key, const std::string& dflt,
+                        const std::string& where) {
+  if (!o.is_object()) return dflt;
+  const auto it = o.find(key);
+  if (it == o.end()) return dflt;
+  if (!it->is_string()) fail(where, ": '", key, "' must be a string, got ", it->dump());
+  return it->get<std::string>();
+}
+
+bool json_version_is(const nlohmann::json& o, int v) {
+  if (!o.is_object()) return false;
+  const auto it = o.find("version");
+  return it != o.end() && it->is_number() && *it == v;
+}
+
 }  // namespace hetrain

@@ -53,7 +53,8 @@ void store_comm_table(const std::string& path, const nlohmann::json& table) {
   nlohmann::json comm = nlohmann::json::array();
   if (prof.contains("comm") && prof["comm"].is_array())
     for (const auto& t : prof["comm"])
-      if (!t.is_object() || t.value("world_size", 0) != table["world_size"].get<int>())
+      if (!t.is_object() || t.find("world_size") == t.end() ||
+          t["world_size"] != table["world_size"])
         comm.push_back(t);
   comm.push_back(table);
   prof["comm"] = comm;

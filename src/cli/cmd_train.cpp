@@ -10,6 +10,7 @@
 #include "cli/config_flags.h"
 #include "cli/onnx_cli.h"
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_input.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/distributed/mpi.h"
 #include "hetrain/insight/device_profile.h"
@@ -91,8 +92,8 @@ void append_measured_run(const std::string& path, const nlohmann::json& rec) {
   nlohmann::json doc = {{"version", 1}, {"runs", nlohmann::json::array()}};
   if (std::ifstream in(path); in) {
     nlohmann::json old = nlohmann::json::parse(in, nullptr, false);
-    if (old.is_discarded() || !old.is_object() || old.value("version", 0) != 1 ||
-        !old.contains("runs") || !old["runs"].is_array()) {
+    if (old.is_discarded() || !json_version_is(old, 1) || !old.contains("runs") ||
+        !old["runs"].is_array()) {
       std::fprintf(stderr, "warning: %s is not a measured-runs file; run not recorded\n",
                    path.c_str());
       return;

@@ -307,8 +307,7 @@ bool Catalog::load_device_profile(const std::string& path, std::string* warning)
   if (!std::filesystem::exists(path, ec)) return false;
   try {
     json j = read_json_file(path, "device profile");
-    if (!j.is_object() || j.value("version", 0) != 1)
-      fail("expected an object with \"version\": 1");
+    if (!json_version_is(j, 1)) fail("expected an object with \"version\": 1");
     // A profile `hetrain bench` wrote on another CPU or with another version describes
     // other hardware or another engine; a hand-written one (no such fields) is taken as is.
     if (j.contains("cpu_model") && j["cpu_model"] != cpu_features().model)

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "hetrain/base/error.h"
+#include "hetrain/base/file_input.h"
 
 namespace hetrain::planning {
 
@@ -32,8 +33,8 @@ CommTable CommTable::from_json(const json& j, const std::string& where) {
       ws->get<int64_t>() > 1000000)
     fail("[plan] ", where, ": field 'world_size' must be an integer in [1, 1000000]");
   t.world_size = ws->get<int>();
-  t.backend = j.value("backend", std::string());
-  t.date = j.value("date", std::string());
+  t.backend = json_string(j, "backend", "", "[plan] " + where);
+  t.date = json_string(j, "date", "", "[plan] " + where);
   auto rows = j.find("rows");
   if (rows == j.end() || !rows->is_array() || rows->empty())
     fail("[plan] ", where, ": field 'rows' must be a non-empty array");

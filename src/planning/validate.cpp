@@ -61,7 +61,7 @@ bool flag(const json& o, const char* key, bool dflt, const std::string& where) {
 // RMSNorm, SwiGLU, no biases, untied) with the published shape.
 ModelSpec model_from(const json& m, const std::string& where) {
   if (!m.is_object()) fail("[plan] ", where, ": 'model' must be an object");
-  const std::string fam = m.value("family", std::string());
+  const std::string fam = json_string(m, "family", "", "[plan] " + where + " model");
   if (fam != "gpt" && fam != "llama")
     fail("[plan] ", where, ": model.family must be \"gpt\" or \"llama\", got '", fam, "'");
   ModelSpec spec =
@@ -104,25 +104,29 @@ PublishedRun run_from(const json& e, const std::string& file, size_t index) {
   std::string where = file + ": runs[" + std::to_string(index) + "]";
   if (!e.is_object()) fail("[plan] ", where, ": expected an object");
   PublishedRun r;
-  r.id = e.value("id", std::string());
+  auto text = [&](const char* key, const std::string& dflt = "") {
+    return json_string(e, key, dflt, "[plan] " + where);
+  };
+  r.id = text("id");
   if (r.id.empty()) fail("[plan] ", where, ": 'id' must be a non-empty string");
   where = file + ": run '" + r.id + "'";
-  r.split = e.value("split", std::string());
+  r.split = text("split");
   if (r.split != "train" && r.split != "held-out")
     fail("[plan] ", where, ": 'split' must be \"train\" or \"held-out\"");
-  r.source = e.value("source", std::string());
+  r.source = text("source");
   if (r.source.empty()) fail("[plan] ", where, ": 'source' (the citation) is missing");
-  r.software = e.value("software", std::string());
+  r.software = text("software");
   if (r.software.empty())
     fail("[plan] ", where, ": 'software' (the training code the run used) is missing");
-  r.params_reported = e.value("params_reported", std::string());
-  r.strategy_note = e.value("strategy_note", std::string());
+  r.params_reported = text("params_reported");
+  r.strategy_note = text("strategy_note");
   r.job.model = model_from(e.value("model", json()), where);
   r.job.model.name = r.id;
-  r.hardware = e.value("hardware", std::string());
+  r.hardware = text("hardware");
   if (r.hardware.empty()) fail("[plan] ", where, ": 'hardware' must be a catalog id");
   if (e.contains("cluster")) {
     const json& c = e["cluster"];
+    if (!c.is_object()) fail("[plan] ", where, ": 'cluster' must be an object");
     if (c.contains("network_gbs_per_device"))
       r.network_gbs = positive(c, "network_gbs_per_device", where + " cluster");
     if (c.contains("gpus_per_node"))
@@ -133,14 +137,15 @@ PublishedRun run_from(const json& e, const std::string& file, size_t index) {
   r.job.tokens = e.contains("tokens") && !e["tokens"].is_null()
                      ? positive(e, "tokens", where)
                      : static_cast<double>(r.job.global_batch * r.job.model.tf.seq);
-  r.job.precision = precision_from_string(e.value("precision", std::string("bf16")));
-  const std::string attn = e.value("attention", std::string());
+  r.job.precision = precision_from_string(text("precision", "bf16"));
+  const std::string attn = text("attention");
   if (attn != "fused" && attn != "unfused")
     fail("[plan] ", where, ": 'attention' must be \"fused\" or \"unfused\"");
   r.job.fused_attention = attn == "fused";
   if (e.contains("strategy")) {
     const json& s = e["strategy"];
     const std::string sw = where + " strategy";
+    if (!s.is_object()) fail("[plan] ", where, ": 'strategy' must be an object");
     if (s.contains("tp")) r.tp = static_cast<int>(count(s, "tp", sw));
     if (s.contains("pp")) r.pp = static_cast<int>(count(s, "pp", sw));
     if (s.contains("zero")) {
@@ -148,8 +153,10 @@ PublishedRun run_from(const json& e, const std::string& file, size_t index) {
         fail("[plan] ", sw, ": 'zero' must be 0, 1, 2 or 3");
       r.zero = s["zero"].get<int>();
     }
-    if (s.contains("offload")) r.offload = offload_from_string(s.value("offload", ""));
-    if (s.contains("recompute")) r.recompute = recompute_from_string(s.value("recompute", ""));
+    if (s.contains("offload"))
+      r.offload = offload_from_string(json_string(s, "offload", "", "[plan] " + sw));
+    if (s.contains("recompute"))
+      r.recompute = recompute_from_string(json_string(s, "recompute", "", "[plan] " + sw));
     if (s.contains("micro_batch")) r.micro_batch = count(s, "micro_batch", sw);
     if (s.contains("recompute_layers")) {
       if (!s["recompute_layers"].is_number_integer() || s["recompute_layers"].get<int>() < 0)
@@ -157,7 +164,7 @@ PublishedRun run_from(const json& e, const std::string& file, size_t index) {
       r.recompute_layers = s["recompute_layers"].get<int>();
     }
     r.overlap_dp = flag(s, "dp_overlap", true, sw);
-    const std::string schedule = s.value("schedule", std::string("1f1b"));
+    const std::string schedule = json_string(s, "schedule", "1f1b", "[plan] " + sw);
     if (schedule != "1f1b" && schedule != "interleaved")
       fail("[plan] ", sw, ": 'schedule' must be \"1f1b\" or \"interleaved\", got '", schedule, "'");
     if (schedule == "interleaved")
@@ -167,9 +174,9 @@ PublishedRun run_from(const json& e, const std::string& file, size_t index) {
   }
   const json rep = e.value("reported", json());
   if (!rep.is_object()) fail("[plan] ", where, ": 'reported' must be an object");
-  r.metric = metric_from(rep.value("metric", std::string()), where);
+  r.metric = metric_from(json_string(rep, "metric", "", "[plan] " + where + " reported"), where);
   r.reported = positive(rep, "value", where + " reported");
-  r.text = rep.value("text", std::string());
+  r.text = json_string(rep, "text", "", "[plan] " + where + " reported");
   return r;
 }
 
@@ -269,7 +276,7 @@ SplitSummary summarise(const std::vector<double>& errs) {
 
 std::vector<PublishedRun> load_published_runs(const std::string& path) {
   const json j = read_json_file(path, "[plan] published-runs file");
-  if (!j.is_object() || j.value("version", 0) != 1 || !j.contains("runs") || !j["runs"].is_array())
+  if (!j.is_object() || !json_version_is(j, 1) || !j.contains("runs") || !j["runs"].is_array())
     fail("[plan] published-runs file '", path, "': expected {\"version\": 1, \"runs\": [...]}");
   std::vector<PublishedRun> runs;
   size_t i = 0;

@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "hetrain/base/error.h"
 #include "hetrain/planning/calibration.h"
@@ -151,6 +154,42 @@ TEST(PlanValidate, BadFileNamesRunAndField) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("run 'x': reported.metric must be"), std::string::npos)
         << e.what();
+  }
+  fs::remove(p);
+}
+
+// Fields of the wrong JSON type are errors naming the file and field, never nlohmann's own
+// type_error (which names neither: the fuzzer found `"version": "1"` and `"id": 5`).
+TEST(PlanValidate, WrongTypesAreErrorsNamingTheField) {
+  const std::string run_head = R"({"id": "x", "split": "train", "source": "s",
+    "software": "llm.c",
+    "model": {"family": "gpt", "layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 100},
+    "hardware": "a100-80gb-sxm", "gpus": 8, "global_batch": 8, "attention": "fused",
+    "reported": {"metric": "mfu", "value": 0.4})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"version": "1", "runs": []})", "expected {\"version\": 1"},
+      {R"({"version": 1, "runs": [{"id": 5}]})", "runs[0]: 'id' must be a string, got 5"},
+      {R"({"version": 1, "runs": [)" + run_head + R"(, "strategy": 3}]})",
+       "run 'x': 'strategy' must be an object"},
+      {R"({"version": 1, "runs": [)" + run_head + R"(, "cluster": []}]})",
+       "run 'x': 'cluster' must be an object"},
+      {R"({"version": 1, "runs": [)" + run_head + R"(, "strategy": {"schedule": 1}}]})",
+       "run 'x' strategy: 'schedule' must be a string, got 1"},
+      {R"({"version": 1, "runs": [)" + run_head + R"(, "strategy": {"offload": true}}]})",
+       "run 'x' strategy: 'offload' must be a string, got true"},
+      {R"({"version": 1, "runs": [)" + run_head + R"(, "precision": null}]})",
+       "run 'x': 'precision' must be a string, got null"},
+  };
+  const fs::path p = fs::temp_directory_path() / "hetrain_wrong_types.json";
+  for (const auto& [text, expected] : cases) {
+    std::ofstream(p) << text;
+    try {
+      load_published_runs(p.string());
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(p.string()), std::string::npos) << e.what();
+    }
   }
   fs::remove(p);
 }

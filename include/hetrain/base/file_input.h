@@ -19,4 +19,13 @@ std::string read_input_file(const std::string& path, const std::string& what);
 /// nlohmann::json reports as out_of_range rather than parse_error), are errors naming the file.
 nlohmann::json read_json_file(const std::string& path, const std::string& what);
 
+/// o[key] as a string: `dflt` where o has no such key (or is not an object), an Error
+/// "<where>: '<key>' must be a string, got <json>" where the value is of another type.
+/// nlohmann's own `value()` would throw its type_error, which names no field.
+std::string json_string(const nlohmann::json& o, const char* key, const std::string& dflt,
+                        const std::string& where);
+
+/// Whether o is an object whose "version" is the number v (a string "1" is not).
+bool json_version_is(const nlohmann::json& o, int v);
+
 }  // namespace hetrain
