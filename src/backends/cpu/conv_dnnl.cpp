@@ -13,8 +13,6 @@
 // (measured with bench/bench_conv.cpp).
 #include "backends/cpu/conv_dnnl.h"
 
-#include <omp.h>
-
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -29,6 +27,7 @@
 #include <vector>
 
 #include "backends/cpu/compute_buffers.h"
+#include "backends/cpu/omp_single.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/dtype.h"
 #include "hetrain/base/thread_pool.h"
@@ -72,22 +71,6 @@ Operand operand(int arg, bool output, const memory::desc& plain, const memory::d
   }
   return op;
 }
-
-/// oneDNN's OpenMP team at one thread for the current scope (the setting is per thread).
-class SingleOmpThread {
- public:
-  SingleOmpThread() : saved_(omp_get_max_threads()) {
-    if (saved_ != 1) omp_set_num_threads(1);
-  }
-  ~SingleOmpThread() {
-    if (saved_ != 1) omp_set_num_threads(saved_);
-  }
-  SingleOmpThread(const SingleOmpThread&) = delete;
-  SingleOmpThread& operator=(const SingleOmpThread&) = delete;
-
- private:
-  int saved_;
-};
 
 /// In f32 Hetrain's own kernels take 1x1 convolutions and narrow ones (fewer than 8 channels in
 /// or out). In bf16 oneDNN's kernels are the only 16-bit ones: the alternative converts to f32

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/omp_single.h"
 #include "graph/prims/elementwise.h"
 #include "graph/prims/linalg.h"
 #include "hetrain/base/cpu_features.h"
@@ -30,9 +31,7 @@ std::optional<MatrixLayout> matrix_layout(int64_t rows, int64_t cols, int64_t s0
 }
 
 namespace {
-/// OpenBLAS runs single-threaded; Hetrain's pool splits large GEMMs into row or column
-/// blocks instead. OpenBLAS's own threads, beside a pool that is already running other nodes,
-/// spin against it: a GPT step with 256-wide layers took 3x longer on 2 threads than on one.
+/// OpenBLAS runs single-threaded, on gemm_blocks' blocks.
 void single_threaded_blas() {
   static const bool once = [] {
     openblas_set_num_threads(1);
@@ -42,27 +41,10 @@ void single_threaded_blas() {
 }
 }  // namespace
 
-void sgemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm_blocks(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+                 int64_t ldc,
+                 const std::function<void(int64_t, int64_t, int64_t, int64_t, int64_t)>& block) {
   if (M == 0 || N == 0) return;
-  dnnl_status_t st =
-      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  if (st != dnnl_success)
-    fail("[matmul] oneDNN sgemm failed (status ", static_cast<int>(st), ") for M=", M, " N=", N,
-         " K=", K);
-}
-
-void sgemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  single_threaded_blas();
-  auto gemm = [&](int64_t m, int64_t n, const float* a, const float* b, float* c) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(K), alpha, a,
-                static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-                static_cast<blasint>(ldc));
-  };
-  // Blocks of at least ~4 MFLOP and 32 rows/columns; a small GEMM is one block, run inline.
   const int64_t flops_per_line = 2 * std::max<int64_t>(K, 1) * std::min(M, N);
   // One block per thread at most: each block packs the shared operand again.
   const int64_t lines = std::max(M, N), threads = num_threads();
@@ -70,13 +52,38 @@ void sgemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
                                   (int64_t{4} << 20) / std::max<int64_t>(flops_per_line, 1)});
   if (M >= N) {
     parallel_for(M, grain, [&](int64_t lo, int64_t hi) {
-      gemm(hi - lo, N, ta ? A + lo : A + lo * lda, B, C + lo * ldc);
+      block(hi - lo, N, ta ? lo : lo * lda, 0, lo * ldc);
     });
   } else {
-    parallel_for(N, grain, [&](int64_t lo, int64_t hi) {
-      gemm(M, hi - lo, A, tb ? B + lo * ldb : B + lo, C + lo);
-    });
+    parallel_for(N, grain,
+                 [&](int64_t lo, int64_t hi) { block(M, hi - lo, 0, tb ? lo * ldb : lo, lo); });
   }
+}
+
+void sgemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm_blocks(ta, tb, M, N, K, lda, ldb, ldc,
+              [&](int64_t m, int64_t n, int64_t ao, int64_t bo, int64_t co) {
+                SingleOmpThread one;
+                const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, K, alpha,
+                                                    A + ao, lda, B + bo, ldb, beta, C + co, ldc);
+                if (st != dnnl_success)
+                  fail("[matmul] oneDNN sgemm failed (status ", static_cast<int>(st), ") for M=", m,
+                       " N=", n, " K=", K);
+              });
+}
+
+void sgemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  single_threaded_blas();
+  gemm_blocks(ta, tb, M, N, K, lda, ldb, ldc,
+              [&](int64_t m, int64_t n, int64_t ao, int64_t bo, int64_t co) {
+                cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                            tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+                            static_cast<blasint>(n), static_cast<blasint>(K), alpha, A + ao,
+                            static_cast<blasint>(lda), B + bo, static_cast<blasint>(ldb), beta,
+                            C + co, static_cast<blasint>(ldc));
+              });
 }
 
 SgemmPath sgemm_path() {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -15,6 +16,19 @@ struct MatrixLayout {
 };
 /// How a rows x cols matrix with strides (s0, s1) can be passed to a GEMM, if at all.
 std::optional<MatrixLayout> matrix_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1);
+
+/// C = op(A) @ op(B) (M x N, inner size K) split into row blocks (M >= N) or column blocks, at
+/// most one per thread of Hetrain's pool and at least about 4 MFLOP and 32 lines each (a small
+/// GEMM is one block, run inline), run on the pool: block(m, n, a_off, b_off, c_off) computes the
+/// m x n block whose first elements are at those offsets (in elements) of A, B and C. The GEMM
+/// libraries run single-threaded inside: their own threads, beside a pool already running other
+/// nodes, spin against it (a GPT step with 256-wide layers took 3x longer on 2 threads than on 1).
+/// A block is the same whole rows or columns whatever the split, so each element of C sums the
+/// same products in the library's order.
+void gemm_blocks(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+                 int64_t ldc,
+                 const std::function<void(int64_t m, int64_t n, int64_t a_off, int64_t b_off,
+                                          int64_t c_off)>& block);
 
 /// C = alpha * op(A) @ op(B) + beta * C, through the faster of the two below on this CPU
 /// (sgemm_path()).

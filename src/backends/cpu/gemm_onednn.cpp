@@ -2,6 +2,12 @@
 // is created, by what the CPU has: AMX tiles, AVX512-BF16, or (on CPUs with neither) an
 // emulation. Primitives are cached by shape and layout, so a training loop creates each
 // one once.
+//
+// Unlike the f32 GEMMs (gemm_blocks), the call runs whole on oneDNN's own OpenMP team: built
+// single-threaded on gemm_blocks' blocks, oneDNN 2.6 gives the weight-gradient shapes (A
+// transposed, M of 64-256 against K = 2048) its non-AMX gemm:jit kernel and runs the rest at
+// lower rates; gpt-mini's bf16 step took 1.11x as long that way on an AMX Xeon
+// (docs/PERFORMANCE.md, 2026-12-05).
 #include <cstdlib>
 #include <cstring>
 #include <map>
