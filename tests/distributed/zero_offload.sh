@@ -6,7 +6,8 @@
 #   --zero 3 (no offload): parameter shards, gradient buffers and optimizer state on sim:0, no
 #     parameters or optimizer state on the host;
 #   --zero 3 --offload optimizer+params: the optimizer state and the parameter shards on the host,
-#     only the gathered buckets' parameters on sim:0 (fewer bytes than shard + buckets);
+#     only the gathered buckets' parameters on sim:0 (fewer bytes than shard + buckets, and than
+#     the whole model);
 #   sim:0:mem=<between the two stage-3 peaks>: without offload an out-of-memory error naming
 #     sim:0, the request and the bytes by tag; with optimizer+params the run completes.
 # Every run's consolidated checkpoint and logged losses equal --zero 0's on the host.
@@ -50,6 +51,10 @@ for t in ("optimizer_state", "parameters"):
 assert sim["s3"]["gradients"] > 0, sim["s3"]
 assert host["p3"]["parameters"] > 0, host["p3"]
 assert sim["p3"]["parameters"] < sim["s3"]["parameters"], (sim["p3"], sim["s3"])
+# The gathered working set on sim:0 is a few buckets, not the whole model (4P: twice a rank's
+# shard at the update, 4P/2): the device runs its nodes in plan order, not every gather at once.
+whole = 2 * fin["p3"]["rank_memory"][0]["at_update_bytes"]["parameters"]
+assert sim["p3"]["parameters"] < whole, ("gathered working set", sim["p3"], whole)
 assert fin["p3"]["offload"] == "optimizer+params" and fin["p3"]["zero"] == 3, fin["p3"]
 a, b = fin["p3"]["device_peak_memory_bytes"]["sim:0"], fin["s3"]["device_peak_memory_bytes"]["sim:0"]
 assert a < b, (a, b)
