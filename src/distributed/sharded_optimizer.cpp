@@ -273,15 +273,19 @@ void ShardedOptimizer::step() {
            "and needs a gradient for every parameter");
   // The model states' moment: parameters, reduced gradients and optimizer state all live, on
   // the host and on the devices they call home.
-  std::array<int64_t, kNumMemoryTags> live = host_allocator().stats().current;
+  std::array<int64_t, kNumMemoryTags> on_devices{};
   std::vector<Device> counted{Device::cpu()};
   for (Device d : {homes_.parameters, homes_.optimizer, homes_.gathered, reducer_.buffers()})
     if (std::find(counted.begin(), counted.end(), d) == counted.end()) {
       counted.push_back(d);
       const MemoryStats st = allocator_for(d).stats();
-      for (size_t t = 0; t < live.size(); ++t) live[t] += st.current[t];
+      for (size_t t = 0; t < on_devices.size(); ++t) on_devices[t] += st.current[t];
     }
-  for (size_t t = 0; t < at_update_.size(); ++t) at_update_[t] = std::max(at_update_[t], live[t]);
+  const MemoryStats host = host_allocator().stats();
+  for (size_t t = 0; t < at_update_.size(); ++t) {
+    at_update_[t] = std::max(at_update_[t], host.current[t] + on_devices[t]);
+    at_update_device_[t] = std::max(at_update_device_[t], on_devices[t]);
+  }
   inner_->set_lr(lr_);
   inner_->step();
   // The updated shards into the flat parameters (every rank's, gathered).

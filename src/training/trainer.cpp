@@ -631,7 +631,10 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   r.peak_memory_bytes["total"] = stats.peak_total;
   r.peak_rss_growth_bytes = rss_grown.value_or(-1);
   const nlohmann::json ranks_memory =
-      rank_memory(comm, stats, sharded ? &sharded->model_state_bytes() : nullptr);
+      rank_memory(comm, stats, sharded ? &sharded->model_state_bytes() : nullptr,
+                  sharded && flat_buffer_home(cfg).kind != DeviceKind::cpu
+                      ? &sharded->device_model_state_bytes()
+                      : nullptr);
   // Stage 3: the whole parameters once more, for what reads them now (after the memory figures).
   if (sharded) sharded->unshard_parameters();
   if (world > 1) {

@@ -107,6 +107,10 @@ class ShardedOptimizer final : public optim::Optimizer {
   /// Bytes by memory tag live on this rank just before an optimizer update (the model states'
   /// moment), the largest seen since construction: the host's and the homes' devices' together.
   const std::array<int64_t, kNumMemoryTags>& model_state_bytes() const { return at_update_; }
+  /// The part of model_state_bytes() on the state device (zeros when the homes are the host).
+  const std::array<int64_t, kNumMemoryTags>& device_model_state_bytes() const {
+    return at_update_device_;
+  }
   /// Elements of padding in the flat buffers (all buckets, shard * N - numel).
   int64_t padding() const;
   /// Elements of the buckets kept whole under stage 3 (persistent parameters and their padding).
@@ -137,6 +141,7 @@ class ShardedOptimizer final : public optim::Optimizer {
   std::vector<Tensor> shard_;  // per bucket: the view this rank updates
   std::unique_ptr<optim::Optimizer> inner_;
   std::array<int64_t, kNumMemoryTags> at_update_{};
+  std::array<int64_t, kNumMemoryTags> at_update_device_{};
   std::unique_ptr<ParamGatherer> gatherer_;  // stage 3
 };
 
