@@ -2,7 +2,7 @@
 # ZeRO with a sim state device under `mpirun -np 2` (each rank has its own sim:0): the model
 # states live where --state-device and --offload say, the bits are stage 0's, and a capacity
 # between two measured device peaks fits only the offloaded run.
-#   --zero 1|2 --offload optimizer: no optimizer state on sim:0, all of it on the host;
+#   --zero 0|1|2 --offload optimizer: no optimizer state on sim:0, all of it on the host;
 #   --zero 3 (no offload): parameter shards, gradient buffers and optimizer state on sim:0, no
 #     parameters or optimizer state on the host;
 #   --zero 3 --offload optimizer+params: the optimizer state and the parameter shards on the host,
@@ -30,6 +30,10 @@ run() {  # run NAME DEVICES ARGS...: true when the run completed
     --save "$dir/$name" --json-log "$dir/$name.jsonl" > "$dir/$name.out" 2>&1
 }
 run z0 cpu --zero 0 || { cat "$dir/z0.out"; die "zero 0 failed"; }
+# Stage 0 over 2 ranks (the sharded optimizer's data-parallel layout): its parameters are views
+# of flat buffers on sim:0, updated in place (before, offload copied them out of the buffers and
+# the updates were lost).
+run o0 cpu,sim:0 --zero 0 "${sim[@]}" --offload optimizer || { cat "$dir/o0.out"; die "o0"; }
 run o1 cpu,sim:0 --zero 1 "${sim[@]}" --offload optimizer || { cat "$dir/o1.out"; die "o1"; }
 run o2 cpu,sim:0 --zero 2 "${sim[@]}" --offload optimizer || { cat "$dir/o2.out"; die "o2"; }
 run s3 cpu,sim:0 --zero 3 "${sim[@]}" || { cat "$dir/s3.out"; die "zero 3 on sim:0 failed"; }
@@ -39,10 +43,10 @@ cap=$(python3 - "$dir" <<'EOF'
 import json, sys
 d = sys.argv[1]
 fin = {n: [json.loads(l) for l in open(f"{d}/{n}.jsonl") if '"final"' in l][0]
-       for n in ("o1", "o2", "s3", "p3")}
+       for n in ("o0", "o1", "o2", "s3", "p3")}
 sim = {n: f["device_memory_by_tag"]["sim:0"] for n, f in fin.items()}
 host = {n: f["peak_memory_bytes"] for n, f in fin.items()}
-for n in ("o1", "o2", "p3"):
+for n in ("o0", "o1", "o2", "p3"):
     assert sim[n]["optimizer_state"] == 0 and host[n]["optimizer_state"] > 0, (n, sim[n], host[n])
     assert sim[n]["parameters"] > 0 and sim[n]["gradients"] > 0, (n, sim[n])
 # (Backward's gradients are made wherever the scheduler runs backward's nodes, the host too.)
@@ -70,7 +74,7 @@ run fits cpu,sim:0:mem=$cap --zero 3 "${sim[@]}" --offload optimizer+params \
   || { cat "$dir/fits.out"; die "optimizer+params did not fit $cap bytes of sim:0"; }
 losses() { grep -o '"loss":[^,]*' "$1"; }
 status=0
-for name in o1 o2 s3 p3 fits; do
+for name in o0 o1 o2 s3 p3 fits; do
   "$ht" checkpoint consolidate "$dir/$name" -o "$dir/$name.c" > /dev/null || die "consolidate $name"
   for f in model.1.safetensors train_state.1.safetensors; do
     cmp -s "$dir/z0/$f" "$dir/$name.c/$f" || { echo "FAIL: $name: $f differs from zero 0's"; status=1; }
@@ -78,6 +82,6 @@ for name in o1 o2 s3 p3 fits; do
   [[ "$(losses "$dir/z0.jsonl")" == "$(losses "$dir/$name.jsonl")" ]] \
     || { echo "FAIL: $name: logged losses differ from zero 0's"; status=1; }
 done
-[[ $status == 0 ]] && echo "zero offload -np 2: stages 1-2 with optimizer offload and stage 3" \
+[[ $status == 0 ]] && echo "zero offload -np 2: stages 0-2 with optimizer offload and stage 3" \
   "with optimizer+params on sim:0 equal zero 0; $cap bytes of sim:0 fit only the offloaded run"
 exit $status
