@@ -188,13 +188,15 @@ int cmd_train(const Args& args) {
       .option("state-device", "DEV",
               "where parameters and optimizer state live and the optimizer step runs, so that "
               "they stay there between steps: auto (the first GPU in --devices; without one, "
-              "or under --zero, where the scheduler places the step), cpu, or a device of "
-              "--devices (cuda:N, sim:N)",
+              "or under --zero, the host and where the scheduler places the step), cpu, or a "
+              "device of --devices (cuda:N, sim:N; under --zero, whose shards and gradient "
+              "buffers then live there, sim:N only)",
               "auto")
       .option("offload", "WHAT",
               "none, or optimizer: the optimizer state and step on the host while parameters "
-              "and gradients stay on the state device (a GPU, or a sim device); "
-              "optimizer+params is not implemented yet",
+              "and gradients stay on the state device (a GPU, or a sim device); or "
+              "optimizer+params (--zero 3): the parameter shards on the host too, each bucket "
+              "gathered onto the state device where it is read and freed after",
               "none")
       .option("precision", "P",
               "fp32, bf16 or fp16: autocast runs matmul, conv and attention in bf16/fp16 and "

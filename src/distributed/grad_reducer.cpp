@@ -62,9 +62,9 @@ GradReducer::GradReducer(std::vector<Tensor*> params, Communicator& comm, Bucket
   for (Bucket& b : buckets_) {
     b.shard = ((b.numel + world - 1) / world + mult - 1) / mult * mult;
     if (opt.keep_buffers)
-      b.acc = host_f32(b.shard * world, MemoryTag::gradients);
+      b.acc = flat_f32(b.shard * world, MemoryTag::gradients, opt_.buffers);
     else
-      b.shard_grad = host_f32(b.shard, MemoryTag::gradients);
+      b.shard_grad = flat_f32(b.shard, MemoryTag::gradients, opt_.buffers);
     bucket_params_.push_back(b.params);
   }
   missing_.assign(buckets_.size(), 0);
@@ -103,7 +103,8 @@ void GradReducer::stop_progress() {
 
 // Without keep_buffers the full buffer exists only during a step (a communication buffer).
 void GradReducer::ensure_acc(Bucket& b) {
-  if (!b.acc.has_data()) b.acc = host_f32(b.shard * comm_.size(), MemoryTag::communication);
+  if (!b.acc.has_data())
+    b.acc = flat_f32(b.shard * comm_.size(), MemoryTag::communication, opt_.buffers);
 }
 
 const Array& GradReducer::reduced_bucket(size_t b) const {
@@ -195,7 +196,8 @@ void GradReducer::start_ready_buckets() {
   while (next_start_ < buckets_.size() && missing_[next_start_] == 0) {
     Bucket& b = buckets_[next_start_];
     ensure_acc(b);
-    if (!b.recv.has_data()) b.recv = host_f32(b.shard * comm_.size(), MemoryTag::communication);
+    if (!b.recv.has_data())
+      b.recv = flat_f32(b.shard * comm_.size(), MemoryTag::communication, opt_.buffers);
     // Parameters without a gradient here add zeros to the other ranks' sums.
     for (size_t s = 0; s < b.params.size(); ++s)
       if (!had_grad_[b.params[s]])
@@ -285,7 +287,7 @@ ReduceTimes GradReducer::reduce(int64_t divisor) {
     CollectiveContext ctx = comm_.context();
     for (size_t i = 0; i < buckets_.size(); ++i) {
       Bucket& b = buckets_[i];
-      mine[i] = host_f32(b.shard, MemoryTag::communication);
+      mine[i] = flat_f32(b.shard, MemoryTag::communication, opt_.buffers);
       std::memcpy(mine[i].raw(), b.acc.data<float>() + me * b.shard,
                   static_cast<size_t>(b.shard) * sizeof(float));
       ctx.what = "all_gather of gradient bucket " + std::to_string(i);

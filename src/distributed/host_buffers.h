@@ -1,20 +1,25 @@
-// Host f32 buffers shared by the gradient reducer and the sharded optimizer.
+// Flat f32 buffers shared by the gradient reducer, the sharded optimizer and the gatherer.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "hetrain/base/error.h"
 #include "hetrain/graph/tensor.h"
+#include "hetrain/memory/allocator.h"
 
 namespace hetrain::distributed {
 
-/// A zeroed contiguous host f32 array of n elements with the given tag.
-inline Array host_f32(int64_t n, MemoryTag tag) {
+/// A zeroed contiguous f32 array of n elements with the given tag in the memory node of `home`
+/// (the host, or a sim device: memory the collectives and the reducer's sums read in place).
+inline Array flat_f32(int64_t n, MemoryTag tag, Device home = Device::cpu()) {
+  HT_ASSERT(home.kind != DeviceKind::cuda);  // refused before (resolve_state_device)
   Array a;
   a.shape = {n};
   a.dtype = Dtype::f32;
   a.tag = tag;
+  AllocationDeviceScope on(home);  // not the calling thread's device (an executor worker's)
   a.allocate();
   if (n > 0) std::memset(a.raw(), 0, a.nbytes());
   return a;

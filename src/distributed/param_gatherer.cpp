@@ -6,6 +6,7 @@
 
 #include "hetrain/base/error.h"
 #include "hetrain/graph/primitive.h"
+#include "hetrain/memory/allocator.h"
 
 namespace hetrain::distributed {
 
@@ -77,7 +78,10 @@ class GatherRun final : public EvalRun {
       it.full.shape = {shard * g_.comm_.size()};
       it.full.dtype = Dtype::f32;
       it.full.tag = MemoryTag::parameters;
-      it.full.allocate();
+      {
+        AllocationDeviceScope on(g_.home_);  // where the nodes that read it run
+        it.full.allocate();
+      }
       CollectiveContext ctx = g_.comm_.context();
       ctx.what = "all_gather of parameter bucket " + std::to_string(it.bucket) + " (zero 3)";
       g_.comm_.set_context(ctx);
@@ -93,8 +97,11 @@ class GatherRun final : public EvalRun {
   size_t next_ = 0;                          // the next item to start
 };
 
-ParamGatherer::ParamGatherer(Communicator& comm, std::vector<Bucket> buckets)
-    : comm_(comm), buckets_(std::move(buckets)), live_(buckets_.size(), 0) {
+ParamGatherer::ParamGatherer(Communicator& comm, std::vector<Bucket> buckets, Device home)
+    : comm_(comm), buckets_(std::move(buckets)), home_(home), live_(buckets_.size(), 0) {
+  if (home.kind == DeviceKind::cuda)
+    fail("[zero] stage 3 gathers parameters with MPI into host-addressable memory; ", home.str(),
+         " needs NCCL's all-gather (not done yet)");
   set_eval_hook(this);
 }
 

@@ -29,8 +29,9 @@ Tensor view_leaf(const Array& flat, int64_t off, const Shape& shape, bool requir
   return t;
 }
 
-/// A parameter leaf without data (stage 3): the gatherer gives it data while it is read.
-Tensor sharded_leaf(const Shape& shape) {
+/// A parameter leaf without data (stage 3): the gatherer gives it data while it is read, on
+/// `home` (the node's device, where the scheduler runs what reads it).
+Tensor sharded_leaf(const Shape& shape, Device home) {
   Array a;
   a.shape = shape;
   a.dtype = Dtype::f32;
@@ -38,6 +39,7 @@ Tensor sharded_leaf(const Shape& shape) {
   a.strides = contiguous_strides(shape);
   Tensor t = make_leaf(std::move(a));
   t.node()->sharded = true;
+  t.node()->device = home;
   t.requires_grad_(true);
   return t;
 }
@@ -68,20 +70,21 @@ BucketOptions ShardedOptimizer::bucket_options(int stage, double bucket_mb, doub
 
 ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reducer,
                                    Communicator& comm, int stage, const OptimizerFactory& make,
-                                   const optim::Optimizer* loaded)
+                                   const optim::Optimizer* loaded, StateHomes homes)
     : Optimizer({}, 0.0),
       model_params_(std::move(params)),
       reducer_(reducer),
       comm_(comm),
-      stage_(stage) {
+      stage_(stage),
+      homes_(homes) {
   if (stage < 0 || stage > 3) fail("[zero] stage must be 0, 1, 2 or 3, got ", stage);
   const size_t nb = reducer.buckets().size();
   // The parameters move into the flat buffers and become views of them (stage 3: the flat
   // buffers hold this rank's shard, and the parameters become leaves the gatherer fills).
   flat_.resize(nb);
   for (size_t b = 0; b < nb; ++b)
-    flat_[b] = host_f32(reducer.bucket_shard(b) * (sharded_bucket(b) ? 1 : comm.size()),
-                        MemoryTag::parameters);
+    flat_[b] = flat_f32(reducer.bucket_shard(b) * (sharded_bucket(b) ? 1 : comm.size()),
+                        MemoryTag::parameters, homes.parameters);
   std::vector<ParamGatherer::Bucket> gathered(stage == 3 ? nb : 0);
   for (size_t k = 0; k < model_params_.size(); ++k) {
     Tensor& p = *model_params_[k].second;
@@ -97,7 +100,7 @@ ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reduc
       std::memcpy(flat_[b].data<float>() + (lo - base), v.data + (lo - off),
                   static_cast<size_t>(hi - lo) * 4);
     if (sharded_bucket(b)) {
-      p = sharded_leaf(p.shape());
+      p = sharded_leaf(p.shape(), homes.gathered);
       gathered[b].leaves.emplace_back(p.node(), off);
     } else {
       p = view_leaf(flat_[b], off, p.shape(), true);
@@ -112,7 +115,7 @@ ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reduc
   if (stage == 3) {
     // A persistent bucket's entry has no leaves: nothing reads it.
     for (size_t b = 0; b < nb; ++b) gathered[b].shard = flat_[b];
-    gatherer_ = std::make_unique<ParamGatherer>(comm, std::move(gathered));
+    gatherer_ = std::make_unique<ParamGatherer>(comm, std::move(gathered), homes.gathered);
   }
   inner_ = make(shard_params);
   params_ = shard_params;
@@ -150,7 +153,7 @@ void ShardedOptimizer::unshard_parameters() {
   gatherer_.reset();
   for (size_t b = 0; b < flat_.size(); ++b) {
     if (!sharded_bucket(b)) continue;  // already whole
-    Array full = host_f32(reducer_.bucket_shard(b) * comm_.size(), MemoryTag::parameters);
+    Array full = flat_f32(reducer_.bucket_shard(b) * comm_.size(), MemoryTag::parameters);
     CollectiveContext ctx = comm_.context();
     ctx.what = "all_gather of parameter bucket " + std::to_string(b) + " (unsharding)";
     comm_.set_context(ctx);
@@ -268,10 +271,21 @@ void ShardedOptimizer::step() {
       fail("[zero] parameter '", model_params_[k].first,
            "' received no gradient in this step; the sharded optimizer updates whole buckets "
            "and needs a gradient for every parameter");
-  // The model states' moment: parameters, reduced gradients and optimizer state all live.
-  const MemoryStats st = host_allocator().stats();
-  for (size_t t = 0; t < at_update_.size(); ++t)
-    at_update_[t] = std::max(at_update_[t], st.current[t]);
+  // The model states' moment: parameters, reduced gradients and optimizer state all live, on
+  // the host and on the devices they call home.
+  std::array<int64_t, kNumMemoryTags> on_devices{};
+  std::vector<Device> counted{Device::cpu()};
+  for (Device d : {homes_.parameters, homes_.optimizer, homes_.gathered, reducer_.buffers()})
+    if (std::find(counted.begin(), counted.end(), d) == counted.end()) {
+      counted.push_back(d);
+      const MemoryStats st = allocator_for(d).stats();
+      for (size_t t = 0; t < on_devices.size(); ++t) on_devices[t] += st.current[t];
+    }
+  const MemoryStats host = host_allocator().stats();
+  for (size_t t = 0; t < at_update_.size(); ++t) {
+    at_update_[t] = std::max(at_update_[t], host.current[t] + on_devices[t]);
+    at_update_device_[t] = std::max(at_update_device_[t], on_devices[t]);
+  }
   inner_->set_lr(lr_);
   inner_->step();
   // The updated shards into the flat parameters (every rank's, gathered).

@@ -516,6 +516,15 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
   mem.optimizer = ms.optimizer;
   mem.host_per_device = ms.host;
   mem.host_capacity = hw.host_mem_gb * 1e9;
+  // Hetrain's own offload (training/offload.h) keeps its gradient buffers on the device and
+  // moves the optimizer state, and under optimizer+params the parameter shards, to the host.
+  const bool engine_offload = m.engine == Engine::hetrain && st.offload != Offload::none;
+  if (engine_offload) {
+    const ModelStates kept = model_state_bytes(P, p.dp, st.zero, Offload::none, job.precision);
+    mem.gradients = kept.gradients;
+    mem.host_per_device =
+        kept.optimizer + (st.offload == Offload::optimizer_params ? kept.weights : 0);
+  }
   mem.capacity = hw.mem_gb * 1e9;
   mem.reserved = hw.reserved_gb * 1e9;
   double m_in_flight = static_cast<double>(std::min<int64_t>(st.pp, p.micro_batches));
@@ -563,16 +572,17 @@ Plan evaluate_unchecked(const Job& job, const Hardware& hw, int gpus, const Stra
   // the step, which its memory model predicts: test_planning's EngineMemory).
   const bool engine =
       m.engine == Engine::hetrain && st.recompute == Recompute::none && st.tp == 1 && st.pp == 1;
-  // Its f32 layout without offload: the step's peak over data parallelism and ZeRO.
-  const bool engine_peak =
-      engine && st.offload == Offload::none && job.precision == Precision::fp32;
+  // Its f32 layout: the step's peak over data parallelism, ZeRO and offload.
+  const bool engine_peak = engine && job.precision == Precision::fp32;
   if (engine) {
     mem.activations = hetrain_activation_bytes(m, st.micro_batch, 2 * act_scale);
     if (engine_peak) {
       // The rest of the peak (the update's new values, the buckets' buffers, stage 3's gathered
       // parameters) is temporary: the peak less the model states and activations. (It replaces
       // the generic stage-3 working set above.)
-      const double peak = hetrain_step_peak_bytes(P, p.dp, st.zero, mem.activations);
+      const double peak =
+          hetrain_step_peak_bytes(P, p.dp, st.zero, mem.activations, engine_offload,
+                                  engine_offload && st.offload == Offload::optimizer_params);
       mem.temporary =
           std::max(0.0, peak - (mem.weights + mem.gradients + mem.optimizer + mem.activations));
     } else {

@@ -407,13 +407,20 @@ double hetrain_activation_bytes(const ModelSpec& m, int64_t b, double e) {
   return kept + 2.0 * largest;
 }
 
-double hetrain_step_peak_bytes(double params, int ranks, int zero, double activations) {
+double hetrain_step_peak_bytes(double params, int ranks, int zero, double activations,
+                               bool offload_optimizer, bool offload_params) {
   const double N = std::max(ranks, 1), W = 4 * params, G = W, O = 8 * params;
   const double bucket = 25.0 * 1024 * 1024, first_bucket = 1.0 * 1024 * 1024;
   if (N == 1) zero = 0;  // one rank: nothing is sharded, nothing exchanged
-  // Live through the step: the model states of this stage.
-  const double weights = zero >= 3 ? W / N : W, grads = zero >= 2 ? G / N : G,
-               state = zero >= 1 ? O / N : O, states = weights + grads + state;
+  // Live through the step: the model states of this stage (on the device: less the offloaded).
+  const double weights = offload_params ? 0
+                         : zero >= 3    ? W / N
+                                        : W,
+               grads = zero >= 2 ? G / N : G,
+               state = offload_optimizer ? 0
+                       : zero >= 1       ? O / N
+                                         : O,
+               states = weights + grads + state;
   // End of the forward. Stage 2 holds each bucket's accumulation buffer from its first gradient
   // on, and the first bucket's exchange starts early in the backward; stage 3 works on
   // gathered parameters.
@@ -427,7 +434,9 @@ double hetrain_step_peak_bytes(double params, int ranks, int zero, double activa
   if (N > 1) backward += (zero >= 2 ? 2 : 1) * G + (zero <= 2 ? G : 0);
   // The update: stage 0 evaluates every new parameter and state value before the old go;
   // the sharded stages only their shard's.
-  const double update = zero == 0 ? states + W + O : states + (W + O) / N;
+  const double update = offload_optimizer ? states
+                        : zero == 0       ? states + W + O
+                                          : states + (W + O) / N;
   return std::max({forward, backward, update});
 }
 

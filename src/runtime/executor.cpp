@@ -274,6 +274,7 @@ class TaskRun {
         devs_(runtime::config().devices),
         remaining_(deps.total) {
     for (const auto& m : devs_) slowdown_.push_back(m.slowdown);
+    device_busy_.assign(devs_.size(), 0);
     ready_.clear();
     for (size_t i = 0; i < deps.total; ++i)
       if (deps.pending[i] == 0) ready_.push_back(static_cast<int>(i));
@@ -301,6 +302,9 @@ class TaskRun {
   void run(int i, Runner who);
   void finish(int i, Runner who);
   void wait_for_work();
+  // Under the lock: moves the ready device tasks to to_devices (under a hook, one per device
+  // at a time, the earliest in plan order; the others wait in held_).
+  void take_device_tasks(std::vector<int>& to_devices);
 
   const std::vector<Node*>& order_;
   runtime::TaskDeps& deps_;
@@ -314,10 +318,33 @@ class TaskRun {
   std::mutex mu_;
   std::condition_variable done_cv_;  // placed: a task finished (the main thread may sleep)
   size_t remaining_;
-  int in_flight_ = 0;   // tasks on pool workers
-  int on_devices_ = 0;  // tasks on sim and CUDA devices' workers
+  int in_flight_ = 0;             // tasks on pool workers
+  int on_devices_ = 0;            // tasks on sim and CUDA devices' workers
+  std::vector<int> device_busy_;  // under a hook: per configured device, tasks on its worker
+  std::vector<int> held_;         // under a hook: ready device tasks waiting for their device
   std::exception_ptr error_;
 };
+
+void TaskRun::take_device_tasks(std::vector<int>& to_devices) {
+  // Under an eval hook (ZeRO-3 gathers) a device's worker gets one task at a time, the earliest
+  // ready one in plan order, as the CPU's ready nodes below: a queue filled with every ready
+  // node (a parameter's transpose is ready early) would pull their gathers ahead and hold
+  // more gathered buckets on the device.
+  if (hook_) std::sort(ready_.begin(), ready_.end());
+  size_t keep_n = 0;
+  for (int r : ready_) {
+    if (!on_device_worker(r)) {
+      ready_[keep_n++] = r;
+    } else if (hook_ && device_busy_[static_cast<size_t>(device_of(r))] > 0) {
+      held_.push_back(r);
+    } else {
+      if (hook_) ++device_busy_[static_cast<size_t>(device_of(r))];
+      to_devices.push_back(r);
+    }
+  }
+  ready_.resize(keep_n);
+  on_devices_ += static_cast<int>(to_devices.size());
+}
 
 // A task run by a pool or device worker counts as in flight until finish() (under the lock)
 // says it is done, so eval() never returns while a task still touches this frame.
@@ -325,6 +352,18 @@ void TaskRun::finish(int i, Runner who) {
   std::lock_guard<std::mutex> lk(mu_);
   if (who == kPool) --in_flight_;
   if (who == kDeviceWorker) --on_devices_;
+  if (who == kDeviceWorker && hook_) {
+    // The device is free: its earliest held task is ready again.
+    const int d = device_of(i);
+    --device_busy_[static_cast<size_t>(d)];
+    auto next = held_.end();
+    for (auto it = held_.begin(); it != held_.end(); ++it)
+      if (device_of(*it) == d && (next == held_.end() || *it < *next)) next = it;
+    if (next != held_.end()) {
+      ready_.push_back(*next);
+      held_.erase(next);
+    }
+  }
   const auto& begin = deps_.consumer_begin;
   for (int k = begin[static_cast<size_t>(i)]; k < begin[static_cast<size_t>(i) + 1]; ++k) {
     const int c = deps_.consumer_list[static_cast<size_t>(k)];
@@ -392,18 +431,8 @@ void TaskRun::run_all() {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (all_done()) break;
-      if (!error_ && placed()) {
-        // Sim and CUDA devices' tasks go to their own workers.
-        size_t keep_n = 0;
-        for (int r : ready_) {
-          if (on_device_worker(r))
-            to_devices.push_back(r);
-          else
-            ready_[keep_n++] = r;
-        }
-        ready_.resize(keep_n);
-        on_devices_ += static_cast<int>(to_devices.size());
-      }
+      // Sim and CUDA devices' tasks go to their own workers.
+      if (!error_ && placed()) take_device_tasks(to_devices);
       if (!error_ && !ready_.empty()) {
         // Under an eval hook (ZeRO-3 gathers) the ready nodes run in plan order, earliest
         // first: a node ready early (a parameter's transpose) must not pull every gather ahead.

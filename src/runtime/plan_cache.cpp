@@ -49,7 +49,8 @@ uint64_t structure_hash(const std::vector<Node*>& order, const OrderIndex& index
       const Node* p = t.node();
       const int at = index.of(p);
       h = mix(h, at >= 0 ? static_cast<uint64_t>(at)
-                         : (uint64_t{1} << 40 | present_mask(p, t.index(), devs)));
+                         : (uint64_t{1} << 40 | uint64_t{p->sharded} << 39 |
+                            present_mask(p, t.index(), devs)));
       h = mix(h, static_cast<uint64_t>(t.index()));
     }
   }

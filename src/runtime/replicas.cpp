@@ -18,10 +18,11 @@ bool replica_valid(const Replica& r, const Array& primary) {
   return r.source.lock() == primary.buffer && r.source_offset == primary.offset;
 }
 
-/// The copy of output idx of p on device d, or nullptr (caller holds g_replica_mu).
+/// The copy of output idx of p on device d, or nullptr (caller holds g_replica_mu). A sharded
+/// leaf without data (ZeRO 3) is where its gathers will put it, the leaf's device.
 const Array* valid_copy(const Node* p, int idx, Device d) {
   const Array& a = p->outs[static_cast<size_t>(idx)];
-  if (a.device() == d) return &a;
+  if ((p->sharded && !a.has_data() ? p->device : a.device()) == d) return &a;
   if (p->runtime_state)
     for (const Replica& r : p->runtime_state->replicas)
       if (r.index == idx && r.array.device() == d && replica_valid(r, a)) return &r.array;

@@ -55,6 +55,23 @@ std::pair<uint64_t, double> node_footprint(const Node* n) {
   return {shape_footprint(shapes), bytes};
 }
 
+namespace {
+/// A node reading a ZeRO-3 parameter (Node::sharded: its data exists only once gathered, in
+/// the memory node of the leaf's device) runs where the gather puts it: a copy task could not
+/// run before the gather. Throws for a node pinned elsewhere.
+int sharded_reader_pin(const Node& reader, const Node& leaf) {
+  const int home = device_index(leaf.device);
+  if (home < 0)
+    fail("[", reader.prim->name(), "] reads a sharded parameter gathered on ", leaf.device.str(),
+         ", which is not among the configured devices (", configured_devices(), ")");
+  if (reader.pinned && reader.device != leaf.device)
+    fail("[", reader.prim->name(), "] is pinned to ", reader.device.str(),
+         " but reads a sharded parameter gathered on ", leaf.device.str(),
+         " (the --state-device under ZeRO 3); pin it there or drop the pin");
+  return home;
+}
+}  // namespace
+
 uint32_t present_mask(const Node* p, int idx, const std::vector<DeviceModel>& devs) {
   uint32_t m = 0;
   for (size_t d = 0; d < devs.size(); ++d)
@@ -93,6 +110,7 @@ std::vector<TaskNode> task_graph(const std::vector<Node*>& order, const OrderInd
       if (!nd->prim->has_kernel(devs[d].device.kind)) tn.forbid |= 1u << d;
     for (const Tensor& t : nd->inputs) {
       const Node* p = t.node();
+      if (p->sharded) tn.pin = sharded_reader_pin(*nd, *p);
       TaskInput in;
       in.index = t.index();
       in.bytes = static_cast<double>(p->outs[static_cast<size_t>(t.index())].nbytes());

@@ -76,36 +76,38 @@ double global_mean_loss(distributed::Communicator& comm, const std::vector<doubl
 }
 
 nlohmann::json rank_memory(distributed::Communicator& comm, const MemoryStats& stats,
-                           const std::array<int64_t, kNumMemoryTags>* at_update) {
-  const size_t n = 3 * kNumMemoryTags + 1;
+                           const std::array<int64_t, kNumMemoryTags>* at_update,
+                           const std::array<int64_t, kNumMemoryTags>* at_update_device) {
+  constexpr size_t T = kNumMemoryTags;
+  const size_t n = 4 * T + 1;
   std::vector<int64_t> mine(n, 0), all(n * static_cast<size_t>(comm.size()));
-  for (size_t t = 0; t < kNumMemoryTags; ++t) {
+  for (size_t t = 0; t < T; ++t) {
     mine[t] = stats.peak[t];
-    if (at_update) mine[kNumMemoryTags + t] = (*at_update)[t];
-    mine[2 * kNumMemoryTags + t] = stats.at_peak[t];
+    if (at_update) mine[T + t] = (*at_update)[t];
+    mine[2 * T + t] = stats.at_peak[t];
+    if (at_update_device) mine[3 * T + t] = (*at_update_device)[t];
   }
   mine[n - 1] = stats.peak_total;
   comm.set_context({-1, "all_gather of the ranks' memory statistics"});
   comm.all_gather(mine.data(), all.data(), static_cast<int64_t>(n), Dtype::i64);
+  // Tags by name from v[0, T), with the model states' sum.
+  auto by_tag = [](const int64_t* v, bool states) {
+    nlohmann::json j = nlohmann::json::object();
+    for (size_t t = 0; t < T; ++t)
+      j[std::string(memory_tag_name(static_cast<MemoryTag>(t)))] = v[t];
+    if (states) j["model_states"] = v[0] + v[1] + v[2];
+    return j;
+  };
   nlohmann::json out = nlohmann::json::array();
   for (int r = 0; r < comm.size(); ++r) {
     const int64_t* v = all.data() + static_cast<size_t>(r) * n;
-    nlohmann::json peak = nlohmann::json::object(), states = nlohmann::json::object(),
-                   at_peak = nlohmann::json::object();
-    for (size_t t = 0; t < kNumMemoryTags; ++t) {
-      const std::string tag(memory_tag_name(static_cast<MemoryTag>(t)));
-      peak[tag] = v[t];
-      states[tag] = v[kNumMemoryTags + t];
-      at_peak[tag] = v[2 * kNumMemoryTags + t];
-    }
+    nlohmann::json peak = by_tag(v, false);
     peak["total"] = v[n - 1];
     // peak_bytes: each tag's own peak; at_peak_bytes: what was live when the total peaked.
-    nlohmann::json rec = {{"rank", r}, {"peak_bytes", peak}, {"at_peak_bytes", at_peak}};
-    if (at_update) {
-      states["model_states"] =
-          v[kNumMemoryTags + 0] + v[kNumMemoryTags + 1] + v[kNumMemoryTags + 2];
-      rec["at_update_bytes"] = states;
-    }
+    nlohmann::json rec = {
+        {"rank", r}, {"peak_bytes", peak}, {"at_peak_bytes", by_tag(v + 2 * T, false)}};
+    if (at_update) rec["at_update_bytes"] = by_tag(v + T, true);
+    if (at_update_device) rec["at_update_device_bytes"] = by_tag(v + 3 * T, true);
     out.push_back(rec);
   }
   return out;

@@ -30,8 +30,10 @@ double global_mean_loss(distributed::Communicator& comm, const std::vector<doubl
 
 /// Every rank's host memory by tag, for the log (all ranks call it): per rank its peak bytes
 /// by tag over the run and, with at_update (the sharded optimizer's model states), the bytes
-/// by tag live when the optimizer updated.
+/// by tag live when the optimizer updated (the host's and the state device's together); with
+/// at_update_device also the state device's part of them ("at_update_device_bytes").
 nlohmann::json rank_memory(distributed::Communicator& comm, const MemoryStats& stats,
-                           const std::array<int64_t, kNumMemoryTags>* at_update);
+                           const std::array<int64_t, kNumMemoryTags>* at_update,
+                           const std::array<int64_t, kNumMemoryTags>* at_update_device = nullptr);
 
 }  // namespace hetrain::training

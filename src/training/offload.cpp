@@ -1,5 +1,5 @@
-// Optimizer offload: the optimizer step on the host, parameters and gradients on the state
-// device.
+// Offload: the optimizer step on the host, parameters (or under ZeRO 3 only the gathered ones)
+// and gradients on the state device.
 #include "training/offload.h"
 
 #include <vector>
@@ -11,34 +11,44 @@
 
 namespace hetrain::training {
 
-bool offloads_optimizer(const TrainConfig& cfg) { return cfg.offload == "optimizer"; }
+bool offloads_optimizer(const TrainConfig& cfg) { return cfg.offload != "none"; }
 
 void check_offload(const TrainConfig& cfg) {
   if (cfg.offload == "none") return;
-  if (cfg.offload == "optimizer+params")
-    fail(
-        "[train] offload optimizer+params (parameter shards on the host under --zero 3) is not "
-        "implemented yet; --offload optimizer keeps the optimizer state and step on the host");
-  if (cfg.offload != "optimizer")
+  if (cfg.offload != "optimizer" && cfg.offload != "optimizer+params")
     fail("[train] offload must be none, optimizer or optimizer+params, got '", cfg.offload, "'");
-  if (cfg.zero > 0)
+  if (cfg.offload == "optimizer+params" && cfg.zero != 3)
     fail(
-        "[train] offload optimizer runs under --zero 0: ZeRO's optimizer shards already live on "
-        "the host (this run has --zero ",
-        cfg.zero, ")");
+        "[train] offload optimizer+params keeps ZeRO stage 3's parameter shards on the host, but "
+        "this run has --zero ",
+        cfg.zero,
+        ", where every rank holds the whole parameters for its forward and backward: use "
+        "--zero 3, or --offload optimizer");
   const std::optional<Device> home = resolve_state_device(cfg);
   if (!home || home->kind == DeviceKind::cpu)
-    fail(
-        "[train] offload optimizer moves the optimizer state from an accelerator to the host, "
-        "but this run's parameters already live on the host (state-device ",
-        cfg.state_device,
-        ", no GPU among --devices): add a GPU or sim device to --devices and, for sim, "
-        "--state-device sim:N");
+    fail("[train] offload ", cfg.offload,
+         " moves model state from an accelerator to the host, but this run's parameters already "
+         "live on the host (state-device ",
+         cfg.state_device, cfg.zero > 0 ? ", which under --zero is the host unless named" : "",
+         ", no GPU among --devices): add a GPU or sim device to --devices and, for sim or under "
+         "--zero, --state-device sim:N");
 }
 
 std::optional<Device> optimizer_step_device(const TrainConfig& cfg) {
   if (offloads_optimizer(cfg)) return Device::cpu();
   return resolve_state_device(cfg);
+}
+
+Device flat_buffer_home(const TrainConfig& cfg) {
+  const Device home = resolve_state_device(cfg).value_or(Device::cpu());
+  return home.kind == DeviceKind::cuda ? Device::cpu() : home;
+}
+
+distributed::StateHomes state_homes(const TrainConfig& cfg) {
+  const Device home = flat_buffer_home(cfg);
+  return {.parameters = cfg.offload == "optimizer+params" ? Device::cpu() : home,
+          .optimizer = offloads_optimizer(cfg) ? Device::cpu() : home,
+          .gathered = home};
 }
 
 void place_parameters(nn::Module& model, const TrainConfig& cfg) {

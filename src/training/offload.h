@@ -1,12 +1,16 @@
-// Optimizer offload (TrainConfig::offload): a policy over where each kind of model state lives,
-// on top of the state device. Parameters and gradients stay on the state device (an
-// accelerator); the optimizer state lives on the host and the optimizer step runs there, reading
-// the gradients across (the scheduler's copy tasks) and copying the updated parameters back.
+// Offload (TrainConfig::offload): a policy over where each kind of model state lives, on top of
+// the state device. Without offload everything lives on the state device; `optimizer` keeps the
+// optimizer state on the host and runs the optimizer step there, reading the gradients across
+// (the scheduler's copy tasks) and copying the updated parameters back; `optimizer+params`
+// (ZeRO stage 3) keeps the parameter shards on the host too, while the buckets gathered for the
+// nodes that read them go to the state device and are freed after use. The same homes serve the
+// unsharded run (place_parameters) and ZeRO's flat buffers (state_homes).
 // Internal to the training layer.
 #pragma once
 
 #include <optional>
 
+#include "hetrain/distributed/sharded_optimizer.h"
 #include "hetrain/memory/device.h"
 #include "hetrain/training/nn.h"
 #include "hetrain/training/trainer.h"
@@ -14,19 +18,29 @@
 namespace hetrain::training {
 
 /// Throws, saying why, for an offload the run cannot do: without an accelerator as state device
-/// (a CPU-only run), under ZeRO, optimizer+params, or an unknown value. train() calls it once.
+/// (a CPU-only run), optimizer+params below --zero 3, or an unknown value. train() calls it once.
 void check_offload(const TrainConfig& cfg);
 
-/// Whether cfg offloads the optimizer ("optimizer"; a config check_offload accepted). Cheap:
-/// the training step asks it twice a step.
+/// Whether cfg offloads the optimizer ("optimizer" or "optimizer+params"; a config
+/// check_offload accepted). Cheap: the training step asks it twice a step.
 bool offloads_optimizer(const TrainConfig& cfg);
 
 /// Where the optimizer step runs: the host under offload, else the state device (none: the
 /// scheduler places it).
 std::optional<Device> optimizer_step_device(const TrainConfig& cfg);
 
-/// Under offload, copies the parameters that are not on the state device there (after the
-/// host's update, and once before the first step), tagged as parameters; the host copies go.
+/// The memory node of the sharded optimizer's and the gradient reducer's flat buffers: the state
+/// device when the collectives can read it in place (cpu, sim), else the host (no state device;
+/// a GPU, which only zero 0's data parallelism accepts: its collectives run over MPI).
+Device flat_buffer_home(const TrainConfig& cfg);
+/// Where the sharded optimizer's buffers live under cfg: flat_buffer_home, less what --offload
+/// moves to the host.
+distributed::StateHomes state_homes(const TrainConfig& cfg);
+
+/// Unsharded runs under offload: copies the parameters that are not on the state device there
+/// (after the host's update, and once before the first step), tagged as parameters; the host
+/// copies go. (Under a sharded optimizer the parameters are views of its flat buffers, already
+/// where state_homes puts them.)
 void place_parameters(nn::Module& model, const TrainConfig& cfg);
 
 }  // namespace hetrain::training

@@ -280,7 +280,7 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
     else
       opt.step();
   }
-  place_parameters(model, cfg);
+  if (!reducer) place_parameters(model, cfg);  // a sharded optimizer's are where it keeps them
   opt.zero_grad();
   if (scaler) {
     try {
@@ -434,11 +434,12 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   const int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * loader.batches_per_epoch();
   check_agree(comm, total, "the number of steps");
   std::optional<distributed::GradReducer> reducer;
-  if (micro_batches > 1 || cfg.zero > 0)
-    reducer.emplace(
-        model->parameters(), comm,
-        distributed::ShardedOptimizer::bucket_options(static_cast<int>(cfg.zero), cfg.bucket_mb, 1,
-                                                      cfg.param_persistence_threshold));
+  if (micro_batches > 1 || cfg.zero > 0) {
+    distributed::BucketOptions bo = distributed::ShardedOptimizer::bucket_options(
+        static_cast<int>(cfg.zero), cfg.bucket_mb, 1, cfg.param_persistence_threshold);
+    bo.buffers = flat_buffer_home(cfg);  // the gradients live with the parameters
+    reducer.emplace(model->parameters(), comm, bo);
+  }
   optim::LrSchedule sched{.kind = cfg.schedule,
                           .base_lr = cfg.lr,
                           .warmup_steps = cfg.warmup,
@@ -465,7 +466,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
     // Flat buffers, this rank's shard of the optimizer state (taken from opt: a checkpoint's).
     auto so = std::make_unique<distributed::ShardedOptimizer>(
         model->named_parameters(), *reducer, comm, static_cast<int>(cfg.zero),
-        [&](const optim::NamedParams& p) { return make_optimizer(cfg, p); }, opt.get());
+        [&](const optim::NamedParams& p) { return make_optimizer(cfg, p); }, opt.get(),
+        state_homes(cfg));
     sharded = so.get();
     opt = std::move(so);
   }
@@ -474,24 +476,26 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
     if (micro_batches > 1)
       par = ", " + std::to_string(world) + " rank(s) x " + std::to_string(cfg.grad_accum) +
             " micro-batch(es) of " + std::to_string(cfg.batch_size / micro_batches);
-    std::fprintf(
-        stderr,
-        "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld%s, %d "
-        "threads%s, precision %s%s%s\n",
-        cfg.preset.c_str(), cfg.model.c_str(), static_cast<long long>(model->num_parameters()),
-        data.train->describe().c_str(), static_cast<long long>(total),
-        static_cast<long long>(cfg.batch_size), par.c_str(), num_threads(),
-        world > 1 ? " per rank" : "", cfg.precision.c_str(),
-        scaler ? " with dynamic loss scaling" : "",
-        !state_device ? ""
-        : offload
-            ? (", parameters on " + state_device->str() + ", optimizer state offloaded to cpu")
-                  .c_str()
-            : (", parameters and optimizer state on " + state_device->str()).c_str());
+    std::string where;
+    if (state_device && offload)
+      where = ", parameters on " + state_device->str() + ", optimizer state" +
+              (cfg.offload == "optimizer+params" ? " and parameter shards" : "") +
+              " offloaded to cpu";
+    else if (state_device)
+      where = ", parameters and optimizer state on " + state_device->str();
+    std::fprintf(stderr,
+                 "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld%s, %d "
+                 "threads%s, precision %s%s%s\n",
+                 cfg.preset.c_str(), cfg.model.c_str(),
+                 static_cast<long long>(model->num_parameters()), data.train->describe().c_str(),
+                 static_cast<long long>(total), static_cast<long long>(cfg.batch_size), par.c_str(),
+                 num_threads(), world > 1 ? " per rank" : "", cfg.precision.c_str(),
+                 scaler ? " with dynamic loss scaling" : "", where.c_str());
   }
   jlog.open();  // the inputs are good: the old log goes now
 
-  place_parameters(*model, cfg);  // under offload: on the state device from the first step
+  // Under offload: on the state device from the first step (a sharded optimizer's already are).
+  if (!sharded) place_parameters(*model, cfg);
   host_allocator().reset_peak();
   for (const runtime::DeviceModel& m : runtime::config().devices)
     if (m.device.kind != DeviceKind::cpu) allocator_for(m.device).reset_peak();
@@ -627,7 +631,10 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   r.peak_memory_bytes["total"] = stats.peak_total;
   r.peak_rss_growth_bytes = rss_grown.value_or(-1);
   const nlohmann::json ranks_memory =
-      rank_memory(comm, stats, sharded ? &sharded->model_state_bytes() : nullptr);
+      rank_memory(comm, stats, sharded ? &sharded->model_state_bytes() : nullptr,
+                  sharded && flat_buffer_home(cfg).kind != DeviceKind::cpu
+                      ? &sharded->device_model_state_bytes()
+                      : nullptr);
   // Stage 3: the whole parameters once more, for what reads them now (after the memory figures).
   if (sharded) sharded->unshard_parameters();
   if (world > 1) {

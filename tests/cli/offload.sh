@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# --offload optimizer from the command line: a CPU-only run is refused saying why; on sim:0 with
+# --offload optimizer from the command line: a CPU-only run is refused saying why, and so are
+# optimizer+params below --zero 3, ZeRO on a GPU state device and ZeRO offload without a named
+# state device (tests/distributed/zero_offload.sh runs ZeRO offload under mpirun); on sim:0 with
 # a capacity between the two runs' measured device peaks the run without offload is out of
 # memory on sim:0 and the run with it trains, with the unlimited run's losses, no optimizer
 # state on sim:0 and the optimizer state on the host (the JSON log's memory by tag).
@@ -16,8 +18,16 @@ gpt=(train --preset gpt-mini --layers 1 --width 64 --heads 2 --context 16 --batc
 out=$("$bin" train --preset gpt-mini --steps 1 --offload optimizer 2>&1) && die "CPU-only offload ran"
 grep -q "already live on the host" <<<"$out" || die "CPU-only message: $out"
 out=$("$bin" "${gpt[@]}" --devices cpu,sim:0 --offload optimizer+params 2>&1) \
-  && die "optimizer+params ran"
-grep -q "not implemented yet" <<<"$out" || die "optimizer+params message: $out"
+  && die "optimizer+params ran under --zero 0"
+grep -q "offload optimizer+params keeps ZeRO stage 3's parameter shards on the host, but this run has --zero 0" <<<"$out" \
+  || die "optimizer+params message: $out"
+out=$("$bin" "${gpt[@]}" --devices cuda:0,cpu --zero 3 --state-device cuda:0 2>&1) && die "zero on cuda ran"
+grep -Eq "state-device cuda:0 under --zero 3: .*NCCL|cuda:0.*(no CUDA|not found|no device)" <<<"$out" \
+  || die "zero on a GPU message: $out"
+out=$("$bin" "${gpt[@]}" --devices cpu,sim:0 --zero 3 --state-device auto --offload optimizer+params 2>&1) \
+  && die "zero 3 offload without a state device ran"
+grep -q "already live on the host (state-device auto, which under --zero is the host unless named" <<<"$out" \
+  || die "zero offload without a state device message: $out"
 
 for o in none optimizer; do
   "$bin" "${gpt[@]}" --devices cpu,sim:0 --offload $o --json-log "$tmp/$o.jsonl" > /dev/null 2>&1 \

@@ -142,6 +142,23 @@ foreach(np 2 4)
   set_tests_properties(distributed.zero_plan_np${np} PROPERTIES TIMEOUT 600
                        PASS_REGULAR_EXPRESSION "ZeRO -np ${np}: model states within 3% of the plan")
 endforeach()
+# ZeRO on a sim state device (tests/distributed/zero_offload.sh): stages 1-2 with --offload
+# optimizer and stage 3 with --offload optimizer+params keep the offloaded state on the host and
+# equal zero 0 bitwise; a capacity-limited sim:0 is out of memory without offload and fits with.
+add_test(NAME distributed.zero_offload_np2
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/zero_offload.sh $<TARGET_FILE:hetrain>)
+set_tests_properties(distributed.zero_offload_np2 PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION
+                     "zero offload -np 2: .* fit only the offloaded run")
+# The planner's Hetrain-engine layout under offload (tests/distributed/zero_offload_plan.sh):
+# model states on sim:0 and on the host within 3% of the plan, the device peak within 10%.
+foreach(np 2 4)
+  add_test(NAME distributed.zero_offload_plan_np${np}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/zero_offload_plan.sh
+                   $<TARGET_FILE:hetrain> ${np})
+  set_tests_properties(distributed.zero_offload_plan_np${np} PROPERTIES TIMEOUT 600
+                       PASS_REGULAR_EXPRESSION
+                       "ZeRO offload -np ${np}: device and host model states within 3% of the plan")
+endforeach()
 # Resharding checkpoints (tests/distributed/zero_reshard.sh): saved at step 10 on 4 ranks under
 # --zero 1, 2 and 3 (a shard per rank), consolidated equal to zero 0's plain files, loaded on 2
 # ranks and on 1 process bitwise, resumed on 1 process to the 4-rank run's end.

@@ -13,6 +13,8 @@
 #include "hetrain/distributed/param_gatherer.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
+#include "hetrain/memory/allocator.h"
+#include "hetrain/runtime/scheduler.h"
 
 namespace hetrain::distributed {
 namespace {
@@ -101,6 +103,47 @@ TEST(ParamGatherer, ShardedLeavesGiveTheBitsOfWholeParameters) {
     EXPECT_THROW(ParamGatherer(*comm, {}), Error);
   }
   set_num_threads(threads);
+}
+
+// Gathered onto a sim device (the state device under --zero 3): the leaves' device says where
+// their data will be, the scheduler runs what reads them there (no copy task could run before
+// the gather), the bits stay the CPU's, and a node pinned elsewhere is refused by name.
+TEST(ParamGatherer, GatheredOnASimDeviceTheReadersRunThere) {
+  const Device sim{DeviceKind::sim, 0};
+  runtime::configure({.devices = runtime::parse_devices("cpu,sim:0"),
+                      .placement = runtime::PlacementPolicy::heft});
+  auto comm = make_local_communicator();
+  Generator gx(3);
+  const Tensor x = randn({4, 8}, Dtype::f32, gx).eval();
+  Net plain = make_net();
+  const Result want = run(plain, x);
+  Net sharded = make_net();
+  std::vector<ParamGatherer::Bucket> buckets = shard(sharded);
+  for (Tensor* p : sharded.params()) p->node()->device = sim;
+  allocator_for(sim).reset_peak();
+  {
+    ParamGatherer g(*comm, std::move(buckets), sim);
+    const Result got = run(sharded, x);
+    EXPECT_EQ(got.loss, want.loss);
+    for (size_t k = 0; k < want.grads.size(); ++k) EXPECT_EQ(got.grads[k], want.grads[k]) << k;
+    EXPECT_GT(allocator_for(sim).stats().peak[static_cast<size_t>(MemoryTag::parameters)], 0);
+    for (Tensor* p : sharded.params()) EXPECT_FALSE(p->node()->outs[0].has_data());
+    Tensor y;
+    {
+      DeviceScope on(Device::cpu());
+      y = matmul(x, sharded.w1);
+    }
+    try {
+      y.eval();
+      FAIL() << "a node pinned to the CPU read a parameter gathered on sim:0";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    "is pinned to cpu but reads a sharded parameter gathered on sim:0"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  runtime::configure({});
 }
 
 }  // namespace

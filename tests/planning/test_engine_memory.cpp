@@ -85,6 +85,19 @@ TEST(EngineStepPeak, LargestOfForwardBackwardAndUpdate) {
                    100 * (W + W + O) / 4 + 3 * 25.0 * 1024 * 1024 + 1e10);
 }
 
+// The state device's peak under offload: the optimizer state (and under optimizer+params the
+// parameter shards) on the host, so the update adds nothing on the device.
+TEST(EngineStepPeak, OffloadLeavesTheHostsStatesOut) {
+  const double psi = 1e6, W = 4 * psi;
+  // Stage 0 over 2 ranks, small activations: the backward's end (exchange buffer and gradient
+  // tensors) instead of the update's 28 bytes a parameter.
+  EXPECT_DOUBLE_EQ(planning::hetrain_step_peak_bytes(psi, 2, 0, 1e5, true), W + W + W + W);
+  // Stage 3 with optimizer+params: the gradient shard, gathered parameters and activations.
+  EXPECT_DOUBLE_EQ(planning::hetrain_step_peak_bytes(psi, 4, 3, 1e8, true, true), W / 4 + W + 1e8);
+  EXPECT_DOUBLE_EQ(planning::hetrain_step_peak_bytes(psi, 4, 3, 1e8, true, false),
+                   (W + W) / 4 + W + 1e8);
+}
+
 INSTANTIATE_TEST_SUITE_P(HetrainPresets, EngineMemory,
                          ::testing::Values("fashion-mlp", "fashion-cnn", "gpt-mini"),
                          [](const ::testing::TestParamInfo<std::string>& i) {

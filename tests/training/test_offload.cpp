@@ -63,14 +63,17 @@ class Offload : public ::testing::Test {
     fs::remove_all(dir_);
   }
   /// A run whose every node is on sim:0 (pinned there) but the offloaded optimizer step.
-  RunResult run(const std::string& offload, int64_t capacity) {
+  /// zero > 0: the sharded optimizer (one rank) with its shards and buffers on sim:0.
+  RunResult run(const std::string& offload, int64_t capacity, int64_t zero = 0) {
     const std::string mem = capacity > 0 ? ":mem=" + std::to_string(capacity) : "";
     runtime::configure({.devices = runtime::parse_devices("cpu,sim:0" + mem),
                         .placement = runtime::PlacementPolicy::heft});
     TrainConfig c = cfg_;
     c.offload = offload;
-    c.json_log = (dir_ / ("log_" + offload + ".jsonl")).string();
-    c.save_dir = (dir_ / ("ckpt_" + offload)).string();
+    c.zero = zero;
+    const std::string name = offload + "_z" + std::to_string(zero);
+    c.json_log = (dir_ / ("log_" + name + ".jsonl")).string();
+    c.save_dir = (dir_ / ("ckpt_" + name)).string();
     RunResult r;
     StepHooks hooks;
     hooks.end = [&](int64_t, double loss) { r.losses.push_back(loss); };
@@ -137,6 +140,54 @@ TEST_F(Offload, ModelThatDoesNotFitTrainsWithOffloadBitwiseTheLargeDeviceRun) {
   EXPECT_LE(fits.sim_peak, capacity);
 }
 
+// ZeRO 3 on one rank: without offload the parameter shards, gradients and optimizer state live
+// on sim:0; with optimizer+params the shards and the optimizer state live on the host and only
+// the buckets gathered for the nodes that read them (and the gradients) go to sim:0. The bits
+// are the same either way (stage 0 at the same rank count: tests/cli/offload.sh under mpirun),
+// and a capacity between the two peaks fits only the offloaded run.
+TEST_F(Offload, Zero3ParameterShardsOnTheHostFitWhereTheRunWithoutOffloadDoesNot) {
+  const RunResult ref = run("none", 0, 3);
+  const RunResult& z3 = ref;
+  const RunResult off = run("optimizer+params", 0, 3);
+  ASSERT_EQ(ref.losses.size(), 3u);
+  EXPECT_EQ(off.losses, ref.losses);
+  EXPECT_EQ(off.params, ref.params);
+  ASSERT_FALSE(ref.opt_state.empty());
+  EXPECT_EQ(off.opt_state, ref.opt_state);
+  const nlohmann::json& z3_sim = z3.final_log.at("device_memory_by_tag").at("sim:0");
+  const nlohmann::json& off_sim = off.final_log.at("device_memory_by_tag").at("sim:0");
+  const nlohmann::json& z3_host = z3.final_log.at("peak_memory_bytes");
+  const nlohmann::json& off_host = off.final_log.at("peak_memory_bytes");
+  // Without offload the model states are on sim:0, none on the host.
+  EXPECT_GT(z3_sim.at("optimizer_state").get<int64_t>(), 0);
+  EXPECT_EQ(z3_host.at("optimizer_state").get<int64_t>(), 0);
+  EXPECT_EQ(z3_host.at("parameters").get<int64_t>(), 0);
+  // With it: the optimizer state and the parameter shards on the host; on sim:0 the gathered
+  // buckets only, fewer parameter bytes than the shard and a gathered bucket together.
+  EXPECT_EQ(off_sim.at("optimizer_state").get<int64_t>(), 0);
+  EXPECT_GT(off_host.at("optimizer_state").get<int64_t>(), 0);
+  EXPECT_GT(off_host.at("parameters").get<int64_t>(), 0);
+  EXPECT_GT(off_sim.at("parameters").get<int64_t>(), 0) << "the gathered buckets";
+  EXPECT_LT(off_sim.at("parameters").get<int64_t>(), z3_sim.at("parameters").get<int64_t>());
+  EXPECT_GT(off_sim.at("gradients").get<int64_t>(), 0);
+  EXPECT_EQ(off.final_log.at("offload"), "optimizer+params");
+  EXPECT_EQ(off.final_log.at("zero"), 3);
+
+  ASSERT_LT(off.sim_peak, z3.sim_peak);
+  const int64_t capacity = (off.sim_peak + z3.sim_peak) / 2;
+  try {
+    (void)run("none", capacity, 3);
+    FAIL() << "no out-of-memory error at " << capacity << " bytes";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory on sim:0"), std::string::npos) << e.what();
+  }
+  const RunResult fits = run("optimizer+params", capacity, 3);
+  EXPECT_EQ(fits.losses, ref.losses);
+  EXPECT_EQ(fits.params, ref.params);
+  EXPECT_EQ(fits.opt_state, ref.opt_state);
+  EXPECT_LE(fits.sim_peak, capacity);
+}
+
 TEST_F(Offload, CpuOnlyRunIsRefusedSayingWhy) {
   runtime::configure({.devices = runtime::parse_devices("cpu,sim:0")});
   TrainConfig c = cfg_;
@@ -151,7 +202,21 @@ TEST_F(Offload, CpuOnlyRunIsRefusedSayingWhy) {
   }
   c.state_device = "sim:0";
   c.offload = "optimizer+params";
-  EXPECT_THROW(train(c, {}), Error) << "not implemented yet";
+  for (int64_t zero : {0, 1, 2}) {
+    c.zero = zero;
+    try {
+      train(c, {});
+      FAIL() << "expected an error at zero " << zero;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("offload optimizer+params keeps ZeRO stage 3's parameter shards on the "
+                       "host, but this run has --zero " +
+                       std::to_string(zero)),
+                std::string::npos)
+          << m;
+    }
+  }
+  c.zero = 0;
   try {
     apply_setting(c, "offload", "gpu", "config.toml");
     FAIL() << "expected an error";

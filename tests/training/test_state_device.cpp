@@ -107,7 +107,18 @@ TEST_F(StateDevice, BadValuesAreRefusedWithTheirName) {
   }
   c.state_device = "sim:0";
   c.zero = 1;
-  EXPECT_THROW((void)resolve_state_device(c), Error) << "ZeRO's shards live on the host";
+  // Under ZeRO the shards live on a sim state device (host-addressable: MPI reads it in place),
+  // and a GPU is refused saying why.
+  EXPECT_EQ(resolve_state_device(c), (Device{DeviceKind::sim, 0}));
+  c.state_device = "cuda:0";
+  try {
+    (void)resolve_state_device(c);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("state-device cuda:0 under --zero 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("NCCL"), std::string::npos) << msg;
+  }
   c.zero = 0;
   try {
     apply_setting(c, "state-device", "gpu0", "--state-device");

@@ -40,6 +40,7 @@
 #include "hetrain/distributed/communicator.h"
 #include "hetrain/graph/tensor.h"
 #include "hetrain/memory/array.h"
+#include "hetrain/memory/device.h"
 #include "hetrain/runtime/eval.h"
 
 namespace hetrain::distributed {
@@ -58,6 +59,9 @@ struct BucketOptions {
   int64_t persist_numel = 0;
   bool overlap = true;  // overlap_next_backward() starts buckets during backward
                         // (false: ZeRO 3, whose gathers are backward's collectives)
+  // The memory node of the bucket buffers (gradients and exchange buffers): the host, or the
+  // state device (a sim device; the sums and collectives read the buffers in place).
+  Device buffers = Device::cpu();
   ProgressMode progress = progress_mode_from_env();
 };
 
@@ -101,6 +105,8 @@ class GradReducer final : private NodeObserver {
   }
   /// Whether parameter k had a gradient on this rank in the last step.
   bool received_gradient(size_t k) const { return had_grad_[k]; }
+  /// The memory node of the bucket buffers (BucketOptions::buffers).
+  Device buffers() const { return opt_.buffers; }
   /// After reduce(): the whole reduced bucket (with gather) and this rank's shard of it. The
   /// memory stays valid between steps (keep_buffers, or the shard without it).
   const Array& reduced_bucket(size_t b) const;

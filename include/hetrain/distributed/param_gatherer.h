@@ -43,8 +43,9 @@ class ParamGatherer final : public EvalHook {
     std::vector<std::pair<Node*, int64_t>> leaves;
     std::vector<std::weak_ptr<Node>> views;  // views of the leaves seen in plans (gatherer's)
   };
-  /// Installs itself as the executor's eval hook (removed by the destructor).
-  ParamGatherer(Communicator& comm, std::vector<Bucket> buckets);
+  /// Installs itself as the executor's eval hook (removed by the destructor). The gathered
+  /// buckets go to the memory node of `home` (the host, or the state device: a sim device).
+  ParamGatherer(Communicator& comm, std::vector<Bucket> buckets, Device home = Device::cpu());
   ~ParamGatherer() override;
   ParamGatherer(const ParamGatherer&) = delete;
   ParamGatherer& operator=(const ParamGatherer&) = delete;
@@ -62,6 +63,7 @@ class ParamGatherer final : public EvalHook {
 
   Communicator& comm_;
   std::vector<Bucket> buckets_;
+  Device home_;
   std::vector<int> live_;  // per bucket: items gathered and not yet ended
   std::mutex mu_;          // the runs' items and the leaves' data
   int64_t gathers_ = 0;

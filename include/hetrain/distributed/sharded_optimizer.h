@@ -52,6 +52,21 @@ using OptimizerFactory =
 
 class ParamGatherer;
 
+/// Where the model states live (a policy over the same flat buffers; the trainer derives it from
+/// --state-device and --offload): each is the host or the state device. The collectives and the
+/// reducer's sums read the buffers in place, so a home is host-addressable memory: the CPU or a
+/// sim device (a GPU would need NCCL's collectives on device buffers).
+///   no offload                  everything on the state device (the host without one)
+///   --offload optimizer         the optimizer state (and the step, run by the trainer) on the host
+///   --offload optimizer+params  stage 3: the parameter shards on the host too; the buckets
+///                               gathered for the nodes that read them still go to the device
+/// The gradients' home is the reducer's (BucketOptions::buffers).
+struct StateHomes {
+  Device parameters = Device::cpu();  // the flat parameter buffers (stage 3: this rank's shards)
+  Device optimizer = Device::cpu();   // the optimizer state: counted in model_state_bytes()
+  Device gathered = Device::cpu();    // stage 3: the whole buckets the gatherer all-gathers
+};
+
 class ShardedOptimizer final : public optim::Optimizer {
  public:
   /// The reducer's options for a stage (bucket sizes in MiB as GradReducer's).
@@ -62,8 +77,10 @@ class ShardedOptimizer final : public optim::Optimizer {
 
   /// params: the model's named parameters, in the order the reducer was given them. loaded:
   /// an optimizer over the same parameters whose state (a checkpoint's) is taken over, or null.
+  /// homes: where the parameters live and stage 3 gathers them (StateHomes).
   ShardedOptimizer(optim::NamedParams params, GradReducer& reducer, Communicator& comm, int stage,
-                   const OptimizerFactory& make, const optim::Optimizer* loaded);
+                   const OptimizerFactory& make, const optim::Optimizer* loaded,
+                   StateHomes homes = {});
   ~ShardedOptimizer() override;
 
   void step() override;
@@ -88,8 +105,12 @@ class ShardedOptimizer final : public optim::Optimizer {
 
   int stage() const { return stage_; }
   /// Bytes by memory tag live on this rank just before an optimizer update (the model states'
-  /// moment), the largest seen since construction.
+  /// moment), the largest seen since construction: the host's and the homes' devices' together.
   const std::array<int64_t, kNumMemoryTags>& model_state_bytes() const { return at_update_; }
+  /// The part of model_state_bytes() on the state device (zeros when the homes are the host).
+  const std::array<int64_t, kNumMemoryTags>& device_model_state_bytes() const {
+    return at_update_device_;
+  }
   /// Elements of padding in the flat buffers (all buckets, shard * N - numel).
   int64_t padding() const;
   /// Elements of the buckets kept whole under stage 3 (persistent parameters and their padding).
@@ -115,10 +136,12 @@ class ShardedOptimizer final : public optim::Optimizer {
   GradReducer& reducer_;
   Communicator& comm_;
   int stage_;
+  StateHomes homes_;
   std::vector<Array> flat_;    // per bucket: the parameters, shard * N elements
   std::vector<Tensor> shard_;  // per bucket: the view this rank updates
   std::unique_ptr<optim::Optimizer> inner_;
   std::array<int64_t, kNumMemoryTags> at_update_{};
+  std::array<int64_t, kNumMemoryTags> at_update_device_{};
   std::unique_ptr<ParamGatherer> gatherer_;  // stage 3
 };
 

@@ -162,7 +162,12 @@ double hetrain_activation_bytes(const ModelSpec& m, int64_t micro_batch, double 
 /// which stage 3 has let go before it reduces); and the update (new parameter and state values
 /// evaluated before the old ones go). Bucket sizes are the trainer's defaults (25 MiB, the first
 /// 1 MiB); stage 3 gathers at most three buckets at a time. One rank is the single-process step.
-double hetrain_step_peak_bytes(double params, int ranks, int zero, double activations);
+/// Under offload (training/offload.h) it is the state device's peak: offload_optimizer moves the
+/// optimizer state and the update to the host (the updated values are copied into the device's
+/// buffers in place), offload_params (stage 3) the parameter shards too; the gradient buffers
+/// and the gathered parameters stay on the device.
+double hetrain_step_peak_bytes(double params, int ranks, int zero, double activations,
+                               bool offload_optimizer = false, bool offload_params = false);
 
 const char* to_string(Recompute r);
 Recompute recompute_from_string(const std::string& s);

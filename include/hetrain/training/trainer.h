@@ -56,14 +56,16 @@ struct TrainConfig {
   // optimizer state, 1 shards it, 2 also shards the reduced gradients
   int64_t zero = 0;
   double comm_timeout = 600;  // seconds a collective may take before the job is aborted
-  // where the parameters and optimizer state live and the optimizer step runs: auto (the first
-  // GPU among the configured devices, as PyTorch's model.to("cuda"); without one, or under
-  // ZeRO, whose shards live on the host, wherever the scheduler places the step), cpu, or a
-  // configured device (cuda:N, sim:N)
+  // where the parameters and optimizer state (under ZeRO: their shards and the gradient
+  // buffers) live and the optimizer step runs: auto (the first GPU among the configured
+  // devices, as PyTorch's model.to("cuda"); without one, or under ZeRO, the host, the step
+  // wherever the scheduler places it), cpu, or a configured device (cuda:N, sim:N; under ZeRO
+  // sim:N only: its collectives need host-addressable memory)
   std::string state_device = "auto";
-  // optimizer offload (training/offload.h): none, or optimizer (the optimizer state and step on
-  // the host while parameters and gradients stay on the state device, an accelerator);
-  // optimizer+params (zero 3's parameter shards on the host) is not implemented yet
+  // offload (training/offload.h): none, optimizer (the optimizer state and step on the host
+  // while parameters and gradients stay on the state device, an accelerator), or
+  // optimizer+params (zero 3: the parameter shards on the host too, the gathered buckets on
+  // the state device)
   std::string offload = "none";
   // mixed precision (graph/autocast.h, training/amp.h)
   std::string precision = "fp32";    // fp32 | bf16 | fp16
@@ -84,8 +86,8 @@ struct TrainConfig {
 };
 
 /// The device cfg.state_device names among the runtime's configured devices, where the optimizer
-/// step is pinned; none for auto without a GPU (the scheduler places the step). Throws naming
-/// the value when it is not a configured device, or not the CPU under ZeRO.
+/// step is pinned; none for auto without a GPU or under ZeRO (the scheduler places the step).
+/// Throws naming the value when it is not a configured device, or a GPU under ZeRO.
 std::optional<Device> resolve_state_device(const TrainConfig& cfg);
 
 /// A preset's defaults; throws for an unknown name (listing the known ones).

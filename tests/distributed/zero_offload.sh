@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# ZeRO with a sim state device under `mpirun -np 2` (each rank has its own sim:0): the model
+# states live where --state-device and --offload say, the bits are stage 0's, and a capacity
+# between two measured device peaks fits only the offloaded run.
+#   --zero 0|1|2 --offload optimizer: no optimizer state on sim:0, all of it on the host;
+#   --zero 3 (no offload): parameter shards, gradient buffers and optimizer state on sim:0, no
+#     parameters or optimizer state on the host;
+#   --zero 3 --offload optimizer+params: the optimizer state and the parameter shards on the host,
+#     only the gathered buckets' parameters on sim:0 (fewer bytes than shard + buckets, and than
+#     the whole model);
+#   sim:0:mem=<between the two stage-3 peaks>: without offload an out-of-memory error naming
+#     sim:0, the request and the bytes by tag; with optimizer+params the run completes.
+# Every run's consolidated checkpoint and logged losses equal --zero 0's on the host.
+# Usage: zero_offload.sh HETRAIN
+set -uo pipefail
+ht=$1
+here=$(cd "$(dirname "$0")" && pwd)
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+export XDG_CACHE_HOME=$dir/cache
+die() { echo "FAIL: $*"; exit 1; }
+common=(train --preset gpt-mini --layers 2 --width 64 --heads 2 --context 16 --batch-size 8
+        --steps 6 --eval-batches 1 --clip 0.5 --bucket-mb 0.05 --threads 1 --no-progress
+        --no-record --log-every 2)
+sim=(--state-device sim:0)
+run() {  # run NAME DEVICES ARGS...: true when the run completed
+  local name=$1 devices=$2
+  shift 2
+  bash "$here/mpirun.sh" 2 200 "$ht" "${common[@]}" --devices "$devices" "$@" \
+    --save "$dir/$name" --json-log "$dir/$name.jsonl" > "$dir/$name.out" 2>&1
+}
+run z0 cpu --zero 0 || { cat "$dir/z0.out"; die "zero 0 failed"; }
+# Stage 0 over 2 ranks (the sharded optimizer's data-parallel layout): its parameters are views
+# of flat buffers on sim:0, updated in place (before, offload copied them out of the buffers and
+# the updates were lost).
+run o0 cpu,sim:0 --zero 0 "${sim[@]}" --offload optimizer || { cat "$dir/o0.out"; die "o0"; }
+run o1 cpu,sim:0 --zero 1 "${sim[@]}" --offload optimizer || { cat "$dir/o1.out"; die "o1"; }
+run o2 cpu,sim:0 --zero 2 "${sim[@]}" --offload optimizer || { cat "$dir/o2.out"; die "o2"; }
+run s3 cpu,sim:0 --zero 3 "${sim[@]}" || { cat "$dir/s3.out"; die "zero 3 on sim:0 failed"; }
+run p3 cpu,sim:0 --zero 3 "${sim[@]}" --offload optimizer+params \
+  || { cat "$dir/p3.out"; die "zero 3 with optimizer+params failed"; }
+cap=$(python3 - "$dir" <<'EOF'
+import json, sys
+d = sys.argv[1]
+fin = {n: [json.loads(l) for l in open(f"{d}/{n}.jsonl") if '"final"' in l][0]
+       for n in ("o0", "o1", "o2", "s3", "p3")}
+sim = {n: f["device_memory_by_tag"]["sim:0"] for n, f in fin.items()}
+host = {n: f["peak_memory_bytes"] for n, f in fin.items()}
+for n in ("o0", "o1", "o2", "p3"):
+    assert sim[n]["optimizer_state"] == 0 and host[n]["optimizer_state"] > 0, (n, sim[n], host[n])
+    assert sim[n]["parameters"] > 0 and sim[n]["gradients"] > 0, (n, sim[n])
+# (Backward's gradients are made wherever the scheduler runs backward's nodes, the host too.)
+for t in ("optimizer_state", "parameters"):
+    assert sim["s3"][t] > 0 and host["s3"][t] == 0, (t, sim["s3"], host["s3"])
+assert sim["s3"]["gradients"] > 0, sim["s3"]
+assert host["p3"]["parameters"] > 0, host["p3"]
+assert sim["p3"]["parameters"] < sim["s3"]["parameters"], (sim["p3"], sim["s3"])
+# The gathered working set on sim:0 is a few buckets, not the whole model (4P: twice a rank's
+# shard at the update, 4P/2): the device runs its nodes in plan order, not every gather at once.
+whole = 2 * fin["p3"]["rank_memory"][0]["at_update_bytes"]["parameters"]
+assert sim["p3"]["parameters"] < whole, ("gathered working set", sim["p3"], whole)
+assert fin["p3"]["offload"] == "optimizer+params" and fin["p3"]["zero"] == 3, fin["p3"]
+a, b = fin["p3"]["device_peak_memory_bytes"]["sim:0"], fin["s3"]["device_peak_memory_bytes"]["sim:0"]
+assert a < b, (a, b)
+for n in ("s3", "p3"):
+    print(f"zero 3 {n}: sim:0 by tag {sim[n]}, host by tag {host[n]}", file=sys.stderr)
+print((a + b) // 2)
+EOF
+) || die "memory by tag: $cap"
+run small cpu,sim:0:mem=$cap --zero 3 "${sim[@]}" && die "$cap bytes of sim:0 were enough without offload"
+grep -Eq "out of memory on sim:0: .*while .* is live of its .* capacity .*; live by tag: .*parameters" \
+  "$dir/small.out" || { cat "$dir/small.out"; die "no out-of-memory error naming sim:0"; }
+run fits cpu,sim:0:mem=$cap --zero 3 "${sim[@]}" --offload optimizer+params \
+  || { cat "$dir/fits.out"; die "optimizer+params did not fit $cap bytes of sim:0"; }
+losses() { grep -o '"loss":[^,]*' "$1"; }
+status=0
+for name in o0 o1 o2 s3 p3 fits; do
+  "$ht" checkpoint consolidate "$dir/$name" -o "$dir/$name.c" > /dev/null || die "consolidate $name"
+  for f in model.1.safetensors train_state.1.safetensors; do
+    cmp -s "$dir/z0/$f" "$dir/$name.c/$f" || { echo "FAIL: $name: $f differs from zero 0's"; status=1; }
+  done
+  [[ "$(losses "$dir/z0.jsonl")" == "$(losses "$dir/$name.jsonl")" ]] \
+    || { echo "FAIL: $name: logged losses differ from zero 0's"; status=1; }
+done
+[[ $status == 0 ]] && echo "zero offload -np 2: stages 0-2 with optimizer offload and stage 3" \
+  "with optimizer+params on sim:0 equal zero 0; $cap bytes of sim:0 fit only the offloaded run"
+exit $status
