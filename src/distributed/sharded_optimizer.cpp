@@ -307,6 +307,10 @@ void ShardedOptimizer::step() {
     if (works[b]) works[b]->wait();
     shard_[b] = view_leaf(flat_[b], own_begin(b) - flat_base(b), {own_count(b)}, true);
   }
+  // The parameters are views of the flat buffers just written: their copies on other devices
+  // (a GPU's or a sim device's, for the nodes the scheduler placed there) hold last step's
+  // values.
+  for (const auto& [name, p] : model_params_) values_changed(*p);
   ++steps_;
 }
 

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "hetrain/base/error.h"
+#include "hetrain/runtime/eval.h"
 #include "runtime/internal.h"
 
 namespace hetrain::runtime {
@@ -103,3 +104,11 @@ Array placeholder_copy(Node* p, int idx, Device d) {
 }
 
 }  // namespace hetrain::runtime
+
+namespace hetrain {
+
+void values_changed(const Tensor& t) {
+  if (t.defined() && t.node()) runtime::drop_replicas(t.node());
+}
+
+}  // namespace hetrain

@@ -181,6 +181,14 @@ add_test(NAME distributed.zero_kill_during_save
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/zero_kill.sh $<TARGET_FILE:hetrain>)
 set_tests_properties(distributed.zero_kill_during_save PROPERTIES TIMEOUT 600
                      PASS_REGULAR_EXPRESSION "previous checkpoint kept, new one complete or rejected")
+# DDP with a sim device beside the CPU equals DDP on the CPU alone, in bf16, whose casts of the
+# parameters the scheduler places on sim:0: their copies there follow each update.
+add_test(NAME distributed.ddp_sim_device_equals_cpu_bf16_np2
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/ddp_devices.sh $<TARGET_FILE:hetrain>
+                 2 --preset gpt-mini --layers 1 --width 32 --heads 2 --context 16 --batch-size 8
+                 --steps 4 --eval-batches 2 --precision bf16)
+set_tests_properties(distributed.ddp_sim_device_equals_cpu_bf16_np2 PROPERTIES TIMEOUT 600
+                     PASS_REGULAR_EXPRESSION "DDP -np 2 on cpu,sim:0 equals cpu")
 # Every test of this file runs Open MPI (mpirun, or MPI_Init as a singleton): label `mpi`.
 # The sanitizer job (tools/run_sanitizers.sh) runs these without LeakSanitizer, which cannot
 # name the allocations Open MPI's dlopen'ed components leave at exit (see that script).

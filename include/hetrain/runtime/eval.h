@@ -31,6 +31,12 @@ class NodeObserver {
 void add_node_observer(NodeObserver* obs);
 void remove_node_observer(NodeObserver* obs);
 
+/// t's value was written in place (a parameter view into a flat buffer that an optimizer
+/// updates, a collective's output): the copies of it that the executor made on other devices
+/// are stale and forgotten, so the next reader there copies it again. (A copy is otherwise
+/// valid for as long as t keeps the same buffer.)
+void values_changed(const Tensor& t);
+
 /// Work that must follow the plan, not the execution: ZeRO stage 3 gathers each sharded
 /// parameter (Node::sharded) before the nodes that read it, issuing its collectives in plan
 /// order on every rank (distributed/param_gatherer.h). begin() sees each top-level eval's
