@@ -20,8 +20,8 @@
 namespace hetrain::cli {
 
 namespace {
-const char* const kSettingFlags[] = {"data",    "batch-size",    "seed",
-                                     "threads", "memory-budget", "recompute"};
+const char* const kSettingFlags[] = {"data",          "batch-size", "seed",     "threads",
+                                     "memory-budget", "recompute",  "precision"};
 
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
@@ -135,6 +135,9 @@ int cmd_profile(const Args& args) {
       .option("threads", "N", "worker threads (0: every core)")
       .option("memory-budget", "BYTES", "the CPU allocator's capacity (see 'hetrain train --help')")
       .option("recompute", "MODE", "none, selective, full or auto (see 'hetrain train --help')")
+      .option("precision", "P",
+              "fp32, bf16 or fp16: profile the autocast run (see 'hetrain train --help'; "
+              "default: the preset's or --config's, else fp32)")
       .option("trace", "FILE",
               "write a Chrome trace JSON (open in https://ui.perfetto.dev or chrome://tracing): "
               "one track per worker thread, a step event around its nodes, FLOPs/bytes/shapes "
@@ -155,6 +158,7 @@ int cmd_profile(const Args& args) {
       .epilog(
           "examples:\n"
           "  hetrain profile --preset gpt-mini --steps 5\n"
+          "  hetrain profile --preset gpt-mini --precision bf16 --steps 10\n"
           "  hetrain profile --preset gpt-mini --steps 5 --trace trace.json --report "
           "report.html\n"
           "  hetrain profile --preset fashion-cnn --steps 3 --threads 1 --json profile.json");

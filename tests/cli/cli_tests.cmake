@@ -57,6 +57,12 @@ hetrain_cli_test(cli.bench_unwritable "cannot write --json file '/proc/forbidden
                  ${HT} bench --quick --no-store --json /proc/forbidden/p.json)
 hetrain_cli_test(cli.profile_help "--warmup-steps N.*--trace FILE.*--json FILE.*--report FILE"
                  ${HT} profile --help)
+# --precision as in train: the bf16 run's table has the autocast casts; a bad value names the flag.
+hetrain_cli_test(cli.profile_bf16 "precision bf16.*\ncast +[0-9]+"
+                 ${HT} profile --preset fashion-mlp --precision bf16 --steps 2 --threads 1
+                 --no-progress)
+hetrain_cli_test(cli.profile_bad_precision "flag --precision: precision must be fp32, bf16 or fp16, got .fp8."
+                 ${HT} profile --preset fashion-mlp --precision fp8 --steps 1)
 # Outputs are checked before any work: no device measurement, no training.
 hetrain_cli_test(cli.profile_unwritable "cannot write --report file '/proc/forbidden/r.html'"
                  ${HT} profile --steps 1 --report /proc/forbidden/r.html)
