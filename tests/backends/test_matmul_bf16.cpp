@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/omp_single.h"
 #include "hetrain/graph/ops.h"
 
 using namespace hetrain;
@@ -122,6 +124,44 @@ TEST(MatmulBf16, OneDnnPrimitiveMatchesF64Reference) {
     std::vector<double> got16;
     for (BFloat16 v : c16) got16.push_back(bf16_to_float(v.bits));
     expect_within(got16, ref, scale, "oneDNN bf16 out " + name(c));
+  }
+}
+
+TEST(MatmulBf16, OneDnnPrimitiveRunsOnOtherThreadsAtOnce) {
+  // The executor runs a cached primitive on whichever pool thread takes the node, and two nodes
+  // at once: each run, on two threads together, one OpenMP thread each (as on the pool's
+  // blocks), gives the bits of the run on the thread that built the primitive.
+  if (!cpu::onednn_has_bf16_matmul())
+    GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU (needs AVX-512)";
+  const Case cases[] = {{1, 256, 128, 2048, true, false},
+                        {1, 1024, 384, 128, false, true},
+                        {1, 128, 512, 2048, true, false}};
+  Generator gen(13);
+  for (const Case& c : cases) {
+    Tensor as = randn({c.ta ? c.K : c.M, c.ta ? c.M : c.K}, Dtype::bf16, gen).eval();
+    Tensor bs = randn({c.tb ? c.N : c.K, c.tb ? c.K : c.N}, Dtype::bf16, gen).eval();
+    const auto* ap = as.array().data<BFloat16>();
+    const auto* bp = bs.array().data<BFloat16>();
+    const auto run = [&](std::vector<float>& out) {
+      cpu::SingleOmpThread one;
+      cpu::gemm_bf16_onednn(c.ta, c.tb, c.M, c.N, c.K, ap, as.shape()[1], bp, bs.shape()[1],
+                            out.data(), /*c_bf16=*/false, c.N);
+    };
+    std::vector<float> want(static_cast<size_t>(c.M * c.N));
+    run(want);
+    int mismatched[2] = {0, 0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t)
+      threads.emplace_back([&, t] {
+        std::vector<float> got(want.size());
+        for (int rep = 0; rep < 20; ++rep) {
+          std::fill(got.begin(), got.end(), 0.0f);
+          run(got);
+          if (got != want) ++mismatched[t];
+        }
+      });
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(mismatched[0] + mismatched[1], 0) << name(c) << ": runs on other threads differ";
   }
 }
 

@@ -3,11 +3,17 @@
 // emulation. Primitives are cached by shape and layout, so a training loop creates each
 // one once.
 //
-// Unlike the f32 GEMMs (gemm_blocks), the call runs whole on oneDNN's own OpenMP team: built
-// single-threaded on gemm_blocks' blocks, oneDNN 2.6 gives the weight-gradient shapes (A
-// transposed, M of 64-256 against K = 2048) its non-AMX gemm:jit kernel and runs the rest at
-// lower rates; gpt-mini's bf16 step took 1.11x as long that way on an AMX Xeon
+// Unlike the f32 GEMMs (gemm_blocks), the call runs whole on oneDNN's own OpenMP team. On
+// gemm_blocks' blocks, single-threaded, gpt-mini's bf16 step was 1.03x faster with 2 threads
+// and 1.16x slower with 1 on an AMX Xeon, and blocks sized by the thread count give other
+// bits on another thread count (oneDNN picks other kernels for the block shapes)
 // (docs/PERFORMANCE.md, 2026-12-05).
+//
+// Each primitive runs on a scratchpad the caller passes (user mode). In oneDNN's default
+// library mode every primitive shares one scratchpad per thread that created primitives, sized
+// at creation, so a cached primitive run on another pool thread can overrun that thread's
+// smaller one: with the GEMM split over the pool that way, gpt-mini trained to a loss of 4.98
+// instead of 3.38 in 30 steps.
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -15,7 +21,9 @@
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
+#include <unordered_map>
 
+#include "backends/cpu/compute_buffers.h"
 #include "backends/cpu/gemm.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
@@ -26,10 +34,17 @@ namespace {
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
 
+/// A matmul primitive and the size of the scratchpad each run gets (its own, so the primitive
+/// may run on any thread, and on two at once).
+struct MatmulPlan {
+  dnnl::matmul prim;
+  dnnl::memory::desc scratch;
+};
+
 struct OneDnn {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   std::mutex mu;
-  std::map<Key, std::shared_ptr<dnnl::matmul>> cache;
+  std::map<Key, std::shared_ptr<const MatmulPlan>> cache;
 };
 
 OneDnn& onednn() {
@@ -59,28 +74,37 @@ void gemm_bf16_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const B
   const auto b_md = matrix_desc(K, N, tb, ldb, dt::bf16);
   const auto c_md = matrix_desc(M, N, false, ldc, cdt);
   const Key key{ta, tb, M, N, K, lda, ldb, ldc, c_bf16};
-  std::shared_ptr<dnnl::matmul> prim;
+  std::shared_ptr<const MatmulPlan> plan;
   {
     std::lock_guard<std::mutex> lk(o.mu);
     auto it = o.cache.find(key);
-    if (it != o.cache.end()) prim = it->second;
+    if (it != o.cache.end()) plan = it->second;
   }
-  if (!prim) {
+  if (!plan) {
     try {
-      dnnl::matmul::desc d(a_md, b_md, c_md);
-      prim = std::make_shared<dnnl::matmul>(dnnl::matmul::primitive_desc(d, o.engine));
+      dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, o.engine);
+      plan = std::make_shared<const MatmulPlan>(MatmulPlan{dnnl::matmul(pd), pd.scratchpad_desc()});
     } catch (const dnnl::error& e) {
       fail("[matmul] oneDNN has no bf16 matmul for M=", M, " N=", N, " K=", K, ": ", e.what());
     }
     std::lock_guard<std::mutex> lk(o.mu);
-    o.cache.emplace(key, prim);
+    o.cache.emplace(key, plan);
   }
   // oneDNN takes non-const handles; it only reads A and B.
   dnnl::memory a(a_md, o.engine, const_cast<BFloat16*>(A));
   dnnl::memory b(b_md, o.engine, const_cast<BFloat16*>(B));
   dnnl::memory c(c_md, o.engine, C);
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+  Array scratch;
+  if (const size_t bytes = plan->scratch.get_size(); bytes > 0) {
+    scratch = workspace({static_cast<int64_t>((bytes + 3) / 4)}, Dtype::f32);
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(plan->scratch, o.engine, scratch.raw()));
+  }
   dnnl::stream s(o.engine);
-  prim->execute(s, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  plan->prim.execute(s, args);
   s.wait();
 }
 
