@@ -96,22 +96,6 @@ PackedGeom packed_geom(const Shape& qkv, int64_t heads, bool causal) {
   return {{qkv[0] * heads, L, L, d, d, causal}, heads};
 }
 
-/// s[c] = exp(s[c] - shift) for c < n; their sum is row_sum's (eight partial sums in a fixed
-/// order).
-struct ExpShifted {
-  template <cpu::Isa, class T>
-  [[gnu::always_inline]] static inline void run(T* s, int64_t n, T shift, T& sum) {
-    for (int64_t c = 0; c < n; ++c) s[c] = cpu::vexp(s[c] - shift);
-    sum = cpu::row_sum(s, n, [](T v) { return v; });
-  }
-};
-template <class T>
-T exp_shifted(T* s, int64_t n, T shift) {
-  T sum{};
-  cpu::isa_dispatch<ExpShifted>(s, n, shift, sum);  // every vector width, the same bits
-  return sum;
-}
-
 /// Keys [0, limit) of a tile starting at key j0 are visible to query row i.
 int64_t visible(const AttnGeom& g, int64_t i, int64_t j0, int64_t nk) {
   return g.causal ? std::clamp<int64_t>(i - j0 + 1, 0, nk) : nk;
@@ -122,6 +106,102 @@ template <class T>
 void zero_rows(const Rows<T>& a, int64_t b, int64_t r0, int64_t n, int64_t width) {
   for (int64_t r = r0; r < r0 + n; ++r) std::fill(a.at(b, r), a.at(b, r) + width, T(0));
 }
+
+/// Score tiles are kBk wide and their rows padded to whole vectors: exp runs over every lane of a
+/// row's last vector (the lanes past its visible keys are zeroed after), so no row ends in a
+/// scalar loop. The padding is a whole number of 16-lane vectors, what AVX-512 holds.
+constexpr int64_t kPad = 16;
+static_assert(kBk % kPad == 0);
+int64_t padded(int64_t n) { return (n + kPad - 1) / kPad * kPad; }
+
+/// Max of s[0, n) and m, ignoring NaN as std::max(m, s[c]) in a row would; eight partial maxima
+/// so the loop vectorises (the max is exact, so the order does not change it).
+template <class T>
+[[gnu::always_inline]] inline T tile_row_max(const T* s, int64_t n, T m) {
+  T acc[8];
+  for (auto& a : acc) a = m;
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8)
+    for (int j = 0; j < 8; ++j) acc[j] = s[c + j] > acc[j] ? s[c + j] : acc[j];
+  for (; c < n; ++c) acc[0] = s[c] > acc[0] ? s[c] : acc[0];
+  for (int j = 1; j < 8; ++j) m = acc[j] > m ? acc[j] : m;
+  return acc[0] > m ? acc[0] : m;
+}
+
+/// s[c] = exp(s[c] - shift) for the lim visible keys of a row (over whole vectors), 0 for the
+/// rest of its nk; returns the sum of the visible ones (eight partial sums in a fixed order).
+template <class T>
+[[gnu::always_inline]] inline T exp_row(T* s, int64_t lim, int64_t nk, T shift) {
+  const int64_t np = lim > 0 ? padded(lim) : 0;
+  for (int64_t c = nk; c < np; ++c) s[c] = T(0);  // past the tile: never written by its GEMM
+  for (int64_t c = 0; c < np; ++c) s[c] = cpu::vexp(s[c] - shift);
+  const T sum = cpu::row_sum(s, lim, [](T v) { return v; });
+  for (int64_t c = lim; c < nk; ++c) s[c] = T(0);
+  return sum;
+}
+
+/// Forward, one (nq x nk) score tile of scaled q.k products: folds it into each row's running max
+/// m, sum l and output accumulator acc (online softmax) and leaves the tile's probabilities,
+/// exp(s - m), for the product with v.
+struct OnlineSoftmax {
+  template <cpu::Isa, class T>
+  [[gnu::always_inline]] static inline void run(T* S, const AttnGeom& g, int64_t i0, int64_t nq,
+                                                int64_t j0, int64_t nk, T* m, T* l, T* acc) {
+    for (int64_t r = 0; r < nq; ++r) {
+      T* s = S + r * kBk;
+      const int64_t lim = visible(g, i0 + r, j0, nk);
+      // Row r saw key 0 in the first tile, so mx is finite from then on.
+      const T mx = tile_row_max(s, lim, m[r]);
+      const T alpha = cpu::vexp(m[r] - mx);
+      const T sum = exp_row(s, lim, nk, mx);
+      l[r] = l[r] * alpha + sum;
+      m[r] = mx;
+      if (alpha != T(1)) {
+        T* a = acc + r * g.Ev;
+        for (int64_t e = 0; e < g.Ev; ++e) a[e] *= alpha;
+      }
+    }
+  }
+};
+
+/// Forward, the tile's last step: each output row is its accumulator over its sum.
+struct FinishRows {
+  template <cpu::Isa, class T>
+  [[gnu::always_inline]] static inline void run(const T* acc, const T* l, int64_t nq, int64_t Ev,
+                                                const Rows<T>& O, int64_t b, int64_t i0) {
+    for (int64_t r = 0; r < nq; ++r) {
+      const T inv = T(1) / l[r];
+      T* o = O.at(b, i0 + r);
+      const T* a = acc + r * Ev;
+      for (int64_t e = 0; e < Ev; ++e) o[e] = a[e] * inv;
+    }
+  }
+};
+
+/// Backward, one tile: P = exp(s - lse) from the recomputed scores (0 past each row's visible
+/// keys).
+struct TileProbs {
+  template <cpu::Isa, class T>
+  [[gnu::always_inline]] static inline void run(T* P, const AttnGeom& g, int64_t i0, int64_t nq,
+                                                int64_t j0, int64_t nk, const T* lse) {
+    for (int64_t r = 0; r < nq; ++r)
+      exp_row(P + r * kBk, visible(g, i0 + r, j0, nk), nk, lse[i0 + r]);
+  }
+};
+
+/// Backward, one tile: dS = P * (dP - D), the softmax gradient, in place of dP.
+struct SoftmaxGrad {
+  template <cpu::Isa, class T>
+  [[gnu::always_inline]] static inline void run(const T* P, T* dS, int64_t nq, int64_t nk,
+                                                const T* D) {
+    for (int64_t r = 0; r < nq; ++r) {
+      const T d = D[r];
+      const T* p = P + r * kBk;
+      T* ds = dS + r * kBk;
+      for (int64_t c = 0; c < nk; ++c) ds[c] = p[c] * (ds[c] - d);
+    }
+  }
+};
 
 template <class T>
 void attention_forward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<T> O, T* LSE,
@@ -145,28 +225,12 @@ void attention_forward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<T
       for (int64_t j0 = 0; j0 < kend; j0 += kBk) {
         const int64_t nk = std::min(kBk, kend - j0);
         gemm<T>(false, true, nq, nk, g.E, scale, q, Q.ld, k + j0 * K.ld, K.ld, T(0), S, kBk);
-        for (int64_t r = 0; r < nq; ++r) {
-          T* s = S + r * kBk;
-          const int64_t lim = visible(g, i0 + r, j0, nk);
-          T mx = m[r];
-          for (int64_t c = 0; c < lim; ++c) mx = std::max(mx, s[c]);
-          // Row r saw key 0 in the first tile, so mx is finite from then on.
-          const T alpha = cpu::vexp(m[r] - mx);
-          const T sum = exp_shifted(s, lim, mx);
-          std::fill(s + lim, s + nk, T(0));
-          l[r] = l[r] * alpha + sum;
-          m[r] = mx;
-          if (alpha != T(1))
-            for (int64_t e = 0; e < g.Ev; ++e) acc[r * g.Ev + e] *= alpha;
-        }
+        cpu::isa_dispatch<OnlineSoftmax>(S, g, i0, nq, j0, nk, m, l, acc);
         gemm<T>(false, false, nq, g.Ev, nk, T(1), S, kBk, v + j0 * V.ld, V.ld, T(1), acc, g.Ev);
       }
-      for (int64_t r = 0; r < nq; ++r) {
-        const T inv = T(1) / l[r];
-        T* o = O.at(b, i0 + r);
-        for (int64_t e = 0; e < g.Ev; ++e) o[e] = acc[r * g.Ev + e] * inv;
-        LSE[b * g.Lq + i0 + r] = m[r] + std::log(l[r]);
-      }
+      cpu::isa_dispatch<FinishRows>(static_cast<const T*>(acc), static_cast<const T*>(l), nq, g.Ev,
+                                    O, b, i0);
+      for (int64_t r = 0; r < nq; ++r) LSE[b * g.Lq + i0 + r] = m[r] + std::log(l[r]);
     }
   });
 }
@@ -225,20 +289,11 @@ void attention_backward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<
           const int64_t nq = std::min(kBq, g.Lq - i0);
           gemm<T>(false, true, nq, nk, g.E, scale, q + i0 * Q.ld, Q.ld, k + j0 * K.ld, K.ld, T(0),
                   P, kBk);
-          for (int64_t r = 0; r < nq; ++r) {
-            T* p = P + r * kBk;
-            const int64_t lim = visible(g, i0 + r, j0, nk);
-            exp_shifted(p, lim, lse[i0 + r]);
-            std::fill(p + lim, p + nk, T(0));
-          }
+          cpu::isa_dispatch<TileProbs>(P, g, i0, nq, j0, nk, lse);
           const T* doi = dO.at(b, i0);
           gemm<T>(true, false, nk, g.Ev, nq, T(1), P, kBk, doi, dO.ld, T(1), dv, dV.ld);
           gemm<T>(false, true, nq, nk, g.Ev, T(1), doi, dO.ld, v + j0 * V.ld, V.ld, T(0), dS, kBk);
-          for (int64_t r = 0; r < nq; ++r) {
-            const T d = Db[i0 + r];
-            for (int64_t c = 0; c < nk; ++c)
-              dS[r * kBk + c] = P[r * kBk + c] * (dS[r * kBk + c] - d);
-          }
+          cpu::isa_dispatch<SoftmaxGrad>(static_cast<const T*>(P), dS, nq, nk, Db + i0);
           gemm<T>(false, false, nq, g.E, nk, scale, dS, kBk, k + j0 * K.ld, K.ld, T(1),
                   dq + i0 * ldq, ldq);
           gemm<T>(true, false, nk, g.E, nq, scale, dS, kBk, q + i0 * Q.ld, Q.ld, T(1), dk, dK.ld);
