@@ -222,10 +222,11 @@ int cmd_profile(const Args& args) {
   if (std::ifstream la("/proc/loadavg"); la) la >> in.load_average;
 
   std::printf(
-      "profile of %s: %lld steps after %lld warm-up, %d threads; roofline of %s: FMA peak "
-      "%.1f GFLOP/s, triad %.2f GB/s (per CPU second), ridge %.1f FLOP/byte; load average %.1f\n",
-      cfg.preset.c_str(), steps, warmup, num_threads(), device.name.c_str(), device.peak_gflops(),
-      device.roof_bw_gbs(), device.ridge_flop_per_byte(), in.load_average);
+      "profile of %s: %lld steps after %lld warm-up, %d threads; roofline of %s: %s, triad "
+      "%.2f GB/s (per CPU second), ridge %.1f FLOP/byte; load average %.1f\n",
+      cfg.preset.c_str(), steps, warmup, num_threads(), device.name.c_str(),
+      insight::ceilings_text(in.rows, device).c_str(), device.roof_bw_gbs(),
+      device.ridge_flop_per_byte(), in.load_average);
   std::fputs(
       insight::format_table(in.rows, prof.step_seconds(), static_cast<int>(prof.steps().size()))
           .c_str(),

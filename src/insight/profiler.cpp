@@ -112,6 +112,10 @@ void Profiler::on_node(const Node& node, int64_t start_ns, int64_t end_ns) {
   e.bytes_read = c.bytes_read;
   e.bytes_written = c.bytes_written;
   if (!out.empty()) e.dtype = out[0].dtype;
+  e.compute_dtype = e.dtype;
+  const auto floating =
+      std::find_if(in.begin(), in.end(), [](const TensorMeta& m) { return is_floating(m.dtype); });
+  if (floating != in.end()) e.compute_dtype = floating->dtype;
   for (size_t i = 0; i < in.size(); ++i) {
     if (i) e.shapes += ' ';
     e.shapes += meta_str(in[i]);
@@ -136,11 +140,16 @@ void Profiler::on_memory(MemoryTag, int64_t, const MemoryStats& stats) {
   memory_.push_back(m);
 }
 
+std::string PrimitiveSummary::label() const {
+  return dtype == Dtype::f32 ? name : name + " " + std::string(dtype_name(dtype));
+}
+
 std::vector<PrimitiveSummary> summarize(const std::vector<NodeEvent>& nodes) {
-  std::map<std::string, PrimitiveSummary> by;
+  std::map<std::pair<std::string, Dtype>, PrimitiveSummary> by;
   for (const auto& e : nodes) {
-    PrimitiveSummary& s = by[e.primitive];
+    PrimitiveSummary& s = by[{e.primitive, e.compute_dtype}];
     s.name = e.primitive;
+    s.dtype = e.compute_dtype;
     ++s.calls;
     s.total_s += e.seconds();
     s.flops += e.flops;
@@ -234,6 +243,7 @@ json Profiler::chrome_trace() const {
                     {"bytes_read", e.bytes_read},
                     {"bytes_written", e.bytes_written},
                     {"dtype", std::string(dtype_name(e.dtype))},
+                    {"compute_dtype", std::string(dtype_name(e.compute_dtype))},
                     {"shapes", e.shapes},
                     {"step", e.step >= 0 ? steps_[static_cast<size_t>(e.step)].index : -1}}}});
   }

@@ -10,21 +10,64 @@ namespace hetrain::insight {
 
 using nlohmann::json;
 
+namespace {
+
+// Primitives whose FLOPs run on the GEMM path (oneDNN or OpenBLAS GEMMs and convolutions); a
+// fused epilogue's producer is a matmul or a convolution.
+bool gemm_like(const std::string& primitive) {
+  static const char* const kGemm[] = {"matmul", "fused_epilogue", "conv2d", "conv2d_backward_input",
+                                      "conv2d_backward_weight"};
+  return std::any_of(std::begin(kGemm), std::end(kGemm),
+                     [&](const char* n) { return primitive == n; });
+}
+
+}  // namespace
+
+double compute_ceiling_gflops(const DeviceProfile& device, const std::string& primitive,
+                              Dtype dtype) {
+  const double fma = device.peak_gflops();
+  if (!gemm_like(primitive)) return fma;
+  // 0: oneDNN ran on a unit whose peak loop could not run here; the FMA peak is all we know.
+  const double gemm = device.gemm_ceiling_gflops(dtype);
+  return gemm > 0 ? gemm : fma;
+}
+
 std::vector<RooflineRow> roofline_rows(const std::vector<PrimitiveSummary>& summary,
                                        double step_seconds, const DeviceProfile& device) {
   std::vector<RooflineRow> rows;
-  const double ridge = device.ridge_flop_per_byte();
+  const double bw = device.roof_bw_gbs();
   for (const auto& s : summary) {
     RooflineRow r;
     r.s = s;
     r.percent_of_step = step_seconds > 0 ? 100.0 * s.total_s / step_seconds : 0;
+    r.ceiling_gflops = compute_ceiling_gflops(device, s.name, s.dtype);
     const double i = s.intensity();
-    r.attainable_gflops = std::min(device.peak_gflops(), i * device.roof_bw_gbs());
+    r.attainable_gflops = std::min(r.ceiling_gflops, i * bw);
     r.of_roofline = r.attainable_gflops > 0 ? s.gflops_per_s() / r.attainable_gflops : 0;
-    r.compute_bound = ridge > 0 && i >= ridge;
+    r.compute_bound = bw > 0 && r.ceiling_gflops > 0 && i >= r.ceiling_gflops / bw;
     rows.push_back(r);
   }
   return rows;
+}
+
+std::string ceilings_text(const std::vector<RooflineRow>& rows, const DeviceProfile& device) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "FMA peak %.1f GFLOP/s", device.peak_gflops());
+  std::string text = buf;
+  std::vector<Dtype> shown;
+  for (const auto& r : rows) {
+    if (r.ceiling_gflops == device.peak_gflops() ||
+        std::find(shown.begin(), shown.end(), r.s.dtype) != shown.end())
+      continue;
+    shown.push_back(r.s.dtype);
+    const std::string unit = r.s.dtype == Dtype::bf16 && !device.bf16_isa.empty()
+                                 ? " (" + device.bf16_isa + ")"
+                                 : std::string();
+    std::snprintf(buf, sizeof buf, ", %s GEMM ceiling %.1f GFLOP/s%s",
+                  std::string(dtype_name(r.s.dtype)).c_str(), r.ceiling_gflops, unit.c_str());
+    text += buf;
+  }
+  return text;
 }
 
 namespace {
@@ -164,7 +207,16 @@ std::string roofline_svg(const ReportInput& in) {
   Plot p("roofline", "Roofline: each primitive against this machine's measured ceilings");
   const DeviceProfile& d = in.device;
   const double peak = d.peak_gflops(), bw = d.roof_bw_gbs(), ridge = d.ridge_flop_per_byte();
+  // Ceilings above the FMA peak (the bf16 unit's, bounding bf16 GEMMs), one per dtype.
+  std::vector<std::pair<Dtype, double>> gemm_roofs;
+  for (const auto& r : in.rows)
+    if (bw > 0 && r.ceiling_gflops > peak &&
+        std::none_of(gemm_roofs.begin(), gemm_roofs.end(),
+                     [&](const auto& g) { return g.first == r.s.dtype; }))
+      gemm_roofs.emplace_back(r.s.dtype, r.ceiling_gflops);
   double imin = ridge, imax = ridge, gmin = peak, gmax = peak;
+  for (const auto& [dt, roof] : gemm_roofs)
+    imax = std::max(imax, roof / bw), gmax = std::max(gmax, roof);
   for (const auto& r : in.rows) {
     if (r.s.flops <= 0 || r.s.total_s <= 0) continue;
     imin = std::min(imin, r.s.intensity());
@@ -178,12 +230,19 @@ std::string roofline_svg(const ReportInput& in) {
   const double y0 = lo10(std::min(gmin / 2, x0 * bw)), y1 = hi10(gmax * 2);
   p.x_axis(x0, x1, true, "compute density (FLOP/byte)");
   p.y_axis(y0, y1, true, "GFLOP/s");
-  // Ceilings: memory slope up to the ridge, then the FMA peak; the f32 GEMM rate dashed.
+  // Ceilings: memory slope up to the ridge, then the FMA peak; the f32 GEMM rate dashed grey,
+  // the bf16 unit's ceiling dashed black.
   const double xs = std::max(x0, y0 / bw);
   p.polyline({{xs, xs * bw}, {ridge, peak}, {x1, peak}}, "stroke=\"#000\" stroke-width=\"2.5\"");
   auto& o = p.raw();
   o << "<text x=\"" << p.px(x1) - 4 << "\" y=\"" << p.py(peak) - 6
     << "\" text-anchor=\"end\">FMA peak " << fmt("%.0f", peak) << " GFLOP/s</text>\n";
+  for (const auto& [dt, roof] : gemm_roofs) {
+    p.polyline({{ridge, peak}, {roof / bw, roof}, {x1, roof}},
+               "stroke=\"#000\" stroke-width=\"1.5\" stroke-dasharray=\"8,3\"");
+    o << "<text x=\"" << p.px(x1) - 4 << "\" y=\"" << p.py(roof) - 6 << "\" text-anchor=\"end\">"
+      << dtype_name(dt) << " GEMM ceiling " << fmt("%.0f", roof) << " GFLOP/s</text>\n";
+  }
   o << "<text x=\"" << p.px(xs) + 6 << "\" y=\"" << p.py(xs * bw) - 8 << "\">triad "
     << fmt("%.1f", bw) << " GB/s</text>\n";
   const double gemm = d.gemm_f32_cpu_gflops > 0 ? d.gemm_f32_cpu_gflops : d.gemm_f32_tflops * 1e3;
@@ -204,12 +263,12 @@ std::string roofline_svg(const ReportInput& in) {
     const char* c = kPalette[k++ % 10];
     o << "<g class=\"point\"><circle cx=\"" << fmt("%.1f", cx) << "\" cy=\"" << fmt("%.1f", cy)
       << "\" r=\"" << fmt("%.1f", 3 + std::min(6.0, r.percent_of_step / 5)) << "\" fill=\"" << c
-      << "\" fill-opacity=\"0.8\"><title>" << esc(r.s.name) << ": " << fmt("%.2f", r.s.intensity())
-      << " FLOP/B, " << fmt("%.2f", r.s.gflops_per_s()) << " GFLOP/s, "
-      << fmt("%.1f", 100 * r.of_roofline) << "% of roof, " << fmt("%.1f", r.percent_of_step)
-      << "% of step</title></circle>"
+      << "\" fill-opacity=\"0.8\"><title>" << esc(r.s.label()) << ": "
+      << fmt("%.2f", r.s.intensity()) << " FLOP/B, " << fmt("%.2f", r.s.gflops_per_s())
+      << " GFLOP/s, " << fmt("%.1f", 100 * r.of_roofline) << "% of roof, "
+      << fmt("%.1f", r.percent_of_step) << "% of step</title></circle>"
       << "<text x=\"" << fmt("%.1f", cx + 7) << "\" y=\"" << fmt("%.1f", cy + 4)
-      << "\" font-size=\"10\" fill=\"" << c << "\">" << esc(r.s.name) << "</text></g>\n";
+      << "\" font-size=\"10\" fill=\"" << c << "\">" << esc(r.s.label()) << "</text></g>\n";
   }
   if (skipped)
     o << "<text x=\"" << Plot::L + 6 << "\" y=\"" << Plot::H - Plot::B - 8
@@ -224,7 +283,7 @@ std::string breakdown_svg(const ReportInput& in) {
   double other = 0;
   for (size_t i = 0; i < in.rows.size(); ++i) {
     if (i < 14)
-      bars.emplace_back(in.rows[i].s.name, in.rows[i].percent_of_step);
+      bars.emplace_back(in.rows[i].s.label(), in.rows[i].percent_of_step);
     else
       other += in.rows[i].percent_of_step;
   }
@@ -404,14 +463,14 @@ std::string render_depth_html(const std::vector<DepthPoint>& points, const std::
 std::string format_table(const std::vector<RooflineRow>& rows, double step_seconds, int steps) {
   std::ostringstream o;
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%-22s %7s %10s %7s %9s %8s %9s %-8s %7s\n", "primitive", "calls",
+  std::snprintf(buf, sizeof buf, "%-27s %7s %10s %7s %9s %8s %9s %-8s %7s\n", "primitive", "calls",
                 "total ms", "% step", "GFLOP/s", "GB/s", "FLOP/B", "bound", "% roof");
   o << buf;
   double sum = 0;
   for (const auto& r : rows) {
     sum += r.s.total_s;
-    std::snprintf(buf, sizeof buf, "%-22s %7lld %10.2f %7.1f %9.2f %8.2f %9.3f %-8s %7.1f\n",
-                  r.s.name.c_str(), static_cast<long long>(r.s.calls), r.s.total_s * 1e3,
+    std::snprintf(buf, sizeof buf, "%-27s %7lld %10.2f %7.1f %9.2f %8.2f %9.3f %-8s %7.1f\n",
+                  r.s.label().c_str(), static_cast<long long>(r.s.calls), r.s.total_s * 1e3,
                   r.percent_of_step, r.s.gflops_per_s(), r.s.gbytes_per_s(), r.s.intensity(),
                   r.s.flops > 0 ? (r.compute_bound ? "compute" : "memory") : "-",
                   100 * r.of_roofline);
@@ -429,6 +488,7 @@ json profile_json(const ReportInput& in) {
   json prims = json::array();
   for (const auto& r : in.rows)
     prims.push_back({{"name", r.s.name},
+                     {"dtype", std::string(dtype_name(r.s.dtype))},
                      {"calls", r.s.calls},
                      {"total_s", r.s.total_s},
                      {"percent_of_step", r.percent_of_step},
@@ -439,6 +499,7 @@ json profile_json(const ReportInput& in) {
                      {"gbytes_per_s", r.s.gbytes_per_s()},
                      {"flop_per_byte", r.s.intensity()},
                      {"bound", r.s.flops > 0 ? (r.compute_bound ? "compute" : "memory") : "none"},
+                     {"ceiling_gflops_per_s", r.ceiling_gflops},
                      {"attainable_gflops_per_s", r.attainable_gflops},
                      {"fraction_of_roofline", r.of_roofline}});
   json steps = json::array();
@@ -462,6 +523,8 @@ json profile_json(const ReportInput& in) {
           {"device",
            {{"name", in.device.name},
             {"fma_peak_gflops", in.device.peak_gflops()},
+            {"gemm_bf16_ceiling_gflops", compute_ceiling_gflops(in.device, "matmul", Dtype::bf16)},
+            {"gemm_bf16_impl", in.device.gemm_bf16_impl},
             {"mem_bw_gbs", in.device.mem_bw_gbs},
             {"roof_bw_gbs", in.device.roof_bw_gbs()},
             {"gemm_f32_gflops", in.device.gemm_f32_tflops * 1e3},
@@ -492,11 +555,11 @@ std::string render_html_report(const ReportInput& in) {
   o << "<h1>Hetrain profile: " << esc(in.title) << "</h1>\n";
   o << "<p>" << nsteps << " profiled steps, " << fmt("%.2f", nsteps ? step_s * 1e3 / nsteps : 0)
     << " ms per step; " << in.profiler->nodes().size() << " nodes on " << in.profiler->workers()
-    << " worker thread(s). Device: " << esc(in.device.name) << " &mdash; FMA peak "
-    << fmt("%.1f", in.device.peak_gflops()) << " GFLOP/s, triad "
-    << fmt("%.2f", in.device.roof_bw_gbs()) << " GB/s (both per CPU second), ridge point "
-    << fmt("%.1f", in.device.ridge_flop_per_byte()) << " FLOP/byte (measured "
-    << esc(in.device.date) << "). Achieved rates are per wall-clock second"
+    << " worker thread(s). Device: " << esc(in.device.name) << " &mdash; "
+    << esc(ceilings_text(in.rows, in.device)) << ", triad " << fmt("%.2f", in.device.roof_bw_gbs())
+    << " GB/s (per CPU second), ridge point " << fmt("%.1f", in.device.ridge_flop_per_byte())
+    << " FLOP/byte (measured " << esc(in.device.date)
+    << "). Achieved rates are per wall-clock second"
     << (in.load_average >= 0 ? "; 1-minute load average " + fmt("%.1f", in.load_average) : "")
     << ".</p>\n";
   o << "<pre>" << esc(in.command) << "\n" << esc(in.config) << "</pre>\n";
@@ -508,7 +571,7 @@ std::string render_html_report(const ReportInput& in) {
        "ms</th><th>% step</th><th>GFLOP/s</th><th>GB/s</th><th>FLOP/B</th><th>bound</th><th>% "
        "of roof</th></tr>\n";
   for (const auto& r : in.rows)
-    o << "<tr><td>" << esc(r.s.name) << "</td><td>" << r.s.calls << "</td><td>"
+    o << "<tr><td>" << esc(r.s.label()) << "</td><td>" << r.s.calls << "</td><td>"
       << fmt("%.2f", r.s.total_s * 1e3) << "</td><td>" << fmt("%.1f", r.percent_of_step)
       << "</td><td>" << fmt("%.2f", r.s.gflops_per_s()) << "</td><td>"
       << fmt("%.2f", r.s.gbytes_per_s()) << "</td><td>" << fmt("%.3f", r.s.intensity())

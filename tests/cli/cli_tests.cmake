@@ -57,8 +57,11 @@ hetrain_cli_test(cli.bench_unwritable "cannot write --json file '/proc/forbidden
                  ${HT} bench --quick --no-store --json /proc/forbidden/p.json)
 hetrain_cli_test(cli.profile_help "--warmup-steps N.*--trace FILE.*--json FILE.*--report FILE"
                  ${HT} profile --help)
-# --precision as in train: the bf16 run's table has the autocast casts; a bad value names the flag.
-hetrain_cli_test(cli.profile_bf16 "precision bf16.*\ncast +[0-9]+"
+# --precision as in train: the bf16 run's table has the autocast casts and the bf16 GEMMs in a
+# row of their own (bounded by the bf16 ceiling where one was measured); a bad value names the
+# flag.
+hetrain_cli_test(cli.profile_bf16
+                 "precision bf16.*(\ncast +[0-9]+.*\nfused_epilogue bf16 +[0-9]+|\nfused_epilogue bf16 +[0-9]+.*\ncast +[0-9]+)"
                  ${HT} profile --preset fashion-mlp --precision bf16 --steps 2 --threads 1
                  --no-progress)
 hetrain_cli_test(cli.profile_bad_precision "flag --precision: precision must be fp32, bf16 or fp16, got .fp8."

@@ -111,7 +111,7 @@ TEST(Profiler, OffByDefaultAndOneAtATime) {
   EXPECT_THROW(p2.start(), Error);
   (a * a).eval();
   p1.stop();
-  (a - a).eval();
+  (a - 1.0).eval();
   ASSERT_EQ(p1.nodes().size(), 1u);
   EXPECT_EQ(p1.nodes()[0].primitive, "mul");
   // The output buffer's allocation was seen by the memory timeline.
@@ -220,6 +220,62 @@ TEST(Profiler, PrimitiveTimesAddUpToStepTimeOnOneThread) {
   set_num_threads(0);
 }
 
+TEST(Profiler, SummarySplitsAPrimitiveByComputeDtype) {
+  // The same GEMM in f32 and in bf16, whose result is cast back to f32 as autocast does: two
+  // rows, each with its own calls and FLOPs, the bf16 one labelled with its dtype. The cast
+  // may be fused into the GEMM's node; the GEMM's operands still say what it computed in.
+  Generator g(9);
+  Tensor a = randn({16, 32}, Dtype::f32, g).eval(), b = randn({32, 8}, Dtype::f32, g).eval();
+  Tensor a16 = cast(a, Dtype::bf16).eval(), b16 = cast(b, Dtype::bf16).eval();
+  Profiler prof;
+  prof.start();
+  matmul(a, b).eval();
+  cast(matmul(a16, b16), Dtype::f32).eval();
+  prof.stop();
+  const double gemm_flops = 2.0 * 16 * 32 * 8;
+  std::map<std::pair<std::string, Dtype>, PrimitiveSummary> rows;
+  for (const auto& s : prof.summary()) {
+    EXPECT_TRUE(rows.emplace(std::make_pair(s.name, s.dtype), s).second)
+        << s.label() << " appears twice";
+  }
+  ASSERT_TRUE(rows.count({"matmul", Dtype::f32}));
+  const PrimitiveSummary& s32 = rows[{"matmul", Dtype::f32}];
+  EXPECT_EQ(s32.calls, 1);
+  EXPECT_DOUBLE_EQ(s32.flops, gemm_flops);
+  EXPECT_EQ(s32.label(), "matmul");
+  const bool fused = rows.count({"fused_epilogue", Dtype::bf16}) > 0;
+  const std::string bf16_gemm = fused ? "fused_epilogue" : "matmul";
+  ASSERT_TRUE(rows.count({bf16_gemm, Dtype::bf16})) << "no bf16 GEMM row";
+  const PrimitiveSummary& s16 = rows[{bf16_gemm, Dtype::bf16}];
+  EXPECT_EQ(s16.calls, 1);
+  EXPECT_GE(s16.flops, gemm_flops);
+  EXPECT_EQ(s16.label(), bf16_gemm + " bf16");
+  // The node event keeps both: the output's dtype and the one it computed in.
+  for (const auto& e : prof.nodes()) {
+    if (e.primitive == bf16_gemm && e.compute_dtype == Dtype::bf16) {
+      EXPECT_EQ(e.dtype, fused ? Dtype::f32 : Dtype::bf16);
+    }
+  }
+}
+
+TEST(Profiler, SummarizeKeysByNameAndDtype) {
+  NodeEvent f32;
+  f32.primitive = "fused_epilogue";
+  f32.end_ns = 1000;
+  f32.flops = 10;
+  NodeEvent bf16 = f32;
+  bf16.compute_dtype = Dtype::bf16;
+  bf16.end_ns = 3000;
+  auto v = summarize({f32, bf16, bf16});
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].label(), "fused_epilogue bf16");  // longest first
+  EXPECT_EQ(v[0].calls, 2);
+  EXPECT_DOUBLE_EQ(v[0].flops, 20);
+  EXPECT_EQ(v[1].label(), "fused_epilogue");
+  EXPECT_EQ(v[1].dtype, Dtype::f32);
+  EXPECT_EQ(v[1].calls, 1);
+}
+
 TEST(Roofline, RowsClassifyAgainstTheRidgePoint) {
   DeviceProfile d;
   d.fma_peak_gflops = 100;
@@ -235,6 +291,62 @@ TEST(Roofline, RowsClassifyAgainstTheRidgePoint) {
   EXPECT_FALSE(rows[1].compute_bound);
   EXPECT_NEAR(rows[1].attainable_gflops, 10.0 / 12, 1e-12);
   EXPECT_NEAR(rows[1].of_roofline, 1.2, 1e-12);
+}
+
+// A CPU whose bf16 GEMMs run on AMX: f32 FMA peak 100, AMX peak 1000 GFLOP/s.
+DeviceProfile amx_device() {
+  DeviceProfile d;
+  d.fma_peak_gflops = 100;
+  d.mem_bw_gbs = 10;  // FMA ridge at 10 FLOP/byte, the AMX one at 100
+  d.gemm_bf16_impl = "brg:avx512_core_amx_bf16";
+  d.bf16_isa = "amx-bf16";
+  d.bf16_peak_gflops = 1000;
+  return d;
+}
+
+TEST(Roofline, Bf16GemmsAreBoundedByTheBf16UnitsCeiling) {
+  const DeviceProfile d = amx_device();
+  // Both at 50 FLOP/byte: past the FMA ridge, short of the AMX one.
+  PrimitiveSummary bf16{"fused_epilogue", 2, 1.0, 500e9, 6e9, 4e9, Dtype::bf16};   // 500 GFLOP/s
+  PrimitiveSummary f32{"fused_epilogue", 2, 1.0, 50e9, 0.6e9, 0.4e9, Dtype::f32};  // 50 GFLOP/s
+  PrimitiveSummary add{"add", 1, 1.0, 1e9, 8e9, 4e9, Dtype::bf16};  // not a GEMM: FMA peak
+  auto rows = roofline_rows({bf16, f32, add}, 4.0, d);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_DOUBLE_EQ(rows[0].ceiling_gflops, 1000);
+  EXPECT_DOUBLE_EQ(rows[0].attainable_gflops, 500);  // 50 FLOP/B x 10 GB/s
+  EXPECT_DOUBLE_EQ(rows[0].of_roofline, 1.0);        // 5.0 against the FMA peak
+  EXPECT_FALSE(rows[0].compute_bound);
+  EXPECT_DOUBLE_EQ(rows[1].ceiling_gflops, 100);
+  EXPECT_DOUBLE_EQ(rows[1].attainable_gflops, 100);
+  EXPECT_DOUBLE_EQ(rows[1].of_roofline, 0.5);
+  EXPECT_TRUE(rows[1].compute_bound);
+  EXPECT_DOUBLE_EQ(rows[2].ceiling_gflops, 100);
+  for (const char* conv : {"conv2d", "conv2d_backward_input", "conv2d_backward_weight", "matmul"})
+    EXPECT_DOUBLE_EQ(compute_ceiling_gflops(d, conv, Dtype::bf16), 1000) << conv;
+  EXPECT_DOUBLE_EQ(compute_ceiling_gflops(d, "matmul", Dtype::f16), 100);
+  EXPECT_DOUBLE_EQ(compute_ceiling_gflops(d, "sdpa", Dtype::bf16), 100);
+
+  // The table names the dtype and the header the ceiling; f32 rows keep their bare names.
+  const std::string table = format_table(rows, 4.0, 1);
+  EXPECT_NE(table.find("fused_epilogue bf16 "), std::string::npos) << table;
+  EXPECT_NE(table.find("\nfused_epilogue  "), std::string::npos) << table;
+  EXPECT_EQ(ceilings_text(rows, d),
+            "FMA peak 100.0 GFLOP/s, bf16 GEMM ceiling 1000.0 GFLOP/s (amx-bf16)");
+}
+
+TEST(Roofline, ProfilesWithoutABf16GemmMeasurementUseTheFmaPeak) {
+  PrimitiveSummary bf16{"matmul", 1, 1.0, 50e9, 0.6e9, 0.4e9, Dtype::bf16};
+  DeviceProfile old = amx_device();
+  old.gemm_bf16_impl.clear();  // a profile cached before bf16 GEMMs were recorded
+  DeviceProfile no_amx_loop = amx_device();
+  no_amx_loop.bf16_isa = "avx512-bf16";  // oneDNN on AMX, but the AMX peak loop did not run
+  for (const DeviceProfile& d : {old, no_amx_loop}) {
+    auto rows = roofline_rows({bf16}, 1.0, d);
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_DOUBLE_EQ(rows[0].ceiling_gflops, 100);
+    EXPECT_DOUBLE_EQ(rows[0].of_roofline, 0.5);
+    EXPECT_EQ(ceilings_text(rows, d), "FMA peak 100.0 GFLOP/s");
+  }
 }
 
 }  // namespace

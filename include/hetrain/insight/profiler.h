@@ -40,7 +40,11 @@ struct NodeEvent {
   int64_t start_ns = 0, end_ns = 0;
   double flops = 0, bytes_read = 0, bytes_written = 0;
   Dtype dtype = Dtype::f32;  // of the first output
-  std::string shapes;        // "f32[4,8] f32[8,16] -> f32[4,16]"
+  // The dtype the kernel computed in: its first floating-point input's (a matmul's or
+  // convolution's operands: a bf16 GEMM under autocast is bf16 even where its fused epilogue
+  // casts the result to f32), the first output's for nodes without one (integer inputs only).
+  Dtype compute_dtype = Dtype::f32;
+  std::string shapes;  // "f32[4,8] f32[8,16] -> f32[4,16]"
   double seconds() const { return 1e-9 * static_cast<double>(end_ns - start_ns); }
 };
 
@@ -59,12 +63,16 @@ struct MemorySample {
   int64_t total = 0;
 };
 
-/// Per-primitive totals over the recorded nodes (what the planner's calibration reads).
+/// Totals per primitive and compute dtype over the recorded nodes (what the planner's
+/// calibration reads): a bf16 matmul and an f32 one ran on different units, so they are two.
 struct PrimitiveSummary {
   std::string name;
   int64_t calls = 0;
   double total_s = 0;  // sum of node durations
   double flops = 0, bytes_read = 0, bytes_written = 0;
+  Dtype dtype = Dtype::f32;  // the nodes' compute dtype (NodeEvent::compute_dtype)
+  /// The name, followed by the dtype where it is not f32: "fused_epilogue bf16".
+  std::string label() const;
   double bytes() const { return bytes_read + bytes_written; }
   double gflops_per_s() const { return total_s > 0 ? flops / total_s * 1e-9 : 0; }
   double gbytes_per_s() const { return total_s > 0 ? bytes() / total_s * 1e-9 : 0; }
@@ -97,8 +105,8 @@ class Profiler final : public NodeObserver, public MemoryObserver {
   /// Threads seen (worker indices 0 .. workers()-1).
   int workers() const { return next_worker_.load(); }
 
-  /// Totals per primitive over the nodes inside steps (all nodes when no step was marked),
-  /// longest total time first.
+  /// Totals per (primitive, compute dtype) over the nodes inside steps (all nodes when no
+  /// step was marked), longest total time first.
   std::vector<PrimitiveSummary> summary() const;
   /// Total wall time of the recorded steps.
   double step_seconds() const;
@@ -126,7 +134,7 @@ class Profiler final : public NodeObserver, public MemoryObserver {
   std::vector<MemorySample> memory_;
 };
 
-/// Totals per primitive of the given nodes, longest total time first.
+/// Totals per (primitive, compute dtype) of the given nodes, longest total time first.
 std::vector<PrimitiveSummary> summarize(const std::vector<NodeEvent>& nodes);
 
 /// "f32[4,8]": the form shapes take in events and tables.

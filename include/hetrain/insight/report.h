@@ -15,18 +15,31 @@
 
 namespace hetrain::insight {
 
-/// One primitive against the roofline of the device profile.
+/// The compute ceiling (GFLOP/s per CPU second) of the unit that ran `primitive` in `dtype`:
+/// for GEMM-like primitives (matmul, convolutions, a fused epilogue on either) the GEMM path's
+/// (DeviceProfile::gemm_ceiling_gflops: the AMX or AVX512-BF16 peak for bf16 where oneDNN ran
+/// bf16 on it), for all others the f32 FMA peak. The FMA peak too where the profile has no
+/// measurement of the bf16 unit (a profile from before bf16 GEMMs were recorded).
+double compute_ceiling_gflops(const DeviceProfile& device, const std::string& primitive,
+                              Dtype dtype);
+
+/// One primitive in one compute dtype against the roofline of the device profile.
 struct RooflineRow {
   PrimitiveSummary s;
   double percent_of_step = 0;    // total time / summed step wall time
-  double attainable_gflops = 0;  // min(FMA peak, intensity x triad bandwidth)
+  double ceiling_gflops = 0;     // compute_ceiling_gflops(device, s.name, s.dtype)
+  double attainable_gflops = 0;  // min(ceiling, intensity x triad bandwidth)
   double of_roofline = 0;        // achieved / attainable (0 for primitives without FLOPs)
-  bool compute_bound = false;    // intensity at or beyond the ridge point
+  bool compute_bound = false;    // intensity at or beyond the ridge point of its ceiling
 };
 
 /// Rows in the order of `summary` (longest first).
 std::vector<RooflineRow> roofline_rows(const std::vector<PrimitiveSummary>& summary,
                                        double step_seconds, const DeviceProfile& device);
+
+/// The roofline's ceilings for `hetrain profile`'s header: "FMA peak 478.0 GFLOP/s", followed
+/// by "bf16 GEMM ceiling 7405.2 GFLOP/s (amx-bf16)" where a row is bounded by it.
+std::string ceilings_text(const std::vector<RooflineRow>& rows, const DeviceProfile& device);
 
 /// The table as printed by `hetrain profile`.
 std::string format_table(const std::vector<RooflineRow>& rows, double step_seconds, int steps);
