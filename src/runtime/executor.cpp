@@ -1,6 +1,7 @@
 // The executor: eval() collects the nodes its targets need, runs the fusion pass, and runs the
-// nodes as tasks, in dependency order, on the thread pool (independent nodes in parallel) and,
-// in placed runs, on the sim and CUDA devices' workers with copies between memory nodes.
+// nodes as tasks, in dependency order: the CPU's one at a time, each kernel on the thread
+// pool's team, and, in placed runs, the others on the sim and CUDA devices' workers, with
+// copies between memory nodes.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -254,10 +255,11 @@ class ScratchLease {
   std::unique_ptr<EvalScratch> s_;
 };
 
-/// One eval's tasks run to completion: the calling thread runs ready tasks itself, hands
-/// independent ones to idle pool workers (inter-op parallelism) and, in placed runs, the sim
-/// and CUDA devices' tasks to their workers. The first error is rethrown once nothing is in
-/// flight.
+/// One eval's tasks run to completion: the calling thread runs the CPU's ready tasks one at a
+/// time, each kernel on the pool's whole team (base/thread_pool.h: nodes side by side on pool
+/// threads of their own spun against the team of oneDNN's calls), and, in placed runs, hands
+/// the sim and CUDA devices' tasks to their workers. The first error is rethrown once nothing is
+/// in flight.
 class TaskRun {
  public:
   /// device: the configured device of each node (placed runs), else null.
@@ -283,7 +285,7 @@ class TaskRun {
   void run_all();
 
  private:
-  enum Runner { kMain, kPool, kDeviceWorker };
+  enum Runner { kMain, kDeviceWorker };
 
   bool placed() const { return device_ != nullptr; }
   size_t nodes() const { return order_.size(); }
@@ -295,9 +297,7 @@ class TaskRun {
     return devs_[static_cast<size_t>(device_of(i))].device.kind != DeviceKind::cpu;
   }
   // Under the lock: nothing left in flight and nothing more to run.
-  bool all_done() const {
-    return in_flight_ == 0 && on_devices_ == 0 && (error_ || remaining_ == 0);
-  }
+  bool all_done() const { return on_devices_ == 0 && (error_ || remaining_ == 0); }
   bool can_go() const { return (!error_ && !ready_.empty()) || all_done(); }
   void run(int i, Runner who);
   void finish(int i, Runner who);
@@ -316,9 +316,8 @@ class TaskRun {
   const std::vector<runtime::DeviceModel>& devs_;
   std::vector<double> slowdown_;  // per configured device
   std::mutex mu_;
-  std::condition_variable done_cv_;  // placed: a task finished (the main thread may sleep)
+  std::condition_variable done_cv_;  // a device's task finished (the main thread may sleep)
   size_t remaining_;
-  int in_flight_ = 0;             // tasks on pool workers
   int on_devices_ = 0;            // tasks on sim and CUDA devices' workers
   std::vector<int> device_busy_;  // under a hook: per configured device, tasks on its worker
   std::vector<int> held_;         // under a hook: ready device tasks waiting for their device
@@ -346,11 +345,10 @@ void TaskRun::take_device_tasks(std::vector<int>& to_devices) {
   on_devices_ += static_cast<int>(to_devices.size());
 }
 
-// A task run by a pool or device worker counts as in flight until finish() (under the lock)
+// A task run by a device worker counts as in flight until finish() (under the lock)
 // says it is done, so eval() never returns while a task still touches this frame.
 void TaskRun::finish(int i, Runner who) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (who == kPool) --in_flight_;
   if (who == kDeviceWorker) --on_devices_;
   if (who == kDeviceWorker && hook_) {
     // The device is free: its earliest held task is ready again.
@@ -370,7 +368,7 @@ void TaskRun::finish(int i, Runner who) {
     if (--deps_.pending[static_cast<size_t>(c)] == 0) ready_.push_back(c);
   }
   --remaining_;
-  if (placed()) done_cv_.notify_one();
+  if (who == kDeviceWorker) done_cv_.notify_one();
 }
 
 void TaskRun::run(int i, Runner who) {
@@ -396,37 +394,24 @@ void TaskRun::run(int i, Runner who) {
   finish(i, who);
 }
 
-// Nothing ready for the calling thread: help the pool, or (placed) sleep until a task finishes
-// (the sim devices' workers need the cores more than a spinning main thread does).
+// Nothing ready for the calling thread: the devices' workers are running. Spin briefly (their
+// tasks are often short), then sleep until one finishes.
 void TaskRun::wait_for_work() {
-  ThreadPool& pool = thread_pool();
-  if (!placed()) {
-    pool.help_until([&] {
+  for (int spins = 0; spins < 64; ++spins) {
+    {
       std::lock_guard<std::mutex> lk(mu_);
-      return can_go();
-    });
-    return;
+      if (can_go()) return;
+    }
+    std::this_thread::yield();
   }
-  int spins = 0;
-  bool go = false;
-  pool.help_until([&] {
-    std::lock_guard<std::mutex> lk(mu_);
-    go = can_go();
-    return go || ++spins > 64;
-  });
-  if (!go) {
-    std::unique_lock<std::mutex> lk(mu_);
-    done_cv_.wait_for(lk, std::chrono::microseconds(200), [&] { return can_go(); });
-  }
+  std::unique_lock<std::mutex> lk(mu_);
+  done_cv_.wait(lk, [&] { return can_go(); });
 }
 
 void TaskRun::run_all() {
-  ThreadPool& pool = thread_pool();
-  const int max_parallel = pool.size() - 1;
-  std::vector<int> extra, to_devices;
+  std::vector<int> to_devices;
   for (;;) {
     int mine = -1;
-    extra.clear();
     to_devices.clear();
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -439,19 +424,12 @@ void TaskRun::run_all() {
         if (hook_) std::sort(ready_.begin(), ready_.end(), std::greater<int>());
         mine = ready_.back();
         ready_.pop_back();
-        // Independent ready nodes go to idle workers (inter-op parallelism).
-        while (!ready_.empty() && in_flight_ + static_cast<int>(extra.size()) < max_parallel) {
-          extra.push_back(ready_.back());
-          ready_.pop_back();
-        }
-        in_flight_ += static_cast<int>(extra.size());
       }
     }
     for (int e : to_devices)
       device_worker(devs_[static_cast<size_t>(device_of(e))].device).submit([this, e] {
         run(e, kDeviceWorker);
       });
-    for (int e : extra) pool.submit([this, e] { run(e, kPool); });
     if (mine >= 0)
       run(mine, kMain);
     else if (to_devices.empty())

@@ -114,6 +114,10 @@ TEST(Shape, ElementCountPast64BitsIsAnError) {
   EXPECT_EQ(numel(Shape{3, 0, 5}), 0);
 }
 
+#include <omp.h>
+
+#include <set>
+
 #include "hetrain/base/thread_pool.h"
 
 TEST(ThreadPool, ExceptionInAChunkReachesTheCaller) {
@@ -132,4 +136,35 @@ TEST(ThreadPool, ExceptionInAChunkReachesTheCaller) {
     for (int64_t i = b; i < e; ++i) total += i;
   });
   EXPECT_EQ(total, 999 * 1000 / 2);
+}
+
+TEST(ThreadPool, ChunksRunOnOpenMpsTeamAndSplitAlikeNestedAndSerial) {
+  // The pool's chunks run on OpenMP's team (the one oneDNN's calls use), so the two never
+  // compete for the cores; nested and serial calls run the very same chunks one after another.
+  set_num_threads(2);
+  using Chunks = std::set<std::pair<int64_t, int64_t>>;
+  std::mutex mu;
+  Chunks top, nested, serial;
+  std::set<int> team_sizes;
+  parallel_for(100, 1, [&](int64_t b, int64_t e) {
+    std::lock_guard<std::mutex> lk(mu);
+    top.emplace(b, e);
+    team_sizes.insert(omp_get_num_threads());
+  });
+  EXPECT_EQ(team_sizes, std::set<int>{2});
+  EXPECT_EQ(top.size(), 8u);  // 4 chunks per thread
+  parallel_for(2, 1, [&](int64_t b, int64_t) {
+    if (b != 0) return;
+    parallel_for(100, 1, [&](int64_t b2, int64_t e2) {
+      std::lock_guard<std::mutex> lk(mu);
+      nested.emplace(b2, e2);
+    });
+  });
+  {
+    SerialScope one_thread;
+    parallel_for(100, 1, [&](int64_t b, int64_t e) { serial.emplace(b, e); });
+  }
+  EXPECT_EQ(nested, top);
+  EXPECT_EQ(serial, top);
+  set_num_threads(0);
 }

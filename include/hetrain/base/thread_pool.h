@@ -1,43 +1,34 @@
-// A thread pool whose waiting threads help: parallel_for's caller works on its own loop and,
-// while it waits, runs other queued tasks, so kernels may nest inside graph-level tasks
-// without deadlock.
+// The process's CPU threads: parallel_for runs its chunks on an OpenMP team, the same team
+// oneDNN runs its kernels on. With a pool of its own beside OpenMP's, the two sets of threads
+// took turns on the same cores: each spins a while after its work, and a barrier of one waited
+// for a thread the other had displaced (oneDNN's bf16 matmuls ran 2x slower inside a training
+// step than alone, on a 2-vCPU AMX Xeon). Graph nodes run one at a time on the CPU, each with
+// the whole team (runtime/executor.cpp).
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <mutex>
-#include <thread>
-#include <vector>
 
 namespace hetrain {
 
 class ThreadPool {
  public:
   explicit ThreadPool(int threads);
-  ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  /// Total threads that run work, the caller included.
-  int size() const { return static_cast<int>(workers_.size()) + 1; }
-  void submit(std::function<void()> task);
-  /// Runs queued tasks until done() is true.
-  void help_until(const std::function<bool()>& done);
-  /// Calls fn(begin, end) over [0, n) in chunks of at least grain, in parallel.
+  /// Threads of the team, the caller included.
+  int size() const { return threads_; }
+  /// Calls fn(begin, end) over [0, n) in chunks of at least grain, in parallel. The chunks
+  /// depend on n, grain and size() only, never on which thread takes one, so results that
+  /// depend on the split (partial sums) are the same bits on every run. Called from inside a
+  /// chunk (a kernel nested in a kernel), or under a SerialScope, the same chunks run one
+  /// after another on the calling thread. The first exception a chunk throws reaches the
+  /// caller once every chunk has run.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
-  bool run_one();
-  void worker_loop();
-
-  std::vector<std::thread> workers_;
-  std::deque<std::function<void()>> queue_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  int threads_;
 };
 
 /// Makes parallel_for run its whole range inline on this thread while in scope (a sim
@@ -59,7 +50,8 @@ class SerialScope {
 int available_cpus();
 /// The process-wide pool, sized to available_cpus() (or set_num_threads).
 ThreadPool& thread_pool();
-/// Resizes the process-wide pool; n <= 0 means available_cpus(). Throws Error above
+/// Resizes the process-wide pool; n <= 0 means available_cpus(). Also sets the calling thread's
+/// OpenMP team size, which oneDNN's calls from that thread use. Throws Error above
 /// max_threads().
 void set_num_threads(int n);
 int num_threads();

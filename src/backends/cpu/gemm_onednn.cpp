@@ -3,7 +3,8 @@
 // emulation. Primitives are cached by shape and layout, so a training loop creates each
 // one once.
 //
-// Unlike the f32 GEMMs (gemm_blocks), the call runs whole on oneDNN's own OpenMP team. On
+// Unlike the f32 GEMMs (gemm_blocks), the call runs whole on OpenMP's team (the pool's, so
+// nothing else runs beside it; base/thread_pool.h). On
 // gemm_blocks' blocks, single-threaded, gpt-mini's bf16 step was 1.03x faster with 2 threads
 // and 1.16x slower with 1 on an AMX Xeon, and blocks sized by the thread count give other
 // bits on another thread count (oneDNN picks other kernels for the block shapes)

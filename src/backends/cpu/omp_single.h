@@ -1,7 +1,6 @@
-// oneDNN runs its kernels on OpenMP teams. Inside Hetrain's pool, which may already be running
-// other nodes side by side, a team of more than one thread per call spins at its barriers against
-// the pool's threads; so oneDNN calls run single-threaded, on blocks the pool spreads over its
-// threads (conv_dnnl.cpp's batch chunks, gemm_blocks' row or column blocks).
+// oneDNN runs its kernels on OpenMP teams. Where a kernel splits its work into blocks itself
+// (conv_dnnl.cpp's batch chunks, gemm_blocks' row or column blocks), the blocks run on the pool's
+// team and each oneDNN call inside a block runs on its thread alone.
 #pragma once
 
 #include <omp.h>
