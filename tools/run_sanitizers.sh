@@ -22,13 +22,15 @@ cd "$(dirname "$0")/.."
 jobs=${JOBS:-$(nproc)}
 launcher=()
 command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-# oneDNN (Debian's libdnnl) runs on GCC's OpenMP runtime; conv_dnnl.cpp sets that runtime's team
-# size, so the link takes libgomp as the GCC build does, not clang's libomp.
-gomp=$(gcc -print-file-name=libgomp.so)
+# One OpenMP runtime: clang compiles the pool's `omp parallel` (thread_pool.cpp) against LLVM's
+# libomp, and libomp also defines GCC's entry points (GOMP_*, omp_*), so linked ahead of the libgomp
+# that Debian's libdnnl pulls in, it serves oneDNN's teams and the team-size settings too.
+omp=$(dirname "$(readlink -f "$(command -v clang)")")/../lib/libomp.so
+[[ -f $omp ]] || { echo "run_sanitizers.sh: no LLVM OpenMP runtime at $omp (Debian libomp-dev)" >&2; exit 1; }
 CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS_DEBUG=-O1 -DHETRAIN_CUDA=OFF -DHETRAIN_BUILD_BENCH=OFF -DHETRAIN_WERROR=ON \
   -DHETRAIN_SANITIZE=address,undefined -DHETRAIN_FUZZ=ON \
-  -DOpenMP_CXX_FLAGS=-fopenmp -DOpenMP_CXX_LIB_NAMES=gomp -DOpenMP_gomp_LIBRARY="$gomp" \
+  -DOpenMP_CXX_FLAGS=-fopenmp -DOpenMP_CXX_LIB_NAMES=omp -DOpenMP_omp_LIBRARY="$omp" \
   "${launcher[@]}"
 cmake --build build-asan -j "$jobs"
 export ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:strict_string_checks=1:check_initialization_order=1
