@@ -1,7 +1,9 @@
 // Fused CPU attention, flash-attention style. The forward walks key blocks for each block of
 // query rows with an online softmax, so a task holds one (Bq x Bk) score tile, never the
 // (Lq x Lk) matrix. The backward (flash-attention-2) recomputes each probability tile from
-// q, k and the saved row logsumexp. Block products go through sgemm/dgemm.
+// q, k and the saved row logsumexp. Block products go through sgemm/dgemm, or, for bf16 operands
+// on a CPU with a bf16 matmul unit, through one batched oneDNN bf16 matmul per group of
+// batch-heads (attention_forward_bf16 below).
 
 // Lets GCC if-convert the float selects of cpu::vexp so the tile exp loops vectorise (as in
 // eval_nn.cpp; nothing here reads FP exception flags).
@@ -145,10 +147,11 @@ template <class T>
 /// exp(s - m), for the product with v.
 struct OnlineSoftmax {
   template <cpu::Isa, class T>
-  [[gnu::always_inline]] static inline void run(T* S, const AttnGeom& g, int64_t i0, int64_t nq,
-                                                int64_t j0, int64_t nk, T* m, T* l, T* acc) {
+  [[gnu::always_inline]] static inline void run(T* S, int64_t ld, const AttnGeom& g, int64_t i0,
+                                                int64_t nq, int64_t j0, int64_t nk, T* m, T* l,
+                                                T* acc) {
     for (int64_t r = 0; r < nq; ++r) {
-      T* s = S + r * kBk;
+      T* s = S + r * ld;
       const int64_t lim = visible(g, i0 + r, j0, nk);
       // Row r saw key 0 in the first tile, so mx is finite from then on.
       const T mx = tile_row_max(s, lim, m[r]);
@@ -164,16 +167,17 @@ struct OnlineSoftmax {
   }
 };
 
-/// Forward, the tile's last step: each output row is its accumulator over its sum.
+/// Forward, the tile's last step: each output row is its accumulator over its sum (rounded to
+/// the output's dtype U).
 struct FinishRows {
-  template <cpu::Isa, class T>
+  template <cpu::Isa, class T, class U>
   [[gnu::always_inline]] static inline void run(const T* acc, const T* l, int64_t nq, int64_t Ev,
-                                                const Rows<T>& O, int64_t b, int64_t i0) {
+                                                const Rows<U>& O, int64_t b, int64_t i0) {
     for (int64_t r = 0; r < nq; ++r) {
       const T inv = T(1) / l[r];
-      T* o = O.at(b, i0 + r);
+      U* o = O.at(b, i0 + r);
       const T* a = acc + r * Ev;
-      for (int64_t e = 0; e < Ev; ++e) o[e] = a[e] * inv;
+      for (int64_t e = 0; e < Ev; ++e) cpu::store_compute(o + e, a[e] * inv);
     }
   }
 };
@@ -182,22 +186,22 @@ struct FinishRows {
 /// keys).
 struct TileProbs {
   template <cpu::Isa, class T>
-  [[gnu::always_inline]] static inline void run(T* P, const AttnGeom& g, int64_t i0, int64_t nq,
-                                                int64_t j0, int64_t nk, const T* lse) {
+  [[gnu::always_inline]] static inline void run(T* P, int64_t ld, const AttnGeom& g, int64_t i0,
+                                                int64_t nq, int64_t j0, int64_t nk, const T* lse) {
     for (int64_t r = 0; r < nq; ++r)
-      exp_row(P + r * kBk, visible(g, i0 + r, j0, nk), nk, lse[i0 + r]);
+      exp_row(P + r * ld, visible(g, i0 + r, j0, nk), nk, lse[i0 + r]);
   }
 };
 
 /// Backward, one tile: dS = P * (dP - D), the softmax gradient, in place of dP.
 struct SoftmaxGrad {
   template <cpu::Isa, class T>
-  [[gnu::always_inline]] static inline void run(const T* P, T* dS, int64_t nq, int64_t nk,
-                                                const T* D) {
+  [[gnu::always_inline]] static inline void run(const T* P, T* dS, int64_t ld, int64_t nq,
+                                                int64_t nk, const T* D) {
     for (int64_t r = 0; r < nq; ++r) {
       const T d = D[r];
-      const T* p = P + r * kBk;
-      T* ds = dS + r * kBk;
+      const T* p = P + r * ld;
+      T* ds = dS + r * ld;
       for (int64_t c = 0; c < nk; ++c) ds[c] = p[c] * (ds[c] - d);
     }
   }
@@ -225,7 +229,7 @@ void attention_forward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<T
       for (int64_t j0 = 0; j0 < kend; j0 += kBk) {
         const int64_t nk = std::min(kBk, kend - j0);
         gemm<T>(false, true, nq, nk, g.E, scale, q, Q.ld, k + j0 * K.ld, K.ld, T(0), S, kBk);
-        cpu::isa_dispatch<OnlineSoftmax>(S, g, i0, nq, j0, nk, m, l, acc);
+        cpu::isa_dispatch<OnlineSoftmax>(S, kBk, g, i0, nq, j0, nk, m, l, acc);
         gemm<T>(false, false, nq, g.Ev, nk, T(1), S, kBk, v + j0 * V.ld, V.ld, T(1), acc, g.Ev);
       }
       cpu::isa_dispatch<FinishRows>(static_cast<const T*>(acc), static_cast<const T*>(l), nq, g.Ev,
@@ -289,11 +293,11 @@ void attention_backward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<
           const int64_t nq = std::min(kBq, g.Lq - i0);
           gemm<T>(false, true, nq, nk, g.E, scale, q + i0 * Q.ld, Q.ld, k + j0 * K.ld, K.ld, T(0),
                   P, kBk);
-          cpu::isa_dispatch<TileProbs>(P, g, i0, nq, j0, nk, lse);
+          cpu::isa_dispatch<TileProbs>(P, kBk, g, i0, nq, j0, nk, lse);
           const T* doi = dO.at(b, i0);
           gemm<T>(true, false, nk, g.Ev, nq, T(1), P, kBk, doi, dO.ld, T(1), dv, dV.ld);
           gemm<T>(false, true, nq, nk, g.Ev, T(1), doi, dO.ld, v + j0 * V.ld, V.ld, T(0), dS, kBk);
-          cpu::isa_dispatch<SoftmaxGrad>(static_cast<const T*>(P), dS, nq, nk, Db + i0);
+          cpu::isa_dispatch<SoftmaxGrad>(static_cast<const T*>(P), dS, kBk, nq, nk, Db + i0);
           gemm<T>(false, false, nq, g.E, nk, scale, dS, kBk, k + j0 * K.ld, K.ld, T(1),
                   dq + i0 * ldq, ldq);
           gemm<T>(true, false, nk, g.E, nq, scale, dS, kBk, q + i0 * Q.ld, Q.ld, T(1), dk, dK.ld);
@@ -311,10 +315,298 @@ void attention_backward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<
     });
 }
 
+// bf16 attention where oneDNN's bf16 matmul pays (cpu::bf16_gemm_path(): AMX or AVX512-BF16).
+// The same tiles and softmax kernels, walked for a group of batch-heads at once, so each tile
+// product is one batched oneDNN matmul over the group instead of one small f32 GEMM per
+// batch-head. The products take bf16 operands (q, k, v and dO as given; the probabilities and dS
+// rounded to bf16, as PyTorch's CPU flash attention does) and accumulate in f32; the softmax, its
+// statistics and the accumulators stay f32.
+
+/// Score elements of a group's tiles (4 MiB of f32 per tile buffer).
+constexpr int64_t kGroupTile = int64_t{1} << 20;
+
+/// A group's tile buffers: rows ld apart, batch-head h's tile at h * tq * ld.
+struct GroupTiles {
+  int64_t tq, ld, G;
+  int64_t stride() const { return tq * ld; }
+};
+
+GroupTiles group_tiles(const AttnGeom& g) {
+  const int64_t tq = std::min(kBq, g.Lq), ld = padded(std::min(kBk, g.Lk));
+  return {tq, ld, std::clamp<int64_t>(kGroupTile / (tq * ld), 1, std::max<int64_t>(g.B, 1))};
+}
+
+/// Rows [0, nq) of an f32 tile, nk wide, rounded to bf16 (the products' operand).
+struct TileToBf16 {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const float* S, BFloat16* P, int64_t ld, int64_t nq,
+                                                int64_t nk) {
+    for (int64_t r = 0; r < nq; ++r)
+      for (int64_t c = 0; c < nk; ++c) cpu::store_compute(P + r * ld + c, S[r * ld + c]);
+  }
+};
+
+/// Batch-heads [b0, b0 + n) of a (L x E) operand copied to (n, L, E), contiguous.
+void gather_heads(const Rows<const BFloat16>& a, int64_t b0, int64_t n, int64_t L, int64_t E,
+                  BFloat16* dst) {
+  parallel_for(n * L, 256, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) std::copy_n(a.at(b0 + r / L, r % L), E, dst + r * E);
+  });
+}
+
+/// Rows [r0, r1) of an (n, L, E) f32 buffer rounded into batch-heads b0.. of a bf16 operand.
+struct ScatterRows {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const float* src, int64_t r0, int64_t r1,
+                                                int64_t b0, int64_t L, int64_t E,
+                                                const Rows<BFloat16>& a) {
+    for (int64_t r = r0; r < r1; ++r) {
+      BFloat16* o = a.at(b0 + r / L, r % L);
+      const float* x = src + r * E;
+      for (int64_t e = 0; e < E; ++e) cpu::store_compute(o + e, x[e]);
+    }
+  }
+};
+
+/// (n, L, E) f32 rounded into batch-heads [b0, b0 + n) of a bf16 operand.
+void scatter_heads(const float* src, int64_t b0, int64_t n, int64_t L, int64_t E,
+                   const Rows<BFloat16>& a) {
+  parallel_for(n * L, 256, [&](int64_t r0, int64_t r1) {
+    cpu::isa_dispatch<ScatterRows>(src, r0, r1, b0, L, E, a);
+  });
+}
+
+/// D[r] = rowsum(dO_r * O_r) in f32 for rows [r0, r1) of all batch-heads, L rows each.
+struct RowDots {
+  template <cpu::Isa>
+  [[gnu::always_inline]] static inline void run(const Rows<const BFloat16>& dO,
+                                                const Rows<const BFloat16>& O, int64_t r0,
+                                                int64_t r1, int64_t L, int64_t E, float* D) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const BFloat16 *a = dO.at(r / L, r % L), *b = O.at(r / L, r % L);
+      cpu::Lanes8<float> acc = {};  // eight partial sums in a fixed order, as cpu::row_sum
+      int64_t e = 0;
+      for (; e + 8 <= E; e += 8) {
+        float t[8];
+        for (int j = 0; j < 8; ++j)
+          t[j] = cpu::load_compute(a + e + j) * cpu::load_compute(b + e + j);
+        cpu::add8(acc, t);
+      }
+      for (; e < E; ++e) acc[0] += cpu::load_compute(a + e) * cpu::load_compute(b + e);
+      D[r] = cpu::total8(acc);
+    }
+  }
+};
+
+/// One batched product over a group's n batch-heads: C_h = alpha op(A_h) op(B_h) (+ C_h).
+void group_gemm(int64_t n, int64_t M, int64_t N, int64_t K, float alpha, cpu::BatchOperand A,
+                cpu::BatchOperand B, bool accumulate, float* C, int64_t sc, int64_t ldc) {
+  cpu::batched_gemm_onednn(Dtype::bf16, Dtype::f32, n, M, N, K, alpha, A, B,
+                           accumulate ? 1.0f : 0.0f, C, sc, ldc);
+}
+
+void attention_forward_bf16(Rows<const BFloat16> Q, Rows<const BFloat16> K, Rows<const BFloat16> V,
+                            Rows<BFloat16> O, float* LSE, const AttnGeom& g, float scale) {
+  const GroupTiles t = group_tiles(g);
+  const int64_t G = t.G, ts = t.stride();
+  Array qc = workspace({G * g.Lq * g.E}, Dtype::bf16),
+        kc = workspace({G * g.Lk * g.E}, Dtype::bf16),
+        vc = workspace({G * g.Lk * g.Ev}, Dtype::bf16);
+  Array sw = workspace({G * ts}, Dtype::f32), pw = workspace({G * ts}, Dtype::bf16);
+  Array aw = workspace({G * t.tq * g.Ev + 2 * G * t.tq}, Dtype::f32);
+  auto* q = qc.data<BFloat16>();
+  auto* k = kc.data<BFloat16>();
+  auto* v = vc.data<BFloat16>();
+  float* S = sw.data<float>();
+  auto* P = pw.data<BFloat16>();
+  float* acc = aw.data<float>();
+  float* m = acc + G * t.tq * g.Ev;
+  float* l = m + G * t.tq;
+  for (int64_t b0 = 0; b0 < g.B; b0 += G) {
+    const int64_t n = std::min(G, g.B - b0);
+    gather_heads(Q, b0, n, g.Lq, g.E, q);
+    gather_heads(K, b0, n, g.Lk, g.E, k);
+    gather_heads(V, b0, n, g.Lk, g.Ev, v);
+    for (int64_t i0 = 0; i0 < g.Lq; i0 += kBq) {
+      const int64_t nq = std::min(kBq, g.Lq - i0);
+      std::fill(m, m + n * t.tq, -std::numeric_limits<float>::infinity());
+      std::fill(l, l + n * t.tq, 0.0f);
+      std::fill(acc, acc + n * t.tq * g.Ev, 0.0f);
+      const int64_t kend = g.causal ? std::min(g.Lk, i0 + nq) : g.Lk;
+      for (int64_t j0 = 0; j0 < kend; j0 += kBk) {
+        const int64_t nk = std::min(kBk, kend - j0);
+        group_gemm(n, nq, nk, g.E, scale, {q + i0 * g.E, g.Lq * g.E, g.E, false},
+                   {k + j0 * g.E, g.Lk * g.E, g.E, true}, false, S, ts, t.ld);
+        parallel_for(n, 1, [&](int64_t h0, int64_t h1) {
+          for (int64_t h = h0; h < h1; ++h) {
+            cpu::isa_dispatch<OnlineSoftmax>(S + h * ts, t.ld, g, i0, nq, j0, nk, m + h * t.tq,
+                                             l + h * t.tq, acc + h * t.tq * g.Ev);
+            cpu::isa_dispatch<TileToBf16>(static_cast<const float*>(S + h * ts), P + h * ts, t.ld,
+                                          nq, nk);
+          }
+        });
+        group_gemm(n, nq, g.Ev, nk, 1.0f, {P, ts, t.ld, false},
+                   {v + j0 * g.Ev, g.Lk * g.Ev, g.Ev, false}, true, acc, t.tq * g.Ev, g.Ev);
+      }
+      parallel_for(n, 1, [&](int64_t h0, int64_t h1) {
+        for (int64_t h = h0; h < h1; ++h) {
+          const float* lh = l + h * t.tq;
+          const float* mh = m + h * t.tq;
+          cpu::isa_dispatch<FinishRows>(static_cast<const float*>(acc + h * t.tq * g.Ev), lh, nq,
+                                        g.Ev, O, b0 + h, i0);
+          for (int64_t r = 0; r < nq; ++r) LSE[(b0 + h) * g.Lq + i0 + r] = mh[r] + std::log(lh[r]);
+        }
+      });
+    }
+  }
+}
+
+void attention_backward_bf16(Rows<const BFloat16> Q, Rows<const BFloat16> K, Rows<const BFloat16> V,
+                             Rows<const BFloat16> O, Rows<const BFloat16> dO, const float* LSE,
+                             Rows<BFloat16> dQ, Rows<BFloat16> dK, Rows<BFloat16> dV,
+                             const AttnGeom& g, float scale) {
+  // D_i = rowsum(dO_i * O_i), the softmax-backward correction per query row.
+  Array dws = workspace({g.B * g.Lq}, Dtype::f32);
+  float* D = dws.data<float>();
+  parallel_for(g.B * g.Lq, 256, [&](int64_t r0, int64_t r1) {
+    cpu::isa_dispatch<RowDots>(dO, O, r0, r1, g.Lq, g.Ev, D);
+  });
+  const GroupTiles t = group_tiles(g);
+  const int64_t G = t.G, ts = t.stride();
+  const int64_t qn = g.Lq * g.E, kn = g.Lk * g.E, vn = g.Lk * g.Ev, on = g.Lq * g.Ev;
+  Array opw = workspace({G * (qn + kn + vn + on)}, Dtype::bf16);
+  auto* q = opw.data<BFloat16>();
+  auto* k = q + G * qn;
+  auto* v = k + G * kn;
+  auto* dout = v + G * vn;
+  Array gw = workspace({G * (qn + kn + vn) + 2 * G * ts}, Dtype::f32);
+  float* dq = gw.data<float>();
+  float* dk = dq + G * qn;
+  float* dv = dk + G * kn;
+  float* P = dv + G * vn;
+  float* dP = P + G * ts;
+  Array bw = workspace({2 * G * ts}, Dtype::bf16);
+  auto* Pb = bw.data<BFloat16>();
+  auto* dSb = Pb + G * ts;
+  for (int64_t b0 = 0; b0 < g.B; b0 += G) {
+    const int64_t n = std::min(G, g.B - b0);
+    gather_heads(Q, b0, n, g.Lq, g.E, q);
+    gather_heads(K, b0, n, g.Lk, g.E, k);
+    gather_heads(V, b0, n, g.Lk, g.Ev, v);
+    gather_heads(dO, b0, n, g.Lq, g.Ev, dout);
+    std::fill(dq, dq + n * qn, 0.0f);
+    std::fill(dk, dk + n * kn, 0.0f);
+    std::fill(dv, dv + n * vn, 0.0f);
+    for (int64_t j0 = 0; j0 < g.Lk; j0 += kBk) {
+      const int64_t nk = std::min(kBk, g.Lk - j0);
+      // Causal: rows before j0 see none of these keys.
+      for (int64_t i0 = g.causal ? j0 : 0; i0 < g.Lq; i0 += kBq) {
+        const int64_t nq = std::min(kBq, g.Lq - i0);
+        group_gemm(n, nq, nk, g.E, scale, {q + i0 * g.E, qn, g.E, false},
+                   {k + j0 * g.E, kn, g.E, true}, false, P, ts, t.ld);
+        parallel_for(n, 1, [&](int64_t h0, int64_t h1) {
+          for (int64_t h = h0; h < h1; ++h) {
+            cpu::isa_dispatch<TileProbs>(P + h * ts, t.ld, g, i0, nq, j0, nk,
+                                         LSE + (b0 + h) * g.Lq);
+            cpu::isa_dispatch<TileToBf16>(static_cast<const float*>(P + h * ts), Pb + h * ts, t.ld,
+                                          nq, nk);
+          }
+        });
+        group_gemm(n, nk, g.Ev, nq, 1.0f, {Pb, ts, t.ld, true}, {dout + i0 * g.Ev, on, g.Ev, false},
+                   true, dv + j0 * g.Ev, vn, g.Ev);
+        group_gemm(n, nq, nk, g.Ev, 1.0f, {dout + i0 * g.Ev, on, g.Ev, false},
+                   {v + j0 * g.Ev, vn, g.Ev, true}, false, dP, ts, t.ld);
+        parallel_for(n, 1, [&](int64_t h0, int64_t h1) {
+          for (int64_t h = h0; h < h1; ++h) {
+            cpu::isa_dispatch<SoftmaxGrad>(static_cast<const float*>(P + h * ts), dP + h * ts, t.ld,
+                                           nq, nk,
+                                           static_cast<const float*>(D + (b0 + h) * g.Lq + i0));
+            cpu::isa_dispatch<TileToBf16>(static_cast<const float*>(dP + h * ts), dSb + h * ts,
+                                          t.ld, nq, nk);
+          }
+        });
+        group_gemm(n, nq, g.E, nk, scale, {dSb, ts, t.ld, false}, {k + j0 * g.E, kn, g.E, false},
+                   true, dq + i0 * g.E, qn, g.E);
+        group_gemm(n, nk, g.E, nq, scale, {dSb, ts, t.ld, true}, {q + i0 * g.E, qn, g.E, false},
+                   true, dk + j0 * g.E, kn, g.E);
+      }
+    }
+    scatter_heads(dq, b0, n, g.Lq, g.E, dQ);
+    scatter_heads(dk, b0, n, g.Lk, g.E, dK);
+    scatter_heads(dv, b0, n, g.Lk, g.Ev, dV);
+  }
+}
+
+/// SdpaBackward's bf16 case: inputs as SdpaBackward's, heads > 0 for the packed layout.
+void sdpa_backward_bf16(const std::vector<const Array*>& in, const std::vector<Array*>& out,
+                        int64_t heads, bool causal, float scale) {
+  if (heads > 0) {  // inputs qkv, o, do, lse; output dqkv, all in the packed layout
+    Array qkv = contiguous_array(*in[0]), o = contiguous_array(*in[1]),
+          dout = contiguous_array(*in[2]), lse = contiguous_array(*in[3]);
+    Array dqkv = start_output(*out[0], Dtype::bf16);
+    const PackedGeom p = packed_geom(qkv.shape, heads, causal);
+    const BFloat16* x = qkv.data<BFloat16>();
+    BFloat16* dx = dqkv.data<BFloat16>();
+    attention_backward_bf16(p.rows(x, 0), p.rows(x, 1), p.rows(x, 2),
+                            p.out_rows(static_cast<const BFloat16*>(o.data<BFloat16>())),
+                            p.out_rows(static_cast<const BFloat16*>(dout.data<BFloat16>())),
+                            lse.data<float>(), p.rows(dx, 0), p.rows(dx, 1), p.rows(dx, 2), p.g,
+                            scale);
+    finish_output(dqkv, *out[0]);
+    return;
+  }
+  Array q = contiguous_array(*in[0]), k = contiguous_array(*in[1]), v = contiguous_array(*in[2]);
+  Array o = contiguous_array(*in[3]), dout = contiguous_array(*in[4]);
+  Array lse = contiguous_array(*in[5]);
+  Array dq = start_output(*out[0], Dtype::bf16), dk = start_output(*out[1], Dtype::bf16),
+        dv = start_output(*out[2], Dtype::bf16);
+  const PlainGeom p{attn_geom(q.shape, v.shape, causal)};
+  using B16 = const BFloat16;
+  attention_backward_bf16(p.rows<B16>(q.data<BFloat16>(), 0), p.rows<B16>(k.data<BFloat16>(), 1),
+                          p.rows<B16>(v.data<BFloat16>(), 2), p.out_rows<B16>(o.data<BFloat16>()),
+                          p.out_rows<B16>(dout.data<BFloat16>()), lse.data<float>(),
+                          p.rows(dq.data<BFloat16>(), 0), p.rows(dk.data<BFloat16>(), 1),
+                          p.rows(dv.data<BFloat16>(), 2), p.g, scale);
+  finish_output(dq, *out[0]);
+  finish_output(dk, *out[1]);
+  finish_output(dv, *out[2]);
+}
+
+/// Whether bf16 operands run the batched bf16 products above.
+bool bf16_attention(const std::vector<const Array*>& in) {
+  if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::onednn) return false;
+  for (const Array* a : in)
+    if (is_floating(a->dtype) && a->dtype != Dtype::bf16) return false;
+  return true;
+}
+
 }  // namespace
 
 void SdpaForward::eval_cpu(const std::vector<const Array*>& in,
                            const std::vector<Array*>& out) const {
+  if (bf16_attention(in)) {
+    Array o = start_output(*out[0], Dtype::bf16);
+    Array& lse = *out[1];
+    lse.allocate();
+    const auto scale = static_cast<float>(scale_);
+    if (heads_ > 0) {
+      Array qkv = contiguous_array(*in[0]);
+      const PackedGeom p = packed_geom(qkv.shape, heads_, causal_);
+      const BFloat16* x = qkv.data<BFloat16>();
+      attention_forward_bf16(p.rows(x, 0), p.rows(x, 1), p.rows(x, 2),
+                             p.out_rows(o.data<BFloat16>()), lse.data<float>(), p.g, scale);
+    } else {
+      Array q = contiguous_array(*in[0]), k = contiguous_array(*in[1]),
+            v = contiguous_array(*in[2]);
+      const PlainGeom p{attn_geom(q.shape, v.shape, causal_)};
+      attention_forward_bf16(p.rows<const BFloat16>(q.data<BFloat16>(), 0),
+                             p.rows<const BFloat16>(k.data<BFloat16>(), 1),
+                             p.rows<const BFloat16>(v.data<BFloat16>(), 2),
+                             p.out_rows(o.data<BFloat16>()), lse.data<float>(), p.g, scale);
+    }
+    finish_output(o, *out[0]);
+    return;
+  }
   const Dtype dt = compute_dtype(in[0]->dtype);
   Array o = start_output(*out[0], dt);
   Array& lse = *out[1];
@@ -342,6 +634,11 @@ void SdpaForward::eval_cpu(const std::vector<const Array*>& in,
 
 void SdpaBackward::eval_cpu(const std::vector<const Array*>& in,
                             const std::vector<Array*>& out) const {
+  // Inputs: q, k, v (or the packed qkv), o, do, then the f32 row logsumexp.
+  if (bf16_attention({in.begin(), in.end() - 1}) && in.back()->dtype == Dtype::f32) {
+    sdpa_backward_bf16(in, out, heads_, causal_, static_cast<float>(scale_));
+    return;
+  }
   const Dtype dt = compute_dtype(in[0]->dtype);
   if (heads_ > 0) {  // inputs qkv, o, do, lse; output dqkv, all in the packed layout
     Array qkv = as_contiguous(*in[0], dt), o = as_contiguous(*in[1], dt),

@@ -54,6 +54,20 @@ void dgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, cons
 void gemm_bf16_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const BFloat16* A,
                       int64_t lda, const BFloat16* B, int64_t ldb, void* C, bool c_bf16,
                       int64_t ldc);
+/// One operand of a strided batch of GEMMs: matrix b starts at p + b * batch_stride elements;
+/// transposed means stored column-major with leading dimension ld.
+struct BatchOperand {
+  const void* p = nullptr;
+  int64_t batch_stride = 0, ld = 0;
+  bool transposed = false;
+};
+/// For b in [0, batch): C_b = alpha * op(A_b) @ op(B_b) + beta * C_b (beta 0 or 1; C_b rows ldc
+/// apart, batch_stride_c apart), A and B of dtype ab (bf16 or f32), C of dtype c (f32 or bf16),
+/// through one oneDNN matmul primitive on OpenMP's team (AMX or AVX512-BF16 kernels for bf16
+/// where the CPU has them). Primitives are cached by shape, strides, dtypes, alpha and beta.
+void batched_gemm_onednn(Dtype ab, Dtype c, int64_t batch, int64_t M, int64_t N, int64_t K,
+                         float alpha, const BatchOperand& A, const BatchOperand& B, float beta,
+                         void* C, int64_t batch_stride_c, int64_t ldc);
 /// The oneDNN implementation a bf16 matmul of this shape gets here ("brg:avx512_core_amx",
 /// ...), or "" where oneDNN has none (oneDNN 2.x on CPUs without AVX-512).
 std::string bf16_gemm_impl_name(int64_t M, int64_t N, int64_t K);
