@@ -127,6 +127,20 @@ TEST(AttentionBf16, ValuesAndGradientsCloseToF32OnTheSameValues) {
       expect_near_scaled(g16[i], g32[i], std::ldexp(1.0, -5), what + " grad " + std::to_string(i));
     }
   }
+  // q with no rows: an empty output, and empty gradients.
+  {
+    Tensor q = seq({2, 0, 8}, 1, Dtype::bf16), k = seq({2, 5, 8}, 2, Dtype::bf16);
+    Tensor v = seq({2, 5, 4}, 3, Dtype::bf16);
+    Tensor o = scaled_dot_product_attention(q, k, v, false).eval();
+    EXPECT_EQ(o.shape(), (Shape{2, 0, 4}));
+    auto [l0, g0] = value_and_grad(
+        [&](const std::vector<Tensor>& x) {
+          return sum(cast(scaled_dot_product_attention(x[0], x[1], x[2], false), Dtype::f32));
+        },
+        {q, k, v});
+    EXPECT_EQ(l0.item<double>(), 0.0);
+    for (double x : g0[1].to_vector<double>()) EXPECT_EQ(x, 0.0);
+  }
   // The packed (N, L, 3D) layout with 4 heads against the same values split into heads.
   const int64_t N = 2, L = 70, D = 24, H = 4, d = D / H;
   Tensor qkv16 = seq({N, L, 3 * D}, 1, Dtype::bf16);

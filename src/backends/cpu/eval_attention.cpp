@@ -333,7 +333,10 @@ struct GroupTiles {
 
 GroupTiles group_tiles(const AttnGeom& g) {
   const int64_t tq = std::min(kBq, g.Lq), ld = padded(std::min(kBk, g.Lk));
-  return {tq, ld, std::clamp<int64_t>(kGroupTile / (tq * ld), 1, std::max<int64_t>(g.B, 1))};
+  // tq is 0 for q with no rows (k and v are never empty): one group, no tiles.
+  return {tq, ld,
+          std::clamp<int64_t>(kGroupTile / std::max<int64_t>(tq * ld, 1), 1,
+                              std::max<int64_t>(g.B, 1))};
 }
 
 /// Rows [0, nq) of an f32 tile, nk wide, rounded to bf16 (the products' operand).
