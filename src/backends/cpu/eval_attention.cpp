@@ -3,7 +3,7 @@
 // (Lq x Lk) matrix. The backward (flash-attention-2) recomputes each probability tile from
 // q, k and the saved row logsumexp. Block products go through sgemm/dgemm, or, for bf16 operands
 // on a CPU with a bf16 matmul unit, through one batched oneDNN bf16 matmul per group of
-// batch-heads (attention_forward_bf16 below).
+// batch-heads (the BFloat16 overloads of attention_forward and attention_backward below).
 
 // Lets GCC if-convert the float selects of cpu::vexp so the tile exp loops vectorise (as in
 // eval_nn.cpp; nothing here reads FP exception flags).
@@ -209,7 +209,8 @@ struct SoftmaxGrad {
 
 template <class T>
 void attention_forward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<T> O, T* LSE,
-                       const AttnGeom& g, T scale, Dtype dt) {
+                       const AttnGeom& g, T scale) {
+  const Dtype dt = dtype_of<T>();
   const int64_t nqb = (g.Lq + kBq - 1) / kBq;
   parallel_for(g.B * nqb, 1, [&](int64_t t0, int64_t t1) {
     Array ws = workspace({kBq * kBk + kBq * g.Ev + 2 * kBq}, dt);
@@ -242,7 +243,8 @@ void attention_forward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<T
 template <class T>
 void attention_backward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<const T> O,
                         Rows<const T> dO, const T* LSE, Rows<T> dQ, Rows<T> dK, Rows<T> dV,
-                        const AttnGeom& g, T scale, Dtype dt) {
+                        const AttnGeom& g, T scale) {
+  const Dtype dt = dtype_of<T>();
   // D_i = rowsum(dO_i * O_i), the softmax-backward correction per query row.
   Array dws = workspace({g.B * g.Lq}, dt);
   T* D = dws.data<T>();
@@ -408,8 +410,8 @@ void group_gemm(int64_t n, int64_t M, int64_t N, int64_t K, float alpha, cpu::Ba
                            accumulate ? 1.0f : 0.0f, C, sc, ldc);
 }
 
-void attention_forward_bf16(Rows<const BFloat16> Q, Rows<const BFloat16> K, Rows<const BFloat16> V,
-                            Rows<BFloat16> O, float* LSE, const AttnGeom& g, float scale) {
+void attention_forward(Rows<const BFloat16> Q, Rows<const BFloat16> K, Rows<const BFloat16> V,
+                       Rows<BFloat16> O, float* LSE, const AttnGeom& g, float scale) {
   const GroupTiles t = group_tiles(g);
   const int64_t G = t.G, ts = t.stride();
   Array qc = workspace({G * g.Lq * g.E}, Dtype::bf16),
@@ -464,10 +466,10 @@ void attention_forward_bf16(Rows<const BFloat16> Q, Rows<const BFloat16> K, Rows
   }
 }
 
-void attention_backward_bf16(Rows<const BFloat16> Q, Rows<const BFloat16> K, Rows<const BFloat16> V,
-                             Rows<const BFloat16> O, Rows<const BFloat16> dO, const float* LSE,
-                             Rows<BFloat16> dQ, Rows<BFloat16> dK, Rows<BFloat16> dV,
-                             const AttnGeom& g, float scale) {
+void attention_backward(Rows<const BFloat16> Q, Rows<const BFloat16> K, Rows<const BFloat16> V,
+                        Rows<const BFloat16> O, Rows<const BFloat16> dO, const float* LSE,
+                        Rows<BFloat16> dQ, Rows<BFloat16> dK, Rows<BFloat16> dV, const AttnGeom& g,
+                        float scale) {
   // D_i = rowsum(dO_i * O_i), the softmax-backward correction per query row.
   Array dws = workspace({g.B * g.Lq}, Dtype::f32);
   float* D = dws.data<float>();
@@ -540,41 +542,6 @@ void attention_backward_bf16(Rows<const BFloat16> Q, Rows<const BFloat16> K, Row
   }
 }
 
-/// SdpaBackward's bf16 case: inputs as SdpaBackward's, heads > 0 for the packed layout.
-void sdpa_backward_bf16(const std::vector<const Array*>& in, const std::vector<Array*>& out,
-                        int64_t heads, bool causal, float scale) {
-  if (heads > 0) {  // inputs qkv, o, do, lse; output dqkv, all in the packed layout
-    Array qkv = contiguous_array(*in[0]), o = contiguous_array(*in[1]),
-          dout = contiguous_array(*in[2]), lse = contiguous_array(*in[3]);
-    Array dqkv = start_output(*out[0], Dtype::bf16);
-    const PackedGeom p = packed_geom(qkv.shape, heads, causal);
-    const BFloat16* x = qkv.data<BFloat16>();
-    BFloat16* dx = dqkv.data<BFloat16>();
-    attention_backward_bf16(p.rows(x, 0), p.rows(x, 1), p.rows(x, 2),
-                            p.out_rows(static_cast<const BFloat16*>(o.data<BFloat16>())),
-                            p.out_rows(static_cast<const BFloat16*>(dout.data<BFloat16>())),
-                            lse.data<float>(), p.rows(dx, 0), p.rows(dx, 1), p.rows(dx, 2), p.g,
-                            scale);
-    finish_output(dqkv, *out[0]);
-    return;
-  }
-  Array q = contiguous_array(*in[0]), k = contiguous_array(*in[1]), v = contiguous_array(*in[2]);
-  Array o = contiguous_array(*in[3]), dout = contiguous_array(*in[4]);
-  Array lse = contiguous_array(*in[5]);
-  Array dq = start_output(*out[0], Dtype::bf16), dk = start_output(*out[1], Dtype::bf16),
-        dv = start_output(*out[2], Dtype::bf16);
-  const PlainGeom p{attn_geom(q.shape, v.shape, causal)};
-  using B16 = const BFloat16;
-  attention_backward_bf16(p.rows<B16>(q.data<BFloat16>(), 0), p.rows<B16>(k.data<BFloat16>(), 1),
-                          p.rows<B16>(v.data<BFloat16>(), 2), p.out_rows<B16>(o.data<BFloat16>()),
-                          p.out_rows<B16>(dout.data<BFloat16>()), lse.data<float>(),
-                          p.rows(dq.data<BFloat16>(), 0), p.rows(dk.data<BFloat16>(), 1),
-                          p.rows(dv.data<BFloat16>(), 2), p.g, scale);
-  finish_output(dq, *out[0]);
-  finish_output(dk, *out[1]);
-  finish_output(dv, *out[2]);
-}
-
 /// Whether bf16 operands run the batched bf16 products above.
 bool bf16_attention(const std::vector<const Array*>& in) {
   if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::onednn) return false;
@@ -583,98 +550,88 @@ bool bf16_attention(const std::vector<const Array*>& in) {
   return true;
 }
 
+/// The dtype the kernels read and write: bf16 where bf16_attention() holds for the operands,
+/// else the compute dtype (f16 and bf16 operands otherwise convert to f32).
+Dtype operand_dtype(const std::vector<const Array*>& operands) {
+  return bf16_attention(operands) ? Dtype::bf16 : compute_dtype(operands[0]->dtype);
+}
+
+/// Calls f.template operator()<T>() with T the element type of an operand dtype (bf16, f32, f64).
+template <class F>
+void dispatch_operand(Dtype dt, F&& f) {
+  if (dt == Dtype::bf16)
+    f.template operator()<BFloat16>();
+  else
+    dispatch_compute(dt, f);
+}
+
 }  // namespace
 
+// The row logsumexp and the scale are in the operands' compute type (f32 for bf16 operands).
 void SdpaForward::eval_cpu(const std::vector<const Array*>& in,
                            const std::vector<Array*>& out) const {
-  if (bf16_attention(in)) {
-    Array o = start_output(*out[0], Dtype::bf16);
-    Array& lse = *out[1];
-    lse.allocate();
-    const auto scale = static_cast<float>(scale_);
-    if (heads_ > 0) {
-      Array qkv = contiguous_array(*in[0]);
-      const PackedGeom p = packed_geom(qkv.shape, heads_, causal_);
-      const BFloat16* x = qkv.data<BFloat16>();
-      attention_forward_bf16(p.rows(x, 0), p.rows(x, 1), p.rows(x, 2),
-                             p.out_rows(o.data<BFloat16>()), lse.data<float>(), p.g, scale);
-    } else {
-      Array q = contiguous_array(*in[0]), k = contiguous_array(*in[1]),
-            v = contiguous_array(*in[2]);
-      const PlainGeom p{attn_geom(q.shape, v.shape, causal_)};
-      attention_forward_bf16(p.rows<const BFloat16>(q.data<BFloat16>(), 0),
-                             p.rows<const BFloat16>(k.data<BFloat16>(), 1),
-                             p.rows<const BFloat16>(v.data<BFloat16>(), 2),
-                             p.out_rows(o.data<BFloat16>()), lse.data<float>(), p.g, scale);
-    }
-    finish_output(o, *out[0]);
-    return;
-  }
-  const Dtype dt = compute_dtype(in[0]->dtype);
+  const Dtype dt = operand_dtype(in);
   Array o = start_output(*out[0], dt);
   Array& lse = *out[1];
   lse.allocate();
-  if (heads_ > 0) {  // one packed (N, L, 3D) projection in, (N, L, D) out
-    Array qkv = as_contiguous(*in[0], dt);
-    const PackedGeom p = packed_geom(qkv.shape, heads_, causal_);
-    dispatch_compute(dt, [&]<class T>() {
+  dispatch_operand(dt, [&]<class T>() {
+    using C = compute_t<T>;
+    const auto scale = static_cast<C>(scale_);
+    if (heads_ > 0) {  // one packed (N, L, 3D) projection in, (N, L, D) out
+      Array qkv = as_contiguous(*in[0], dt);
+      const PackedGeom p = packed_geom(qkv.shape, heads_, causal_);
       const T* x = qkv.data<T>();
-      attention_forward<T>(p.rows(x, 0), p.rows(x, 1), p.rows(x, 2), p.out_rows(o.data<T>()),
-                           lse.data<T>(), p.g, static_cast<T>(scale_), dt);
-    });
-  } else {
-    Array q = as_contiguous(*in[0], dt), k = as_contiguous(*in[1], dt),
-          v = as_contiguous(*in[2], dt);
-    const PlainGeom p{attn_geom(q.shape, v.shape, causal_)};
-    dispatch_compute(dt, [&]<class T>() {
-      attention_forward<T>(p.rows<const T>(q.data<T>(), 0), p.rows<const T>(k.data<T>(), 1),
-                           p.rows<const T>(v.data<T>(), 2), p.out_rows(o.data<T>()), lse.data<T>(),
-                           p.g, static_cast<T>(scale_), dt);
-    });
-  }
+      attention_forward(p.rows(x, 0), p.rows(x, 1), p.rows(x, 2), p.out_rows(o.data<T>()),
+                        lse.data<C>(), p.g, scale);
+    } else {
+      Array q = as_contiguous(*in[0], dt), k = as_contiguous(*in[1], dt),
+            v = as_contiguous(*in[2], dt);
+      const PlainGeom p{attn_geom(q.shape, v.shape, causal_)};
+      attention_forward(p.rows<const T>(q.data<T>(), 0), p.rows<const T>(k.data<T>(), 1),
+                        p.rows<const T>(v.data<T>(), 2), p.out_rows(o.data<T>()), lse.data<C>(),
+                        p.g, scale);
+    }
+  });
   finish_output(o, *out[0]);
 }
 
 void SdpaBackward::eval_cpu(const std::vector<const Array*>& in,
                             const std::vector<Array*>& out) const {
-  // Inputs: q, k, v (or the packed qkv), o, do, then the f32 row logsumexp.
-  if (bf16_attention({in.begin(), in.end() - 1}) && in.back()->dtype == Dtype::f32) {
-    sdpa_backward_bf16(in, out, heads_, causal_, static_cast<float>(scale_));
-    return;
-  }
-  const Dtype dt = compute_dtype(in[0]->dtype);
-  if (heads_ > 0) {  // inputs qkv, o, do, lse; output dqkv, all in the packed layout
-    Array qkv = as_contiguous(*in[0], dt), o = as_contiguous(*in[1], dt),
-          dout = as_contiguous(*in[2], dt), lse = as_contiguous(*in[3], dt);
-    Array dqkv = start_output(*out[0], dt);
-    const PackedGeom p = packed_geom(qkv.shape, heads_, causal_);
-    dispatch_compute(dt, [&]<class T>() {
+  // Inputs: q, k, v (or the packed qkv), o, do, then the row logsumexp.
+  const Dtype dt = operand_dtype({in.begin(), in.end() - 1});
+  dispatch_operand(dt, [&]<class T>() {
+    using C = compute_t<T>;
+    const Dtype ct = dtype_of<C>();
+    const auto scale = static_cast<C>(scale_);
+    if (heads_ > 0) {  // inputs qkv, o, do, lse; output dqkv, all in the packed layout
+      Array qkv = as_contiguous(*in[0], dt), o = as_contiguous(*in[1], dt),
+            dout = as_contiguous(*in[2], dt), lse = as_contiguous(*in[3], ct);
+      Array dqkv = start_output(*out[0], dt);
+      const PackedGeom p = packed_geom(qkv.shape, heads_, causal_);
       const T* x = qkv.data<T>();
       T* dx = dqkv.data<T>();
-      attention_backward<T>(
-          p.rows(x, 0), p.rows(x, 1), p.rows(x, 2), p.out_rows(static_cast<const T*>(o.data<T>())),
-          p.out_rows(static_cast<const T*>(dout.data<T>())), lse.data<T>(), p.rows(dx, 0),
-          p.rows(dx, 1), p.rows(dx, 2), p.g, static_cast<T>(scale_), dt);
-    });
-    finish_output(dqkv, *out[0]);
-    return;
-  }
-  Array q = as_contiguous(*in[0], dt), k = as_contiguous(*in[1], dt), v = as_contiguous(*in[2], dt);
-  Array o = as_contiguous(*in[3], dt), dout = as_contiguous(*in[4], dt);
-  Array lse = as_contiguous(*in[5], dt);
-  Array dq = start_output(*out[0], dt), dk = start_output(*out[1], dt),
-        dv = start_output(*out[2], dt);
-  const PlainGeom p{attn_geom(q.shape, v.shape, causal_)};
-  dispatch_compute(dt, [&]<class T>() {
-    attention_backward<T>(p.rows<const T>(q.data<T>(), 0), p.rows<const T>(k.data<T>(), 1),
-                          p.rows<const T>(v.data<T>(), 2), p.out_rows<const T>(o.data<T>()),
-                          p.out_rows<const T>(dout.data<T>()), lse.data<T>(),
-                          p.rows(dq.data<T>(), 0), p.rows(dk.data<T>(), 1), p.rows(dv.data<T>(), 2),
-                          p.g, static_cast<T>(scale_), dt);
+      attention_backward(p.rows(x, 0), p.rows(x, 1), p.rows(x, 2),
+                         p.out_rows(static_cast<const T*>(o.data<T>())),
+                         p.out_rows(static_cast<const T*>(dout.data<T>())), lse.data<C>(),
+                         p.rows(dx, 0), p.rows(dx, 1), p.rows(dx, 2), p.g, scale);
+      finish_output(dqkv, *out[0]);
+      return;
+    }
+    Array q = as_contiguous(*in[0], dt), k = as_contiguous(*in[1], dt),
+          v = as_contiguous(*in[2], dt);
+    Array o = as_contiguous(*in[3], dt), dout = as_contiguous(*in[4], dt);
+    Array lse = as_contiguous(*in[5], ct);
+    Array dq = start_output(*out[0], dt), dk = start_output(*out[1], dt),
+          dv = start_output(*out[2], dt);
+    const PlainGeom p{attn_geom(q.shape, v.shape, causal_)};
+    attention_backward(p.rows<const T>(q.data<T>(), 0), p.rows<const T>(k.data<T>(), 1),
+                       p.rows<const T>(v.data<T>(), 2), p.out_rows<const T>(o.data<T>()),
+                       p.out_rows<const T>(dout.data<T>()), lse.data<C>(), p.rows(dq.data<T>(), 0),
+                       p.rows(dk.data<T>(), 1), p.rows(dv.data<T>(), 2), p.g, scale);
+    finish_output(dq, *out[0]);
+    finish_output(dk, *out[1]);
+    finish_output(dv, *out[2]);
   });
-  finish_output(dq, *out[0]);
-  finish_output(dk, *out[1]);
-  finish_output(dv, *out[2]);
 }
 
 }  // namespace hetrain
