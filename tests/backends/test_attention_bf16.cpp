@@ -18,6 +18,7 @@
 #include "graph/prims/attention.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
+#include "hetrain/memory/allocator.h"
 
 using namespace hetrain;
 
@@ -46,6 +47,43 @@ void expect_near_scaled(const Tensor& got, const Tensor& want, double rel,
   }
   EXPECT_GT(big, 0.0) << what;
   EXPECT_LE(worst, rel * big) << what << ": largest error " << worst << ", largest value " << big;
+}
+
+/// A batch of attention problems: q, k, v shapes and the mask.
+struct Case {
+  Shape q, k, v;
+  bool causal;
+};
+
+/// bf16 attention's output and gradients against the f32 reference composition on the same
+/// (bf16-exact) values.
+void expect_close_to_f32(const Case& c) {
+  const std::string what = shape_str(c.q) + (c.causal ? " causal" : "");
+  std::vector<Tensor> in16 = {seq(c.q, 1, Dtype::bf16), seq(c.k, 2, Dtype::bf16),
+                              seq(c.v, 3, Dtype::bf16)};
+  std::vector<Tensor> in32;
+  for (const Tensor& t : in16) in32.push_back(cast(t, Dtype::f32).eval());
+  Shape oshape = c.q;
+  oshape.back() = c.v.back();
+  const Tensor r = cast(seq(oshape, 5, Dtype::bf16), Dtype::f32).eval();  // exact in bf16
+  Tensor o16 = scaled_dot_product_attention(in16[0], in16[1], in16[2], c.causal);
+  EXPECT_EQ(o16.dtype(), Dtype::bf16);
+  Tensor o32 = scaled_dot_product_attention_reference(in32[0], in32[1], in32[2], c.causal);
+  expect_near_scaled(o16, o32, std::ldexp(1.0, -5), what + " output");
+  auto [l16, g16] = value_and_grad(
+      [&](const std::vector<Tensor>& x) {
+        return sum(cast(scaled_dot_product_attention(x[0], x[1], x[2], c.causal), Dtype::f32) * r);
+      },
+      in16);
+  auto [l32, g32] = value_and_grad(
+      [&](const std::vector<Tensor>& x) {
+        return sum(scaled_dot_product_attention_reference(x[0], x[1], x[2], c.causal) * r);
+      },
+      in32);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(g16[i].dtype(), Dtype::bf16);
+    expect_near_scaled(g16[i], g32[i], std::ldexp(1.0, -5), what + " grad " + std::to_string(i));
+  }
 }
 
 }  // namespace
@@ -88,45 +126,13 @@ TEST(AttentionBf16, ValuesAndGradientsCloseToF32OnTheSameValues) {
   if (!has_bf16_attention())
     GTEST_SKIP() << "no bf16 matmul unit here (AMX or AVX512-BF16): bf16 attention computes in "
                     "f32, as Attention.HalfPrecisionComputesInF32 checks for f16";
-  struct Case {
-    Shape q, k, v;
-    bool causal;
-  };
   // 40 batch-heads of 300 rows: two groups (32 + 8) of 128 x 256 tiles; Lq < Lk; few rows.
   const Case cases[] = {
       {{40, 300, 16}, {40, 300, 16}, {40, 300, 8}, true},
       {{2, 3, 150, 16}, {2, 3, 300, 16}, {2, 3, 300, 8}, false},
       {{3, 7, 8}, {3, 7, 8}, {3, 7, 8}, true},
   };
-  for (const Case& c : cases) {
-    const std::string what = shape_str(c.q) + (c.causal ? " causal" : "");
-    std::vector<Tensor> in16 = {seq(c.q, 1, Dtype::bf16), seq(c.k, 2, Dtype::bf16),
-                                seq(c.v, 3, Dtype::bf16)};
-    std::vector<Tensor> in32;
-    for (const Tensor& t : in16) in32.push_back(cast(t, Dtype::f32).eval());
-    Shape oshape = c.q;
-    oshape.back() = c.v.back();
-    const Tensor r = cast(seq(oshape, 5, Dtype::bf16), Dtype::f32).eval();  // exact in bf16
-    Tensor o16 = scaled_dot_product_attention(in16[0], in16[1], in16[2], c.causal);
-    EXPECT_EQ(o16.dtype(), Dtype::bf16);
-    Tensor o32 = scaled_dot_product_attention_reference(in32[0], in32[1], in32[2], c.causal);
-    expect_near_scaled(o16, o32, std::ldexp(1.0, -5), what + " output");
-    auto [l16, g16] = value_and_grad(
-        [&](const std::vector<Tensor>& x) {
-          return sum(cast(scaled_dot_product_attention(x[0], x[1], x[2], c.causal), Dtype::f32) *
-                     r);
-        },
-        in16);
-    auto [l32, g32] = value_and_grad(
-        [&](const std::vector<Tensor>& x) {
-          return sum(scaled_dot_product_attention_reference(x[0], x[1], x[2], c.causal) * r);
-        },
-        in32);
-    for (size_t i = 0; i < 3; ++i) {
-      EXPECT_EQ(g16[i].dtype(), Dtype::bf16);
-      expect_near_scaled(g16[i], g32[i], std::ldexp(1.0, -5), what + " grad " + std::to_string(i));
-    }
-  }
+  for (const Case& c : cases) expect_close_to_f32(c);
   // q with no rows: an empty output, and empty gradients.
   {
     Tensor q = seq({2, 0, 8}, 1, Dtype::bf16), k = seq({2, 5, 8}, 2, Dtype::bf16);
@@ -170,4 +176,18 @@ TEST(AttentionBf16, ValuesAndGradientsCloseToF32OnTheSameValues) {
       },
       {qkv32});
   expect_near_scaled(gp[0], gr[0], std::ldexp(1.0, -5), "packed grad");
+}
+
+TEST(AttentionBf16, GroupWorkspaceStaysBoundedForLongRows) {
+  if (!has_bf16_attention())
+    GTEST_SKIP() << "no bf16 matmul unit here (AMX or AVX512-BF16): no batch-head groups";
+  // 40 batch-heads of 512 x 128: 1.7 MB of group workspace each in the backward, so the tile
+  // bound alone (32 heads a group) would take 54 MB at once; the byte bound (16 MiB) makes groups
+  // of 9 (9 + 9 + 9 + 9 + 4), which must still give the values of the f32 composition.
+  HostAllocator& a = host_allocator();
+  a.reset_peak();
+  expect_close_to_f32({{40, 512, 128}, {40, 512, 128}, {40, 512, 128}, true});
+  const int64_t peak = a.stats().peak[static_cast<size_t>(MemoryTag::workspace)];
+  EXPECT_GT(peak, int64_t{8} << 20) << "a group's workspace is counted";
+  EXPECT_LE(peak, int64_t{20} << 20) << "16 MiB a group, and the f32 reference's smaller buffers";
 }

@@ -326,6 +326,10 @@ void attention_backward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<
 
 /// Score elements of a group's tiles (4 MiB of f32 per tile buffer).
 constexpr int64_t kGroupTile = int64_t{1} << 20;
+/// Bytes of a group's workspace: its head-major copies, its f32 gradients and its tiles. The copies
+/// grow with the sequence, so without this bound a group's workspace would hold as many bytes as
+/// q, k and v themselves for long sequences (32 batch-heads of 8192 x 64: 330 MiB).
+constexpr int64_t kGroupBytes = int64_t{16} << 20;
 
 /// A group's tile buffers: rows ld apart, batch-head h's tile at h * tq * ld.
 struct GroupTiles {
@@ -333,12 +337,19 @@ struct GroupTiles {
   int64_t stride() const { return tq * ld; }
 };
 
+/// Workspace bytes per batch-head of a group, the backward's (the larger): q, k, v and dO copied
+/// as bf16, dq, dk and dv accumulated in f32, two f32 tiles and two bf16 ones.
+int64_t group_bytes_per_head(const AttnGeom& g, int64_t tile) {
+  const int64_t q = g.Lq * g.E, k = g.Lk * g.E, v = g.Lk * g.Ev, o = g.Lq * g.Ev;
+  return 2 * (q + k + v + o) + 4 * (q + k + v) + (2 * 4 + 2 * 2) * tile;
+}
+
 GroupTiles group_tiles(const AttnGeom& g) {
   const int64_t tq = std::min(kBq, g.Lq), ld = padded(std::min(kBk, g.Lk));
   // tq is 0 for q with no rows (k and v are never empty): one group, no tiles.
-  return {tq, ld,
-          std::clamp<int64_t>(kGroupTile / std::max<int64_t>(tq * ld, 1), 1,
-                              std::max<int64_t>(g.B, 1))};
+  const int64_t by_tiles = kGroupTile / std::max<int64_t>(tq * ld, 1);
+  const int64_t by_bytes = kGroupBytes / std::max<int64_t>(group_bytes_per_head(g, tq * ld), 1);
+  return {tq, ld, std::clamp<int64_t>(std::min(by_tiles, by_bytes), 1, std::max<int64_t>(g.B, 1))};
 }
 
 /// Rows [0, nq) of an f32 tile, nk wide, rounded to bf16 (the products' operand).
