@@ -23,6 +23,8 @@ class ArgParser {
   /// flag or a missing value. Returns false when --help was printed.
   bool parse(const std::vector<std::string>& args);
   std::string help() const;
+  /// The subcommand, as errors name it: "[profile] ...".
+  const std::string& command() const { return command_; }
 
   bool has(const std::string& name) const;    // given on the command line or has a default
   bool given(const std::string& name) const;  // given on the command line

@@ -11,6 +11,7 @@
 #include "hetrain/base/error.h"
 #include "hetrain/base/file_output.h"
 #include "hetrain/base/thread_pool.h"
+#include "hetrain/graph/recompute.h"
 #include "hetrain/insight/device_profile.h"
 #include "hetrain/insight/profiler.h"
 #include "hetrain/insight/report.h"
@@ -65,11 +66,8 @@ int profile_sweep(const ArgParser& p, const training::TrainConfig& base, long lo
       training::TrainConfig c = base;
       c.layers = layers;
       c.recompute = mode;
-      try {
-        training::validate(c);
-      } catch (const Error& e) {
-        fail("[profile] flag --sweep-recompute: ", e.what());
-      }
+      parse_recompute(mode, "[profile] flag --sweep-recompute");
+      training::validate(c, "profile");
       insight::DepthPoint d{mode, layers, 0, training::dry_run(c, nullptr).peak[kActs]};
       training::StepHooks hooks;
       hooks.begin = [&](int64_t step) {
@@ -177,7 +175,7 @@ int cmd_profile(const Args& args) {
   cfg.save_dir.clear();
   cfg.json_log.clear();
   cfg.progress = !p.get_flag("no-progress");
-  training::validate(cfg);
+  training::validate(cfg, p.command());
 
   // Every output is checked before any work is done.
   for (const char* f : {"trace", "json", "report"})

@@ -9,7 +9,8 @@
 namespace hetrain::cli {
 
 /// The --preset's defaults, then the --config file's keys, then each of `flags` that was
-/// given on the command line (each later source wins); errors name the flag or file key.
+/// given on the command line (each later source wins); errors name the flag or file key and
+/// start with p's subcommand ("[profile] flag --precision: ...").
 training::TrainConfig config_from_flags(const ArgParser& p, std::span<const char* const> flags);
 
 }  // namespace hetrain::cli

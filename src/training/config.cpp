@@ -18,7 +18,7 @@ namespace hetrain::training {
 
 std::vector<std::string> preset_names() { return {"fashion-mlp", "fashion-cnn", "gpt-mini"}; }
 
-TrainConfig preset_config(const std::string& name) {
+TrainConfig preset_config(const std::string& name, const std::string& command) {
   TrainConfig c;
   c.preset = name;
   if (name == "fashion-mlp") {
@@ -59,7 +59,7 @@ TrainConfig preset_config(const std::string& name) {
   } else {
     std::string known;
     for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-    fail("[train] unknown preset '", name, "'; known presets: ", known);
+    fail("[", command, "] unknown preset '", name, "'; known presets: ", known);
   }
   return c;
 }
@@ -71,26 +71,26 @@ std::string norm_key(std::string k) {
   return k;
 }
 
-int64_t to_int(const std::string& key, const std::string& v, const std::string& origin) {
+int64_t to_int(const std::string& key, const std::string& v, const std::string& where) {
   try {
     size_t used = 0;
     long long x = std::stoll(v, &used);
     if (used == v.size()) return x;
   } catch (const std::exception&) {
   }
-  fail("[train] ", origin, ": '", key, "' expects an integer, got '", v, "'");
+  fail(where, ": '", key, "' expects an integer, got '", v, "'");
 }
-double to_double(const std::string& key, const std::string& v, const std::string& origin) {
+double to_double(const std::string& key, const std::string& v, const std::string& where) {
   try {
     size_t used = 0;
     double x = std::stod(v, &used);
     if (used == v.size() && std::isfinite(x)) return x;
   } catch (const std::exception&) {
   }
-  fail("[train] ", origin, ": '", key, "' expects a finite number, got '", v, "'");
+  fail(where, ": '", key, "' expects a finite number, got '", v, "'");
 }
 std::vector<int64_t> to_list(const std::string& key, const std::string& v,
-                             const std::string& origin) {
+                             const std::string& where) {
   std::vector<int64_t> out;
   std::string s = v;
   s.erase(
@@ -100,25 +100,25 @@ std::vector<int64_t> to_list(const std::string& key, const std::string& v,
   std::string item;
   while (std::getline(ss, item, ',')) {
     if (item.empty()) continue;
-    out.push_back(to_int(key, item, origin));
+    out.push_back(to_int(key, item, where));
   }
   return out;
 }
 
-/// A value of state-device or offload (where the model state lives), checked.
+/// A value of state-device or offload (where the model state lives), checked; errors start
+/// with `where` ("[train] flag --offload", say), as those of to_int, to_double and to_list.
 std::string check_state_setting(const std::string& key, const std::string& v,
-                                const std::string& origin) {
+                                const std::string& where) {
   if (key == "offload") {
     if (v != "none" && v != "optimizer" && v != "optimizer+params")
-      fail("[train] ", origin, ": offload must be none, optimizer or optimizer+params, got '", v,
-           "'");
+      fail(where, ": offload must be none, optimizer or optimizer+params, got '", v, "'");
     return v;
   }
   if (v == "auto") return v;
   try {
     (void)Device::parse_name(v);
   } catch (const Error&) {
-    fail("[train] ", origin, ": state-device must be auto, cpu, cuda:N or sim:N, got '", v, "'");
+    fail(where, ": state-device must be auto, cpu, cuda:N or sim:N, got '", v, "'");
   }
   return v;
 }
@@ -126,25 +126,25 @@ std::string check_state_setting(const std::string& key, const std::string& v,
 }  // namespace
 
 void apply_setting(TrainConfig& c, const std::string& key_in, const std::string& v,
-                   const std::string& origin) {
-  const std::string key = norm_key(key_in);
-  auto i = [&] { return to_int(key, v, origin); };
-  auto d = [&] { return to_double(key, v, origin); };
+                   const std::string& origin, const std::string& command) {
+  const std::string key = norm_key(key_in), where = "[" + command + "] " + origin;
+  auto i = [&] { return to_int(key, v, where); };
+  auto d = [&] { return to_double(key, v, where); };
   if (key == "preset") {
     // A preset resets everything else to its defaults; flags given later override it.
-    TrainConfig p = preset_config(v);
+    TrainConfig p = preset_config(v, command);
     std::tie(p.save_dir, p.resume_dir, p.json_log) = std::tie(c.save_dir, c.resume_dir, c.json_log);
     c = p;
   } else if (key == "model") {
     if (v != "mlp" && v != "cnn" && v != "gpt")
-      fail("[train] ", origin, ": model must be mlp, cnn or gpt, got '", v, "'");
+      fail(where, ": model must be mlp, cnn or gpt, got '", v, "'");
     c.model = v;
   } else if (key == "data")
     c.data = v;
   else if (key == "hidden")
-    c.hidden = to_list(key, v, origin);
+    c.hidden = to_list(key, v, where);
   else if (key == "widths")
-    c.widths = to_list(key, v, origin);
+    c.widths = to_list(key, v, where);
   else if (key == "blocks")
     c.blocks = i();
   else if (key == "layers")
@@ -160,7 +160,7 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
   else if (key == "epochs" || key == "steps") {
     // Given explicitly, 0 is a mistake (it used to fall back silently to the preset's epochs).
     const int64_t n = i();
-    if (n < 1) fail("[train] ", origin, ": '", key, "' must be at least 1, got ", n);
+    if (n < 1) fail(where, ": '", key, "' must be at least 1, got ", n);
     (key == "epochs" ? c.epochs : c.steps) = n;
     if (key == "epochs") c.steps = 0;  // epochs count only when steps are not given
   } else if (key == "batch-size")
@@ -183,19 +183,19 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     c.warmup = i();
   else if (key == "seed") {
     int64_t s = i();
-    if (s < 0) fail("[train] ", origin, ": seed must be >= 0, got ", s);
+    if (s < 0) fail(where, ": seed must be >= 0, got ", s);
     c.seed = static_cast<uint64_t>(s);
   } else if (key == "threads") {
     const int64_t n = i();
     if (n < 0 || n > max_threads())
-      fail("[train] ", origin, ": threads must be between 0 (one per core) and ", max_threads(),
+      fail(where, ": threads must be between 0 (one per core) and ", max_threads(),
            " (4 per core, at least 64), got ", n);
     c.threads = static_cast<int>(n);
   } else if (key == "memory-budget")
-    c.memory_budget = parse_byte_size(
-        v, "[train] " + origin + (origin.starts_with("flag") ? "" : ": 'memory-budget'"));
+    c.memory_budget =
+        parse_byte_size(v, where + (origin.starts_with("flag") ? "" : ": 'memory-budget'"));
   else if (key == "recompute") {
-    parse_recompute(v, "[train] " + origin);  // checks the name
+    parse_recompute(v, where);  // checks the name
     c.recompute = v;
   } else if (key == "grad-accum")
     c.grad_accum = i();
@@ -205,19 +205,19 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
     c.param_persistence_threshold = i();
   else if (key == "zero") {
     if (v != "0" && v != "1" && v != "2" && v != "3")
-      fail("[train] ", origin, ": zero must be 0, 1, 2 or 3 (the ZeRO stage), got '", v, "'");
+      fail(where, ": zero must be 0, 1, 2 or 3 (the ZeRO stage), got '", v, "'");
     c.zero = v[0] - '0';
   } else if (key == "state-device" || key == "offload") {
-    (key == "offload" ? c.offload : c.state_device) = check_state_setting(key, v, origin);
+    (key == "offload" ? c.offload : c.state_device) = check_state_setting(key, v, where);
   } else if (key == "comm-timeout")
     c.comm_timeout = d();
   else if (key == "precision") {
     if (v != "fp32" && v != "bf16" && v != "fp16")
-      fail("[train] ", origin, ": precision must be fp32, bf16 or fp16, got '", v, "'");
+      fail(where, ": precision must be fp32, bf16 or fp16, got '", v, "'");
     c.precision = v;
   } else if (key == "grad-scaler") {
     if (v != "auto" && v != "on" && v != "off")
-      fail("[train] ", origin, ": grad-scaler must be auto, on or off, got '", v, "'");
+      fail(where, ": grad-scaler must be auto, on or off, got '", v, "'");
     c.grad_scaler = v;
   } else if (key == "loss-scale")
     c.loss_scale = d();
@@ -242,12 +242,12 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
   else if (key == "eval-batches")
     c.eval_batches = i();
   else
-    fail("[train] ", origin, ": unknown setting '", key_in, "'");
+    fail(where, ": unknown setting '", key_in, "'");
 }
 
 namespace {
 void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::string& path,
-                      bool allow_preset) {
+                      bool allow_preset, const std::string& command) {
   // The preset goes first so that the file's other keys override it.
   std::vector<std::pair<std::string, std::string>> items;
   std::function<void(const toml::table&)> walk = [&](const toml::table& t) {
@@ -261,9 +261,9 @@ void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::strin
       // Lists only where a list is meant; no setting is a boolean.
       const bool list_key = norm_key(key) == "hidden" || norm_key(key) == "widths";
       if (node.is_array() && !list_key)
-        fail("[train] config ", path, ": '", key, "' must be a single value, not a list");
+        fail("[", command, "] config ", path, ": '", key, "' must be a single value, not a list");
       if (node.is_boolean())
-        fail("[train] config ", path, ": '", key, "' must not be a boolean (true/false)");
+        fail("[", command, "] config ", path, ": '", key, "' must not be a boolean (true/false)");
       if (auto s = node.value_exact<std::string>())
         value = *s;
       else if (node.is_integer())
@@ -276,11 +276,11 @@ void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::strin
       } else if (const auto* arr = node.as_array()) {
         for (const auto& el : *arr) {
           if (!el.is_integer())
-            fail("[train] config ", path, ": '", key, "' must be a list of integers");
+            fail("[", command, "] config ", path, ": '", key, "' must be a list of integers");
           value += (value.empty() ? "" : ",") + std::to_string(*el.value<int64_t>());
         }
       } else {
-        fail("[train] config ", path, ": '", key, "' has an unsupported value type");
+        fail("[", command, "] config ", path, ": '", key, "' has an unsupported value type");
       }
       items.emplace_back(key, value);
     }
@@ -290,15 +290,16 @@ void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::strin
                         [](const auto& kv) { return kv.first == "preset"; });
   for (const auto& [k, v] : items) {
     if (k == "preset" && !allow_preset) continue;
-    apply_setting(cfg, k, v, "config " + path);
+    apply_setting(cfg, k, v, "config " + path, command);
   }
 }
 }  // namespace
 
-void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_preset) {
+void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_preset,
+                     const std::string& command) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
-    fail("[train] config ", path, ": ",
+    fail("[", command, "] config ", path, ": ",
          std::filesystem::exists(path, ec) ? "not a regular file" : "no such file");
   toml::table tbl;
   try {
@@ -307,15 +308,15 @@ void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_prese
     std::ostringstream os;
     os << e.description() << " at line " << e.source().begin.line << ", column "
        << e.source().begin.column;
-    fail("[train] config ", path, ": ", os.str());
+    fail("[", command, "] config ", path, ": ", os.str());
   } catch (const std::exception& e) {
-    fail("[train] cannot read config ", path, ": ", e.what());
+    fail("[", command, "] cannot read config ", path, ": ", e.what());
   }
-  apply_toml_table(cfg, tbl, path, allow_preset);
+  apply_toml_table(cfg, tbl, path, allow_preset, command);
 }
 
 void apply_toml_string(TrainConfig& cfg, const std::string& text, const std::string& origin,
-                       bool allow_preset) {
+                       bool allow_preset, const std::string& command) {
   toml::table tbl;
   try {
     tbl = toml::parse(text, origin);
@@ -323,9 +324,9 @@ void apply_toml_string(TrainConfig& cfg, const std::string& text, const std::str
     std::ostringstream os;
     os << e.description() << " at line " << e.source().begin.line << ", column "
        << e.source().begin.column;
-    fail("[train] config ", origin, ": ", os.str());
+    fail("[", command, "] config ", origin, ": ", os.str());
   }
-  apply_toml_table(cfg, tbl, origin, allow_preset);
+  apply_toml_table(cfg, tbl, origin, allow_preset, command);
 }
 
 std::optional<Device> resolve_state_device(const TrainConfig& cfg) {
@@ -352,68 +353,68 @@ std::optional<Device> resolve_state_device(const TrainConfig& cfg) {
        "); add it to --devices");
 }
 
-void validate(const TrainConfig& c) {
-  auto positive = [](const char* name, double v) {
-    if (!(v > 0)) fail("[train] ", name, " must be positive, got ", v);
+void validate(const TrainConfig& c, const std::string& command) {
+  const std::string tag = "[" + command + "] ";
+  auto positive = [&tag](const char* name, double v) {
+    if (!(v > 0)) fail(tag, name, " must be positive, got ", v);
   };
   if (c.model != "mlp" && c.model != "cnn" && c.model != "gpt")
-    fail("[train] model must be mlp, cnn or gpt, got '", c.model, "'");
+    fail(tag, "model must be mlp, cnn or gpt, got '", c.model, "'");
   positive("batch-size", static_cast<double>(c.batch_size));
-  if (c.steps <= 0 && c.epochs <= 0) fail("[train] give --steps or --epochs (a positive number)");
-  if (c.steps < 0 || c.epochs < 0) fail("[train] steps and epochs must not be negative");
+  if (c.steps <= 0 && c.epochs <= 0) fail(tag, "give --steps or --epochs (a positive number)");
+  if (c.steps < 0 || c.epochs < 0) fail(tag, "steps and epochs must not be negative");
   positive("lr", c.lr);
   if (c.optimizer != "adamw" && c.optimizer != "sgd")
-    fail("[train] optimizer must be adamw or sgd, got '", c.optimizer, "'");
+    fail(tag, "optimizer must be adamw or sgd, got '", c.optimizer, "'");
   if (c.schedule != "constant" && c.schedule != "cosine" && c.schedule != "step")
-    fail("[train] schedule must be constant, step or cosine, got '", c.schedule, "'");
-  if (!(c.weight_decay >= 0)) fail("[train] weight-decay must be >= 0, got ", c.weight_decay);
-  if (!(c.clip >= 0)) fail("[train] clip must be >= 0 (0 disables clipping), got ", c.clip);
-  if (!(c.min_lr >= 0)) fail("[train] min-lr must be >= 0, got ", c.min_lr);
+    fail(tag, "schedule must be constant, step or cosine, got '", c.schedule, "'");
+  if (!(c.weight_decay >= 0)) fail(tag, "weight-decay must be >= 0, got ", c.weight_decay);
+  if (!(c.clip >= 0)) fail(tag, "clip must be >= 0 (0 disables clipping), got ", c.clip);
+  if (!(c.min_lr >= 0)) fail(tag, "min-lr must be >= 0, got ", c.min_lr);
   if (!(c.momentum >= 0 && c.momentum < 1))
-    fail("[train] momentum must be in [0, 1), got ", c.momentum);
+    fail(tag, "momentum must be in [0, 1), got ", c.momentum);
   if (c.threads < 0 || c.threads > max_threads())
-    fail("[train] threads must be between 0 (one per core) and ", max_threads(), ", got ",
-         c.threads);
-  if (c.dropout < 0 || c.dropout >= 1) fail("[train] dropout must be in [0, 1)");
-  parse_recompute(c.recompute, "[train] recompute");
-  if (c.memory_budget < 0) fail("[train] memory-budget must be >= 0 bytes (0: no limit)");
-  if (c.grad_accum < 1) fail("[train] grad-accum must be >= 1, got ", c.grad_accum);
+    fail(tag, "threads must be between 0 (one per core) and ", max_threads(), ", got ", c.threads);
+  if (c.dropout < 0 || c.dropout >= 1) fail(tag, "dropout must be in [0, 1)");
+  parse_recompute(c.recompute, tag + "recompute");
+  if (c.memory_budget < 0) fail(tag, "memory-budget must be >= 0 bytes (0: no limit)");
+  if (c.grad_accum < 1) fail(tag, "grad-accum must be >= 1, got ", c.grad_accum);
   if (c.batch_size % c.grad_accum != 0)
-    fail("[train] batch-size ", c.batch_size, " is not divisible by grad-accum ", c.grad_accum,
+    fail(tag, "batch-size ", c.batch_size, " is not divisible by grad-accum ", c.grad_accum,
          " (micro-batches must be equal)");
-  if (c.zero < 0 || c.zero > 3) fail("[train] zero must be 0, 1, 2 or 3, got ", c.zero);
+  if (c.zero < 0 || c.zero > 3) fail(tag, "zero must be 0, 1, 2 or 3, got ", c.zero);
   if (c.param_persistence_threshold < 0)
-    fail("[train] param-persistence-threshold must be >= 0 elements, got ",
+    fail(tag, "param-persistence-threshold must be >= 0 elements, got ",
          c.param_persistence_threshold);
   if (c.param_persistence_threshold > 0 && c.zero != 3)
-    fail(
-        "[train] param-persistence-threshold keeps small parameters whole under --zero 3; "
-        "this run has --zero ",
-        c.zero);
+    fail(tag,
+         "param-persistence-threshold keeps small parameters whole under --zero 3; "
+         "this run has --zero ",
+         c.zero);
   if (!(c.bucket_mb > 0) || !std::isfinite(c.bucket_mb))
-    fail("[train] bucket-mb must be a positive number of MiB, got ", c.bucket_mb);
+    fail(tag, "bucket-mb must be a positive number of MiB, got ", c.bucket_mb);
   if (!(c.comm_timeout >= 0) || !std::isfinite(c.comm_timeout))
-    fail("[train] comm-timeout must be >= 0 seconds (0: no limit), got ", c.comm_timeout);
+    fail(tag, "comm-timeout must be >= 0 seconds (0: no limit), got ", c.comm_timeout);
   if (c.precision != "fp32" && c.precision != "bf16" && c.precision != "fp16")
-    fail("[train] precision must be fp32, bf16 or fp16, got '", c.precision, "'");
+    fail(tag, "precision must be fp32, bf16 or fp16, got '", c.precision, "'");
   if (c.grad_scaler != "auto" && c.grad_scaler != "on" && c.grad_scaler != "off")
-    fail("[train] grad-scaler must be auto, on or off, got '", c.grad_scaler, "'");
+    fail(tag, "grad-scaler must be auto, on or off, got '", c.grad_scaler, "'");
   if (!(c.loss_scale > 0) || !std::isfinite(static_cast<float>(c.loss_scale)))
-    fail("[train] loss-scale must be a positive number below 3.4e38 (f32), got ", c.loss_scale);
+    fail(tag, "loss-scale must be a positive number below 3.4e38 (f32), got ", c.loss_scale);
   if (c.loss_scale_growth_interval < 1)
-    fail("[train] loss-scale-growth-interval must be >= 1, got ", c.loss_scale_growth_interval);
+    fail(tag, "loss-scale-growth-interval must be >= 1, got ", c.loss_scale_growth_interval);
   if (!(c.loss_scale_floor >= 0) || !std::isfinite(c.loss_scale_floor))
-    fail("[train] loss-scale-floor must be >= 0, got ", c.loss_scale_floor);
+    fail(tag, "loss-scale-floor must be >= 0, got ", c.loss_scale_floor);
   if (!(c.divergence_factor == 0 || c.divergence_factor > 1))
-    fail("[train] divergence-factor must be above 1 (or 0: never), got ", c.divergence_factor);
-  if (c.divergence_steps < 0) fail("[train] divergence-steps must be >= 0 (0: never)");
+    fail(tag, "divergence-factor must be above 1 (or 0: never), got ", c.divergence_factor);
+  if (c.divergence_steps < 0) fail(tag, "divergence-steps must be >= 0 (0: never)");
   if (c.save_every < 0 || c.warmup < 0 || c.eval_batches < 0)
-    fail("[train] save-every, warmup and eval-batches must be >= 0");
+    fail(tag, "save-every, warmup and eval-batches must be >= 0");
   positive("log-every", static_cast<double>(c.log_every));
   if (c.model == "mlp")
     for (auto h : c.hidden) positive("hidden sizes", static_cast<double>(h));
   if (c.model == "cnn") {
-    if (c.widths.empty()) fail("[train] widths must list at least one stage width");
+    if (c.widths.empty()) fail(tag, "widths must list at least one stage width");
     for (auto w : c.widths) positive("widths", static_cast<double>(w));
     positive("blocks", static_cast<double>(c.blocks));
   }
@@ -423,7 +424,7 @@ void validate(const TrainConfig& c) {
     positive("width", static_cast<double>(c.width));
     positive("context", static_cast<double>(c.context));
     if (c.width % c.heads != 0)
-      fail("[train] width ", c.width, " must be divisible by heads ", c.heads);
+      fail(tag, "width ", c.width, " must be divisible by heads ", c.heads);
   }
 }
 

@@ -59,13 +59,18 @@ hetrain_cli_test(cli.profile_help "--warmup-steps N.*--trace FILE.*--json FILE.*
                  ${HT} profile --help)
 # --precision as in train: the bf16 run's table has the autocast casts and the bf16 GEMMs in a
 # row of their own (bounded by the bf16 ceiling where one was measured); a bad value names the
-# flag.
+# command and the flag.
 hetrain_cli_test(cli.profile_bf16
                  "precision bf16.*(\ncast +[0-9]+.*\nfused_epilogue bf16 +[0-9]+|\nfused_epilogue bf16 +[0-9]+.*\ncast +[0-9]+)"
                  ${HT} profile --preset fashion-mlp --precision bf16 --steps 2 --threads 1
                  --no-progress)
-hetrain_cli_test(cli.profile_bad_precision "flag --precision: precision must be fp32, bf16 or fp16, got .fp8."
+hetrain_cli_test(cli.profile_bad_precision
+                 "\\[profile\\] flag --precision: precision must be fp32, bf16 or fp16, got .fp8."
                  ${HT} profile --preset fashion-mlp --precision fp8 --steps 1)
+# Errors from the settings parser profile and simulate share with train name the command run
+# ("[profile] flag --precision: ..."), not "[train]"; train's still say "[train]".
+add_test(NAME cli.flag_errors_name_command
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/flag_errors.sh ${HT})
 # Outputs are checked before any work: no device measurement, no training.
 hetrain_cli_test(cli.profile_unwritable "cannot write --report file '/proc/forbidden/r.html'"
                  ${HT} profile --steps 1 --report /proc/forbidden/r.html)

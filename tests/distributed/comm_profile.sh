@@ -12,15 +12,10 @@
 #      the default buckets); errors: no timings for 4 ranks, a batch that 2 ranks do not divide.
 # Usage: comm_profile.sh HETRAIN
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 ht=$1
-here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export XDG_CACHE_HOME=$dir/cache
 prof=$XDG_CACHE_HOME/hetrain/device_profile.json
-fail() { echo "FAIL: $*"; exit 1; }
-bash "$here/mpirun.sh" 2 200 -x XDG_CACHE_HOME="$XDG_CACHE_HOME" -- "$ht" bench --comm --quick \
-  > "$dir/comm.out" 2>&1 || { cat "$dir/comm.out"; fail "bench --comm"; }
+logged comm mpi 2 200 -x XDG_CACHE_HOME="$XDG_CACHE_HOME" -- "$ht" bench --comm --quick
 table() {  # the stored table's world size and row count per op
   python3 -c '
 import json, sys
@@ -34,7 +29,7 @@ for t in j["comm"]:
 want="2 mpi [('all_gather', 7), ('all_reduce', 7), ('ddp_fixed_order', 7), ('reduce_scatter', 7)]"
 [[ "$(table)" == "$want" ]] || fail "stored table: $(table), expected $want"
 echo "bench --comm stored: $(table)"
-"$ht" bench --quick > "$dir/bench.out" 2>&1 || { cat "$dir/bench.out"; fail "bench"; }
+logged bench "$ht" bench --quick
 [[ "$(table)" == "$want" ]] || fail "hetrain bench dropped the table: $(table)"
 grep -q '"gemm_tflops"' "$prof" || fail "hetrain bench wrote no rates"
 echo "hetrain bench kept the collective timings"

@@ -9,19 +9,15 @@
 # equal).
 # Usage: ddp_equal.sh HETRAIN NP [--bn-per-rank] ARGS...   (ARGS include --steps)
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 ht=$1 np=$2
 shift 2
 bn=0
 if [[ ${1:-} == --bn-per-rank ]]; then bn=1; shift; fi
-here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export XDG_CACHE_HOME=$dir/cache
-common=(train --no-progress --no-record --threads 1 --log-every 5 "$@")
-timeout -k 5 300 "$ht" "${common[@]}" --grad-accum "$np" --save "$dir/accum" \
-  --json-log "$dir/accum.jsonl" > "$dir/accum.out" 2>&1 || { cat "$dir/accum.out"; exit 1; }
-bash "$here/mpirun.sh" "$np" 300 "$ht" "${common[@]}" --save "$dir/ddp" \
-  --json-log "$dir/ddp.jsonl" > "$dir/ddp.out" 2>&1 || { cat "$dir/ddp.out"; exit 1; }
+common=(train "${quiet[@]}" --log-every 5 "$@")
+logged accum timeout -k 5 300 "$ht" "${common[@]}" --grad-accum "$np" --save "$dir/accum" \
+  --json-log "$dir/accum.jsonl"
+logged ddp mpi "$np" 300 "$ht" "${common[@]}" --save "$dir/ddp" --json-log "$dir/ddp.jsonl"
 status=0
 # A fresh --save directory holds generation 1 of each part and the index (checkpoint.h).
 files=(model.1.safetensors train_state.1.safetensors checkpoint.json)
@@ -34,22 +30,11 @@ if [[ $bn == 1 ]]; then
     "$np" "$steps" || status=1
   files=(train_state.1.safetensors)  # checkpoint.json holds the model file's crc32
 fi
-for f in "${files[@]}"; do
-  if cmp "$dir/accum/$f" "$dir/ddp/$f"; then
-    echo "$f: identical ($(stat -c %s "$dir/ddp/$f") bytes)"
-  else
-    echo "FAIL: $f differs between -np $np and --grad-accum $np"
-    status=1
-  fi
-done
+same_files "$dir/accum" "$dir/ddp" "between -np $np and --grad-accum $np" "${files[@]}" || status=1
 grep -q '"ranks_identical":true' "$dir/ddp.jsonl" && grep -q "\"world_size\":$np" "$dir/ddp.jsonl" \
   || { echo "FAIL: ranks' parameters differ or world_size is not $np"; cat "$dir/ddp.jsonl"; status=1; }
 # The losses logged at each interval: the same numbers.
-losses() { grep -o '"loss":[^,]*' "$1"; }
-if [[ "$(losses "$dir/accum.jsonl")" != "$(losses "$dir/ddp.jsonl")" ]]; then
-  echo "FAIL: logged losses differ"; paste <(losses "$dir/accum.jsonl") <(losses "$dir/ddp.jsonl")
-  status=1
-fi
+same_losses "$dir/accum.jsonl" "$dir/ddp.jsonl" "between -np $np and --grad-accum $np" || status=1
 # With several buckets, reductions start while backward runs (the executor's hook): every
 # interval logs at least 2 buckets started before backward ended.
 if [[ " $* " == *" --bucket-mb "* ]]; then

@@ -5,17 +5,15 @@
 # collective and the missing rank.
 # Usage: failure.sh HETRAIN KIND
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 ht=$1 kind=$2
-here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
 timeout_s=4
 fault_step=3
 export HETRAIN_FAULT_INJECT="1:$fault_step:$kind"
 start=$(date +%s.%N)
-bash "$here/mpirun.sh" 2 120 -x HETRAIN_FAULT_INJECT -- "$ht" train --preset fashion-mlp \
-  --hidden 16 --batch-size 16 --steps 100000 --threads 1 --no-progress --no-record \
-  --comm-timeout "$timeout_s" --save "$dir/ckpt" > "$dir/out" 2>&1
+mpi 2 120 -x HETRAIN_FAULT_INJECT -- "$ht" train --preset fashion-mlp --hidden 16 \
+  --batch-size 16 --steps 100000 "${quiet[@]}" --comm-timeout "$timeout_s" --save "$dir/ckpt" \
+  > "$dir/out" 2>&1
 rc=$?
 end=$(date +%s.%N)
 elapsed=$(awk "BEGIN {print $end - $start}")

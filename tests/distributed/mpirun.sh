@@ -19,9 +19,8 @@ if [[ " $* " == *" -- "* ]]; then
   shift
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/hetrain-mpi.XXXXXX")
-export TMPDIR XDG_CACHE_HOME=$TMPDIR/cache
-trap 'rm -rf "$TMPDIR"' EXIT
+. "$(dirname "$0")/lib.sh"  # $dir: this launch's own, removed on exit, its cache below it
+export TMPDIR=$dir
 launch() {  # mpirun's stderr goes through tee, into $TMPDIR/stderr as well
   { timeout -k 5 "$limit" mpirun --oversubscribe -np "$np" "${flags[@]}" "$@" 2>&1 1>&3 3>&- \
       | tee "$TMPDIR/stderr" >&2; } 3>&1

@@ -3,9 +3,9 @@
 # thread (threads come from the affinity mpirun gives each rank). Skips (77) where the host has
 # fewer than 2 CPUs or mpirun does not bind.
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 ht=$1
-here=$(cd "$(dirname "$0")" && pwd)
-out=$(bash "$here/mpirun.sh" 2 60 "$ht" topo --json) || { echo "FAIL: topo failed"; echo "$out"; exit 1; }
+out=$(mpi 2 60 "$ht" topo --json) || { echo "$out"; fail "topo failed"; }
 echo "$out"
 [[ $(nproc) -ge 2 ]] || exit 77
 status=0

@@ -5,15 +5,11 @@
 # file, and load nothing.
 # Usage: zero_broken.sh HETRAIN
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 ht=$1
-here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export XDG_CACHE_HOME=$dir/cache
-args=(--preset fashion-mlp --hidden 16 --batch-size 16 --no-progress --no-record --threads 1)
-bash "$here/mpirun.sh" 2 200 "$ht" train "${args[@]}" --steps 4 --save-every 2 --zero 2 \
-  --save "$dir/good" > "$dir/good.out" 2>&1 || { cat "$dir/good.out"; echo "FAIL: save"; exit 1; }
-"$ht" checkpoint info "$dir/good" > /dev/null || { echo "FAIL: the good checkpoint"; exit 1; }
+args=(--preset fashion-mlp --hidden 16 --batch-size 16 "${quiet[@]}")
+logged good mpi 2 200 "$ht" train "${args[@]}" --steps 4 --save-every 2 --zero 2 --save "$dir/good"
+"$ht" checkpoint info "$dir/good" > /dev/null || fail "the good checkpoint"
 status=0
 # check NAME FILE PATTERN: every reader fails naming FILE with PATTERN.
 check() {

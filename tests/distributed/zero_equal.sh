@@ -13,18 +13,15 @@
 # zero_persistent_elements) stay whole, so its parameters are 4((P - W)/N + W).
 # Usage: zero_equal.sh HETRAIN NP ARGS...
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 ht=$1 np=$2
 shift 2
-here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export XDG_CACHE_HOME=$dir/cache
-common=(train --no-progress --no-record --threads 1 --log-every 5 "$@")
+common=(train "${quiet[@]}" --log-every 5 "$@")
 run() {  # run NAME ARGS...
   local name=$1
   shift
-  bash "$here/mpirun.sh" "$np" 200 "$ht" "${common[@]}" "$@" --save "$dir/$name" \
-    --json-log "$dir/$name.jsonl" > "$dir/$name.out" 2>&1 || { cat "$dir/$name.out"; exit 1; }
+  logged "$name" mpi "$np" 200 "$ht" "${common[@]}" "$@" --save "$dir/$name" \
+    --json-log "$dir/$name.jsonl"
 }
 run z0 --zero 0
 run z1 --zero 1
@@ -41,27 +38,18 @@ for name in z1 z2 z3 z3p resumed resumed3; do
   "$ht" checkpoint consolidate "$dir/$name" -o "$dir/$name.c" > /dev/null || exit 1
 done
 status=0
-for f in model.1.safetensors train_state.1.safetensors; do
-  cmp "$dir/z0/$f" "$dir/resumed.c/$f" && echo "resumed at step 10 (zero 2 -> 3): $f identical" \
-    || { echo "FAIL: $f differs after resuming zero 2's step-10 checkpoint under zero 3"; status=1; }
-  cmp "$dir/z0/$f" "$dir/resumed3.c/$f" && echo "resumed at step 10 (zero 3 -> 1): $f identical" \
-    || { echo "FAIL: $f differs after resuming zero 3's step-10 checkpoint under zero 1"; status=1; }
-done
-losses() { grep -o '"loss":[^,]*' "$1"; }
+parts=(model.1.safetensors train_state.1.safetensors)
+echo "resumed at step 10 (zero 2 -> 3):"
+same_files "$dir/z0" "$dir/resumed.c" "after resuming zero 2's step-10 checkpoint under zero 3" \
+  "${parts[@]}" || status=1
+echo "resumed at step 10 (zero 3 -> 1):"
+same_files "$dir/z0" "$dir/resumed3.c" "after resuming zero 3's step-10 checkpoint under zero 1" \
+  "${parts[@]}" || status=1
 for z in 1 2 3 3p; do
-  for f in model.1.safetensors train_state.1.safetensors checkpoint.json; do
-    if cmp "$dir/z0/$f" "$dir/z$z.c/$f"; then
-      echo "zero $z: $f (consolidated) identical to zero 0 ($(stat -c %s "$dir/z$z.c/$f") bytes)"
-    else
-      echo "FAIL: $f differs between --zero 0 and --zero $z at -np $np"
-      status=1
-    fi
-  done
-  if [[ "$(losses "$dir/z0.jsonl")" != "$(losses "$dir/z$z.jsonl")" ]]; then
-    echo "FAIL: logged losses differ between --zero 0 and --zero $z"
-    paste <(losses "$dir/z0.jsonl") <(losses "$dir/z$z.jsonl")
-    status=1
-  fi
+  echo "zero $z (consolidated) against zero 0:"
+  same_files "$dir/z0" "$dir/z$z.c" "between --zero 0 and --zero $z at -np $np" "${parts[@]}" \
+    checkpoint.json || status=1
+  same_losses "$dir/z0.jsonl" "$dir/z$z.jsonl" "between --zero 0 and --zero $z" || status=1
 done
 # The formulas, per rank, from the final record's rank_memory (python3's standard library).
 python3 - "$dir" "$np" <<'EOF' || status=1

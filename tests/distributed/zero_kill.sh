@@ -11,25 +11,20 @@
 # learning rate, so that a run of 10 steps continues as the first half of a run of 20).
 # Usage: zero_kill.sh HETRAIN
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 ht=$1
-here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export XDG_CACHE_HOME=$dir/cache
-args=(train --preset fashion-mlp --hidden 16 --batch-size 16 --no-progress --no-record --threads 1
-      --zero 2 --schedule constant)
-fail() { echo "FAIL: $*"; exit 1; }
+args=(train --preset fashion-mlp --hidden 16 --batch-size 16 "${quiet[@]}" --zero 2
+      --schedule constant)
 train() {  # train NAME NP ARGS...: must succeed
   local name=$1 np=$2
   shift 2
-  bash "$here/mpirun.sh" "$np" 200 -x HETRAIN_FAULT_INJECT -- "$ht" "${args[@]}" "$@" \
-    > "$dir/$name.out" 2>&1 || { cat "$dir/$name.out"; fail "$name"; }
+  logged "$name" mpi "$np" 200 -x HETRAIN_FAULT_INJECT -- "$ht" "${args[@]}" "$@"
 }
 killed() {  # killed NAME FAULT ARGS...: must fail with the fault injected
   local name=$1
   export HETRAIN_FAULT_INJECT=$2
   shift 2
-  bash "$here/mpirun.sh" 2 200 -x HETRAIN_FAULT_INJECT -- "$ht" "${args[@]}" "$@" \
+  mpi 2 200 -x HETRAIN_FAULT_INJECT -- "$ht" "${args[@]}" "$@" \
     > "$dir/$name.out" 2>&1 && fail "$name: the run with $HETRAIN_FAULT_INJECT succeeded"
   grep -q "\[fault\] rank .*: injected kill" "$dir/$name.out" || { cat "$dir/$name.out"; fail "$name: no fault"; }
   export HETRAIN_FAULT_INJECT=
@@ -40,9 +35,8 @@ train ref 2 --steps 20 --save "$dir/ref"
 "$ht" checkpoint consolidate "$dir/ref" -o "$dir/ref.c" > /dev/null || fail "consolidate ref"
 ends_as_ref() {  # ends_as_ref NAME RESUME_DIR: resumed on 1 process, the reference's files
   train "$1" 1 --steps 20 --grad-accum 2 --zero 0 --resume "$2" --save "$dir/$1.d"
-  for f in model.1.safetensors train_state.1.safetensors; do
-    cmp "$dir/ref.c/$f" "$dir/$1.d/$f" || fail "$1: $f differs from the uninterrupted run"
-  done
+  same_files "$dir/ref.c" "$dir/$1.d" "from the uninterrupted run" model.1.safetensors \
+    train_state.1.safetensors || fail "$1"
   echo "$1: $(grep -o 'resumed from [^ ]* at step [0-9]*' "$dir/$1.out"), ended identical"
 }
 # 1. The previous checkpoint survives a kill before the commit.
@@ -57,9 +51,8 @@ train b 2 --steps 10 --save "$dir/b"
 killed b-kill 0:20:kill@commit --steps 20 --resume "$dir/b" --save "$dir/b"
 [[ $(step_of "$dir/b") == 20 ]] || fail "2: the directory is not at step 20 after the commit"
 "$ht" checkpoint consolidate "$dir/b" -o "$dir/b.c" > /dev/null || fail "2: consolidate"
-for f in model.1.safetensors train_state.1.safetensors; do
-  cmp "$dir/ref.c/$f" "$dir/b.c/$f" || fail "2: $f differs from the uninterrupted run"
-done
+same_files "$dir/ref.c" "$dir/b.c" "from the uninterrupted run" model.1.safetensors \
+  train_state.1.safetensors || fail "2: the checkpoint of step 20"
 echo "2: rank 0 killed after committing step 20: the checkpoint is step 20, identical to the run's"
 # 3. --save-every: the killed step-10 directory is rejected, --resume takes step-5.
 killed c-kill 1:10:kill@shard --steps 20 --save-every 5 --save "$dir/c"

@@ -13,32 +13,27 @@
 # Every run's consolidated checkpoint and logged losses equal --zero 0's on the host.
 # Usage: zero_offload.sh HETRAIN
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 ht=$1
-here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export XDG_CACHE_HOME=$dir/cache
-die() { echo "FAIL: $*"; exit 1; }
 common=(train --preset gpt-mini --layers 2 --width 64 --heads 2 --context 16 --batch-size 8
-        --steps 6 --eval-batches 1 --clip 0.5 --bucket-mb 0.05 --threads 1 --no-progress
-        --no-record --log-every 2)
+        --steps 6 --eval-batches 1 --clip 0.5 --bucket-mb 0.05 "${quiet[@]}" --log-every 2)
 sim=(--state-device sim:0)
 run() {  # run NAME DEVICES ARGS...: true when the run completed
   local name=$1 devices=$2
   shift 2
-  bash "$here/mpirun.sh" 2 200 "$ht" "${common[@]}" --devices "$devices" "$@" \
+  mpi 2 200 "$ht" "${common[@]}" --devices "$devices" "$@" \
     --save "$dir/$name" --json-log "$dir/$name.jsonl" > "$dir/$name.out" 2>&1
 }
-run z0 cpu --zero 0 || { cat "$dir/z0.out"; die "zero 0 failed"; }
+run z0 cpu --zero 0 || { cat "$dir/z0.out"; fail "zero 0 failed"; }
 # Stage 0 over 2 ranks (the sharded optimizer's data-parallel layout): its parameters are views
 # of flat buffers on sim:0, updated in place (before, offload copied them out of the buffers and
 # the updates were lost).
-run o0 cpu,sim:0 --zero 0 "${sim[@]}" --offload optimizer || { cat "$dir/o0.out"; die "o0"; }
-run o1 cpu,sim:0 --zero 1 "${sim[@]}" --offload optimizer || { cat "$dir/o1.out"; die "o1"; }
-run o2 cpu,sim:0 --zero 2 "${sim[@]}" --offload optimizer || { cat "$dir/o2.out"; die "o2"; }
-run s3 cpu,sim:0 --zero 3 "${sim[@]}" || { cat "$dir/s3.out"; die "zero 3 on sim:0 failed"; }
+run o0 cpu,sim:0 --zero 0 "${sim[@]}" --offload optimizer || { cat "$dir/o0.out"; fail "o0"; }
+run o1 cpu,sim:0 --zero 1 "${sim[@]}" --offload optimizer || { cat "$dir/o1.out"; fail "o1"; }
+run o2 cpu,sim:0 --zero 2 "${sim[@]}" --offload optimizer || { cat "$dir/o2.out"; fail "o2"; }
+run s3 cpu,sim:0 --zero 3 "${sim[@]}" || { cat "$dir/s3.out"; fail "zero 3 on sim:0 failed"; }
 run p3 cpu,sim:0 --zero 3 "${sim[@]}" --offload optimizer+params \
-  || { cat "$dir/p3.out"; die "zero 3 with optimizer+params failed"; }
+  || { cat "$dir/p3.out"; fail "zero 3 with optimizer+params failed"; }
 cap=$(python3 - "$dir" <<'EOF'
 import json, sys
 d = sys.argv[1]
@@ -66,21 +61,19 @@ for n in ("s3", "p3"):
     print(f"zero 3 {n}: sim:0 by tag {sim[n]}, host by tag {host[n]}", file=sys.stderr)
 print((a + b) // 2)
 EOF
-) || die "memory by tag: $cap"
-run small cpu,sim:0:mem=$cap --zero 3 "${sim[@]}" && die "$cap bytes of sim:0 were enough without offload"
+) || fail "memory by tag: $cap"
+run small cpu,sim:0:mem=$cap --zero 3 "${sim[@]}" && fail "$cap bytes of sim:0 were enough without offload"
 grep -Eq "out of memory on sim:0: .*while .* is live of its .* capacity .*; live by tag: .*parameters" \
-  "$dir/small.out" || { cat "$dir/small.out"; die "no out-of-memory error naming sim:0"; }
+  "$dir/small.out" || { cat "$dir/small.out"; fail "no out-of-memory error naming sim:0"; }
 run fits cpu,sim:0:mem=$cap --zero 3 "${sim[@]}" --offload optimizer+params \
-  || { cat "$dir/fits.out"; die "optimizer+params did not fit $cap bytes of sim:0"; }
-losses() { grep -o '"loss":[^,]*' "$1"; }
+  || { cat "$dir/fits.out"; fail "optimizer+params did not fit $cap bytes of sim:0"; }
 status=0
 for name in o0 o1 o2 s3 p3 fits; do
-  "$ht" checkpoint consolidate "$dir/$name" -o "$dir/$name.c" > /dev/null || die "consolidate $name"
-  for f in model.1.safetensors train_state.1.safetensors; do
-    cmp -s "$dir/z0/$f" "$dir/$name.c/$f" || { echo "FAIL: $name: $f differs from zero 0's"; status=1; }
-  done
-  [[ "$(losses "$dir/z0.jsonl")" == "$(losses "$dir/$name.jsonl")" ]] \
-    || { echo "FAIL: $name: logged losses differ from zero 0's"; status=1; }
+  "$ht" checkpoint consolidate "$dir/$name" -o "$dir/$name.c" > /dev/null || fail "consolidate $name"
+  echo "$name (consolidated) against zero 0:"
+  same_files "$dir/z0" "$dir/$name.c" "from zero 0's" model.1.safetensors \
+    train_state.1.safetensors || status=1
+  same_losses "$dir/z0.jsonl" "$dir/$name.jsonl" "($name, zero 0)" || status=1
 done
 [[ $status == 0 ]] && echo "zero offload -np 2: stages 0-2 with optimizer offload and stage 3" \
   "with optimizer+params on sim:0 equal zero 0; $cap bytes of sim:0 fit only the offloaded run"

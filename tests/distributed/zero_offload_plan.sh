@@ -11,19 +11,15 @@
 # device: the memory figures do not depend on the hardware but for its reserve.
 # Usage: zero_offload_plan.sh HETRAIN NP
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 ht=$1 np=$2
-here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export XDG_CACHE_HOME=$dir/cache
 status=0
 for case in 1:optimizer 2:optimizer 3:optimizer 3:optimizer+params; do
   z=${case%%:*} o=${case#*:}
   # (Two steps: the optimizer state exists from the first update on.)
-  bash "$here/mpirun.sh" "$np" 200 "$ht" train --preset gpt-mini --steps 2 --batch-size 8 \
-    --eval-batches 1 --threads 1 --no-progress --no-record --zero "$z" --devices cpu,sim:0 \
-    --state-device sim:0 --offload "$o" --json-log "$dir/run.jsonl" > "$dir/run.out" 2>&1 \
-    || { cat "$dir/run.out"; exit 1; }
+  logged run mpi "$np" 200 "$ht" train --preset gpt-mini --steps 2 --batch-size 8 \
+    --eval-batches 1 "${quiet[@]}" --zero "$z" --devices cpu,sim:0 --state-device sim:0 \
+    --offload "$o" --json-log "$dir/run.jsonl"
   "$ht" plan --preset gpt-mini --hardware h100-sxm --gpus "$np" --zero "$z" --offload "$o" \
     --precision fp32 --global-batch 8 --micro-batch $((8 / np)) --json > "$dir/plan.json" \
     2> "$dir/plan.err" || { cat "$dir/plan.err"; exit 1; }

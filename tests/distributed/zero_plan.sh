@@ -6,19 +6,15 @@
 # rank's peak of live bytes over the run within 10% of the plan's total per device.
 # Usage: zero_plan.sh HETRAIN NP
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 ht=$1 np=$2
-here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export XDG_CACHE_HOME=$dir/cache
 # (Two steps: the optimizer state exists from the first update on.)
 # Hardware 'local' is this machine's device profile (the memory figures do not depend on it).
-"$ht" bench --quick --threads 1 > "$dir/bench.out" 2>&1 || { cat "$dir/bench.out"; exit 1; }
+logged bench "$ht" bench --quick --threads 1
 status=0
 for z in 0 1 2 3; do
-  bash "$here/mpirun.sh" "$np" 200 "$ht" train --preset gpt-mini --steps 2 --batch-size 8 \
-    --eval-batches 1 --threads 1 --no-progress --no-record --zero "$z" \
-    --json-log "$dir/z$z.jsonl" > "$dir/z$z.out" 2>&1 || { cat "$dir/z$z.out"; exit 1; }
+  logged "z$z" mpi "$np" 200 "$ht" train --preset gpt-mini --steps 2 --batch-size 8 \
+    --eval-batches 1 "${quiet[@]}" --zero "$z" --json-log "$dir/z$z.jsonl"
   # The preset: Hetrain's own engine profile (its layout, activations and step peak).
   "$ht" plan --preset gpt-mini \
     --hardware local --gpus "$np" --zero "$z" --precision fp32 --global-batch 8 \

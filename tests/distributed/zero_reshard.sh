@@ -8,19 +8,14 @@
 #     byte-identical to the uninterrupted 4-rank run.
 # Usage: zero_reshard.sh HETRAIN ARGS...   (ARGS: the model, --steps 20)
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 ht=$1
 shift
-here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-export XDG_CACHE_HOME=$dir/cache
-common=(train --no-progress --no-record --threads 1 --log-every 5 "$@")
-fail() { echo "FAIL: $*"; exit 1; }
+common=(train "${quiet[@]}" --log-every 5 "$@")
 run() {  # run NP NAME ARGS...
   local np=$1 name=$2
   shift 2
-  bash "$here/mpirun.sh" "$np" 200 "$ht" "${common[@]}" "$@" --save "$dir/$name" \
-    > "$dir/$name.out" 2>&1 || { cat "$dir/$name.out"; fail "run $name"; }
+  logged "$name" mpi "$np" 200 "$ht" "${common[@]}" "$@" --save "$dir/$name"
 }
 same() {  # same A B LABEL: the tensors of model and train_state, bit for bit
   for part in model train_state; do
@@ -40,9 +35,8 @@ for s in 1 2 3; do
   grep -q "sharded: 4 shard(s) written by 4 rank(s) under ZeRO stage $s" <<< "$info" \
     || fail "checkpoint info: $info"
   consolidate "$dir/z$s/step-10" "$dir/z$s.c10"
-  for f in model.1.safetensors train_state.1.safetensors checkpoint.json; do
-    cmp "$dir/z0/step-10/$f" "$dir/z$s.c10/$f" || fail "zero $s step 10 consolidated: $f differs"
-  done
+  same_files "$dir/z0/step-10" "$dir/z$s.c10" "from zero 0's" model.1.safetensors \
+    train_state.1.safetensors checkpoint.json || fail "zero $s step 10 consolidated"
   echo "zero $s, 4 ranks, step 10: consolidated files identical to zero 0's plain checkpoint"
   # Loaded on 2 ranks under the other stage and other buckets (--bucket-mb 0.05: the shards cut
   # elsewhere), and on one process; saved again at step 10.
@@ -53,9 +47,8 @@ for s in 1 2 3; do
   same "$dir/z0/step-10" "$dir/z$s.np1" "saved on 4 ranks zero $s, loaded on 1 process:"
   # Resumed to the end on one process with 4 micro-batches: the 4-rank run's result exactly.
   run 1 "z$s.end" --resume "$dir/z$s/step-10" --grad-accum 4
-  for f in model.1.safetensors train_state.1.safetensors; do
-    cmp "$dir/z0/$f" "$dir/z$s.end/$f" || fail "zero $s resumed on 1 process: $f differs"
-  done
+  same_files "$dir/z0" "$dir/z$s.end" "from the 4-rank run's" model.1.safetensors \
+    train_state.1.safetensors || fail "zero $s resumed on 1 process"
   echo "zero $s: resumed on 1 process from step 10, step 20 identical to the 4-rank run"
 done
 echo "resharding checkpoints: saved on 4 ranks, loaded on 2 and 1, bitwise"

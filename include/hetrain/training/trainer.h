@@ -90,21 +90,25 @@ struct TrainConfig {
 /// Throws naming the value when it is not a configured device, or a GPU under ZeRO.
 std::optional<Device> resolve_state_device(const TrainConfig& cfg);
 
+// Reading and checking settings. `command` is the subcommand whose flags or files gave them
+// (train, profile, simulate): every error these throw starts with "[command] ".
+
 /// A preset's defaults; throws for an unknown name (listing the known ones).
-TrainConfig preset_config(const std::string& name);
+TrainConfig preset_config(const std::string& name, const std::string& command = "train");
 std::vector<std::string> preset_names();
 /// Applies "key = value" settings (TOML file keys or flags; '-' and '_' are the same) and
 /// checks every value; an unknown key or bad value names it and where it came from.
 void apply_setting(TrainConfig& cfg, const std::string& key, const std::string& value,
-                   const std::string& origin);
+                   const std::string& origin, const std::string& command = "train");
 /// Reads a TOML file of settings (top-level keys, or keys inside any table). Its 'preset' key,
 /// applied first, is skipped when allow_preset is false (a --preset flag wins).
-void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_preset = true);
+void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_preset = true,
+                     const std::string& command = "train");
 /// The same for TOML text; errors name `origin` (a checkpoint's metadata, say).
 void apply_toml_string(TrainConfig& cfg, const std::string& text, const std::string& origin,
-                       bool allow_preset = true);
+                       bool allow_preset = true, const std::string& command = "train");
 /// Checks the whole configuration for consistency (positive sizes, known names, ...).
-void validate(const TrainConfig& cfg);
+void validate(const TrainConfig& cfg, const std::string& command = "train");
 std::string config_to_toml(const TrainConfig& cfg);
 
 struct TrainResult {
