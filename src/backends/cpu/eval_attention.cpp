@@ -328,7 +328,8 @@ void attention_backward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<
 constexpr int64_t kGroupTile = int64_t{1} << 20;
 /// Bytes of a group's workspace: its head-major copies, its f32 gradients and its tiles. The copies
 /// grow with the sequence, so without this bound a group's workspace would hold as many bytes as
-/// q, k and v themselves for long sequences (32 batch-heads of 8192 x 64: 330 MiB).
+/// q, k and v themselves for long sequences (32 batch-heads of 8192 x 64: 330 MiB). A group keeps
+/// one head a thread above it.
 constexpr int64_t kGroupBytes = int64_t{16} << 20;
 
 /// A group's tile buffers: rows ld apart, batch-head h's tile at h * tq * ld.
@@ -348,7 +349,10 @@ GroupTiles group_tiles(const AttnGeom& g) {
   const int64_t tq = std::min(kBq, g.Lq), ld = padded(std::min(kBk, g.Lk));
   // tq is 0 for q with no rows (k and v are never empty): one group, no tiles.
   const int64_t by_tiles = kGroupTile / std::max<int64_t>(tq * ld, 1);
-  const int64_t by_bytes = kGroupBytes / std::max<int64_t>(group_bytes_per_head(g, tq * ld), 1);
+  // The byte bound gives way to one head a thread: the softmax steps run in parallel over a
+  // group's heads (the f32 path's workspace, one tile a task, grows with the threads as well).
+  const int64_t by_bytes = std::max<int64_t>(
+      kGroupBytes / std::max<int64_t>(group_bytes_per_head(g, tq * ld), 1), num_threads());
   return {tq, ld, std::clamp<int64_t>(std::min(by_tiles, by_bytes), 1, std::max<int64_t>(g.B, 1))};
 }
 
