@@ -38,7 +38,7 @@ grep -q "is a directory" <<<"$out" || die "the directory is not named"
 out=$("$bin" bench --quick --no-store --json /dev/full 2>&1) && die "bench --json /dev/full succeeded"
 grep -q "No space left on device" <<<"$out" || die "bench: the write error is not reported"
 [ -c /dev/full ] || die "/dev/full is no longer a device"
-ls -A "$tmp" | grep -q '\.tmp' && die "temporary files left: $(ls -A "$tmp")"
+grep -q '\.tmp' <<<"$(ls -A "$tmp")" && die "temporary files left: $(ls -A "$tmp")"
 echo "outputs: symlink, FIFO, device and directory handled"
 
 # --json-log: a run that fails on bad data leaves the old log alone.
@@ -75,7 +75,9 @@ echo "NaN loss: valid JSON and a result"
 # gives a warning, and the training's result and exit status stand. The sanitizer build runs on
 # LLVM's OpenMP runtime (tools/run_sanitizers.sh), which sizes a shared-memory file at start-up
 # and stops the process when that fails, before any of Hetrain's code: the check needs GCC's.
-if ldd "$bin" | grep -q 'libomp\.so'; then
+# (grep reads ldd's whole output: under pipefail, `ldd | grep -q` fails at random when grep
+# stops reading first and ldd dies of SIGPIPE, as it did in a CI run.)
+if grep -q 'libomp\.so' <<<"$(ldd "$bin")"; then
   echo "full cache: not checked, $bin runs on LLVM's libomp (cannot start under ulimit -f 0)"
 else
   out=$(

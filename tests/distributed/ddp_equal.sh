@@ -38,7 +38,7 @@ same_losses "$dir/accum.jsonl" "$dir/ddp.jsonl" "between -np $np and --grad-accu
 # With several buckets, reductions start while backward runs (the executor's hook): every
 # interval logs at least 2 buckets started before backward ended.
 if [[ " $* " == *" --bucket-mb "* ]]; then
-  if grep '"step"' "$dir/ddp.jsonl" | grep -qE '"buckets_overlapped":[01][,}]'; then
+  if grep -qE '"buckets_overlapped":[01][,}]' <<<"$(grep '"step"' "$dir/ddp.jsonl")"; then
     echo "FAIL: fewer than 2 buckets overlapped with backward in an interval"; cat "$dir/ddp.jsonl"
     status=1
   else

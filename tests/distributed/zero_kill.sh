@@ -42,7 +42,7 @@ ends_as_ref() {  # ends_as_ref NAME RESUME_DIR: resumed on 1 process, the refere
 # 1. The previous checkpoint survives a kill before the commit.
 train a 2 --steps 10 --save "$dir/a"
 killed a-kill 1:20:kill@shard --steps 20 --resume "$dir/a" --save "$dir/a"
-ls "$dir/a" | grep -q "shard-1.2.safetensors" || fail "1: the killed save wrote no shard"
+grep -q "shard-1.2.safetensors" <<<"$(ls "$dir/a")" || fail "1: the killed save wrote no shard"
 [[ $(step_of "$dir/a") == 10 ]] || fail "1: the directory is not at step 10 after the kill"
 echo "1: rank 1 killed after writing its shard of step 20: the checkpoint is still step 10"
 ends_as_ref one "$dir/a"
