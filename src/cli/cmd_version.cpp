@@ -1,5 +1,6 @@
 #include <iostream>
 
+#include "backends/cpu/gemm.h"
 #include "backends/cpu/isa.h"
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -17,7 +18,7 @@ int cmd_version(const Args& args) {
   const auto& f = cpu_features();
   const cpu::Isa isa = cpu::vector_isa();  // first: a bad HETRAIN_CPU_ISA fails before output
   std::cout << "hetrain " << HETRAIN_VERSION << "\n"
-            << "backends: cpu (oneDNN GEMM, OpenBLAS f64)"
+            << "backends: cpu (oneDNN and OpenBLAS GEMM)"
 #if HETRAIN_HAVE_CUDA
             << ", " << cuda::describe() << "\n"
 #else
@@ -29,6 +30,14 @@ int cmd_version(const Args& args) {
             << "vector kernels: " << cpu::isa_name(isa)
             << " (widest here: " << cpu::isa_name(cpu::widest_isa())
             << "; HETRAIN_CPU_ISA=baseline|avx2|avx512 lowers it)\n";
+  std::string why = "set by HETRAIN_SGEMM";
+  if (cpu::sgemm_path_source() == cpu::SgemmSource::measured)
+    why = "the faster in this machine's device profile: " + gemm_choice();
+  else if (cpu::sgemm_path_source() == cpu::SgemmSource::rule)
+    why = "the built-in rule (" + gemm_choice() + "; 'hetrain bench' times both)";
+  const bool openblas = cpu::sgemm_path() == cpu::SgemmPath::openblas;
+  std::cout << "f32 GEMM: " << (openblas ? "OpenBLAS " + cpu::openblas_core_name() : "oneDNN")
+            << " sgemm, " << why << "\n";
   return 0;
 }
 

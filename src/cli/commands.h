@@ -33,4 +33,9 @@ int cmd_checkpoint(const Args& args);
 /// Every subcommand, in the order `hetrain --help` lists them.
 const std::vector<Command>& commands();
 
+/// The f32 GEMM library this machine's device profile found faster, taken on the first call
+/// (main() calls it before every command); returns the timings behind that choice, or why the
+/// built-in rule stays (insight::apply_gemm_choice).
+const std::string& gemm_choice();
+
 }  // namespace hetrain::cli

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -240,6 +242,53 @@ double measure_conv(DeviceProfile& p, planning::ConvRate r, double flops, int re
   return gflops;
 }
 
+// ---- The two f32 GEMM libraries, each in turn under the engine (sgemm() takes the path
+// set_sgemm_path() gives): a linear layer with ReLU, forward and both gradients, at the sizes of
+// training (a batch of 128 images through an MLP's layers, 2048 tokens through a small GPT's),
+// best of `reps`. Time in a layer's kernels, not a GEMM's alone: the libraries' time alone
+// ranked them the other way round on an AMD EPYC Zen 4 held to AVX2, where whole training
+// steps were faster with oneDNN. The faster library has the lower geometric mean of time
+// ratios over the layers (the small layers count as much as the large ones).
+void measure_sgemm_paths(DeviceProfile& p, bool quick) {
+  struct Layer {
+    int64_t rows, in, out;
+  };
+  const std::vector<Layer> layers = {{128, 784, 512},  {128, 512, 256},  {128, 256, 10},
+                                     {2048, 128, 384}, {2048, 128, 512}, {2048, 512, 128}};
+  const int reps = quick ? 3 : 8;
+  Generator gen(9);
+  double log_ratio = 0;
+  p.sgemm_onednn_s = p.sgemm_openblas_s = 0;
+  for (const Layer& l : layers) {
+    Tensor x = randn({l.rows, l.in}, Dtype::f32, gen).eval();
+    Tensor w = randn({l.out, l.in}, Dtype::f32, gen).eval();
+    Tensor cot = randn({l.rows, l.out}, Dtype::f32, gen).eval();
+    double t[2];
+    for (const cpu::SgemmPath path : {cpu::SgemmPath::onednn, cpu::SgemmPath::openblas}) {
+      const cpu::SgemmPathOverride use(path);
+      t[path == cpu::SgemmPath::openblas] = best_eval(reps, [&] {
+        Tensor y = relu(linear(x, w));
+        std::vector<Tensor> g = grad({y}, {x, w}, {cot});
+        return std::vector<Tensor>{y, g[0], g[1]};
+      });
+    }
+    p.sgemm_onednn_s += t[0];
+    p.sgemm_openblas_s += t[1];
+    log_ratio += std::log(t[1] / t[0]);
+  }
+  const cpu::SgemmPath faster = log_ratio < 0 ? cpu::SgemmPath::openblas : cpu::SgemmPath::onednn;
+  p.sgemm_openblas_over_onednn = std::exp(log_ratio / static_cast<double>(layers.size()));
+  p.sgemm_choice = cpu::sgemm_path_name(faster);
+  cpu::set_sgemm_path(faster);
+  for (const cpu::SgemmPath path : {cpu::SgemmPath::onednn, cpu::SgemmPath::openblas}) {
+    const bool ob = path == cpu::SgemmPath::openblas;
+    const double seconds = ob ? p.sgemm_openblas_s : p.sgemm_onednn_s;
+    p.rows.push_back({"linear + ReLU layers, fwd + grads", 1e3 * seconds, "ms", seconds,
+                      (ob ? "OpenBLAS " + cpu::openblas_core_name() : std::string("oneDNN")) +
+                          " sgemm" + (path == faster ? " (taken)" : "")});
+  }
+}
+
 // f32 GEMMs of every (m, n, k) on a grid: thin and flat shapes (a layer's small batch or
 // width) run well below a square GEMM of the same size.
 void measure_gemm_grid(DeviceProfile& p, bool quick) {
@@ -450,6 +499,11 @@ json DeviceProfile::to_json() const {
           {"bf16_peak_tflops", bf16_peak_gflops * 1e-3},
           {"bf16_isa", bf16_isa},
           {"gemm_bf16_impl", gemm_bf16_impl},
+          {"sgemm",
+           {{"onednn_s", sgemm_onednn_s},
+            {"openblas_s", sgemm_openblas_s},
+            {"openblas_over_onednn", sgemm_openblas_over_onednn},
+            {"choice", sgemm_choice}}},
           {"isa", isa},
           {"threads", threads},
           {"cpu_model", cpu_model},
@@ -481,6 +535,7 @@ DeviceProfile measure_device(const BenchOptions& opts) {
   p.mem_bytes =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   measure_peaks(p, opts.quick);
+  measure_sgemm_paths(p, opts.quick);
   if (cpu::bf16_gemm_path() == cpu::Bf16GemmPath::onednn)
     p.gemm_bf16_impl = cpu::bf16_gemm_impl_name(1024, 1024, 1024);
   const std::vector<int64_t> sizes =
@@ -537,6 +592,16 @@ DeviceProfile DeviceProfile::from_json(const json& j) {
   p.bf16_peak_gflops = j.value("bf16_peak_tflops", 0.0) * 1e3;
   p.bf16_isa = j.value("bf16_isa", std::string());
   p.gemm_bf16_impl = j.value("gemm_bf16_impl", std::string());
+  if (j.contains("sgemm")) {
+    const json& g = j["sgemm"];
+    if (!g.is_object()) fail("field 'sgemm' must be an object");
+    p.sgemm_onednn_s = g.value("onednn_s", 0.0);
+    p.sgemm_openblas_s = g.value("openblas_s", 0.0);
+    p.sgemm_openblas_over_onednn = g.value("openblas_over_onednn", 0.0);
+    p.sgemm_choice = g.value("choice", std::string());
+    if (!p.sgemm_choice.empty() && p.sgemm_choice != "onednn" && p.sgemm_choice != "openblas")
+      fail("field 'sgemm.choice' must be \"onednn\" or \"openblas\", got \"", p.sgemm_choice, "\"");
+  }
   p.mem_bw_gbs = positive(j, "mem_bw_gbs");
   p.mem_bytes = positive(j, "mem_bytes");
   p.mem_bw_cpu_gbs = j.value("mem_bw_cpu_gbs", 0.0);
@@ -628,6 +693,21 @@ DeviceProfile stored_or_measured_profile(const std::string& path) {
     }
   }
   return p;
+}
+
+std::string apply_gemm_choice(const std::string& path) {
+  DeviceProfile p;
+  std::string why;
+  if (path.empty()) return "no device profile (no cache directory)";
+  if (!load_device_profile(path, 0, &p, &why)) return why;
+  if (p.sgemm_choice.empty()) return "device profile '" + path + "' has no sgemm timings";
+  cpu::set_sgemm_path(p.sgemm_choice == "openblas" ? cpu::SgemmPath::openblas
+                                                   : cpu::SgemmPath::onednn);
+  char buf[160];
+  std::snprintf(buf, sizeof buf,
+                "%s (OpenBLAS's time over oneDNN's on linear layers: %.2f, geometric mean)",
+                p.sgemm_choice.c_str(), p.sgemm_openblas_over_onednn);
+  return buf;
 }
 
 std::string device_profile_path() {

@@ -95,6 +95,10 @@ hetrain_cli_test(cli.simulate_bad_placement "unknown policy 'fast'; expected pin
                  ${HT} simulate --placement fast)
 hetrain_cli_test(cli.perfmodel_help "usage: hetrain perfmodel show.clear" ${HT} perfmodel --help)
 set_tests_properties(cli.simulate_json cli.simulate_explain PROPERTIES ENVIRONMENT "${HT_SIM_ENV}")
+# The f32 GEMM library hetrain bench measured faster is the one runs take (issue 24).
+add_test(NAME cli.gemm_choice COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/gemm_choice.sh ${HT})
+set_tests_properties(cli.gemm_choice PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+                     "f32 GEMM library: [a-z]+ measured, taken")
 add_test(NAME cli.perfmodel_corrupt
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/perfmodel_corrupt.sh ${HT})
 # Planner after the quickstart (issue 27): a measured run without a device profile.

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backends/cpu/gemm.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
@@ -42,6 +43,14 @@ TEST(DeviceProfile, QuickMeasurementIsPlausibleAndPlannerReadsIt) {
     ADD_FAILURE() << "no ceiling for bf16 GEMMs run by " << p.gemm_bf16_impl << " (bf16 unit "
                   << p.bf16_isa << ")";
   EXPECT_FALSE(p.rows.empty());
+  // Both f32 GEMM libraries were timed; the one with the lower time ratio is the choice, and
+  // this process takes it unless HETRAIN_SGEMM names one.
+  EXPECT_GT(p.sgemm_onednn_s, 0.0);
+  EXPECT_GT(p.sgemm_openblas_s, 0.0);
+  EXPECT_EQ(p.sgemm_choice, p.sgemm_openblas_over_onednn < 1 ? "openblas" : "onednn");
+  if (cpu::sgemm_path_source() != cpu::SgemmSource::env) {
+    EXPECT_EQ(cpu::sgemm_path_name(cpu::sgemm_path()), p.sgemm_choice);
+  }
   // The engine's own kernels: every rate positive and under the FMA ceiling (the attention
   // rate counts the masked half of a causal product as done, so it gets twice the ceiling).
   ASSERT_EQ(p.gemm_f32_grid.rates.size(), 8u);
@@ -156,6 +165,56 @@ TEST(DeviceProfile, AtomicWriteReplacesTheFile) {
   std::ifstream in(path);
   EXPECT_EQ(nlohmann::json::parse(in)["a"], 2);
   std::filesystem::remove(path);
+}
+
+// The f32 GEMM library a stored profile found faster is the one a run takes (unless
+// HETRAIN_SGEMM names one); a profile without timings, or with a choice that names neither
+// library, leaves the path alone and says why.
+TEST(DeviceProfile, GemmChoiceIsStoredReadAndTaken) {
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("hetrain_sgemm_" + std::to_string(getpid()));
+  const std::string path = dir + "/device_profile.json";
+  DeviceProfile p;
+  p.cpu_model = cpu_features().model;
+  p.hetrain_version = HETRAIN_VERSION;
+  p.fma_peak_gflops = 100;
+  p.gemm_f32_tflops = 0.05;
+  p.mem_bw_gbs = 10;
+  p.mem_bytes = 1e9;
+  const bool env = cpu::sgemm_path_source() == cpu::SgemmSource::env;
+
+  write_json_atomic(path, p.to_json());
+  EXPECT_NE(apply_gemm_choice(path).find("has no sgemm timings"), std::string::npos);
+
+  for (const auto& [choice, ratio] : {std::pair{"openblas", 0.8}, std::pair{"onednn", 1.25}}) {
+    p.sgemm_onednn_s = 0.01;
+    p.sgemm_openblas_s = 0.01 * ratio;
+    p.sgemm_openblas_over_onednn = ratio;
+    p.sgemm_choice = choice;
+    write_json_atomic(path, p.to_json());
+    DeviceProfile back;
+    std::string why;
+    ASSERT_TRUE(load_device_profile(path, 0, &back, &why)) << why;
+    EXPECT_EQ(back.sgemm_choice, choice);
+    EXPECT_DOUBLE_EQ(back.sgemm_openblas_over_onednn, ratio);
+    const std::string said = apply_gemm_choice(path);
+    EXPECT_EQ(said.rfind(choice, 0), 0u) << said;
+    if (!env) {
+      EXPECT_STREQ(cpu::sgemm_path_name(cpu::sgemm_path()), choice);
+    }
+  }
+
+  // A choice that names neither library: the profile is corrupt, and the field is named.
+  nlohmann::json j = p.to_json();
+  j["sgemm"]["choice"] = "mkl";
+  std::ofstream(path) << j.dump();
+  const std::string said = apply_gemm_choice(path);
+  EXPECT_NE(said.find("corrupt"), std::string::npos) << said;
+  EXPECT_NE(said.find("sgemm.choice"), std::string::npos) << said;
+  if (!env) {
+    EXPECT_EQ(cpu::sgemm_path(), cpu::SgemmPath::onednn);
+  }  // the last one taken
+  std::filesystem::remove_all(dir);
 }
 
 // A stored profile is used only when it was made by this version on this CPU model; anything

@@ -63,6 +63,12 @@ struct DeviceProfile {
   // A GPT layer's elementwise ops: bytes of their passes (planning::transformer_elementwise_
   // passes) -> GB/s.
   std::vector<std::pair<double, double>> layer_f32_curve;
+  // The f32 GEMM libraries timed on linear layers' three products (forward, both gradients)
+  // at training sizes: seconds for the set (0: not measured), the geometric mean over the
+  // layers of OpenBLAS's time over oneDNN's, and the faster, which this machine's runs then
+  // take (cpu::set_sgemm_path): "onednn", "openblas" or "" (not measured).
+  double sgemm_onednn_s = 0, sgemm_openblas_s = 0, sgemm_openblas_over_onednn = 0;
+  std::string sgemm_choice;
   std::vector<BenchRow> rows;
 
   /// The planner's device-profile format (version 1) plus the detail rows.
@@ -103,8 +109,16 @@ PeakKernel fma_kernel();
 /// The fastest bf16 loop, or nullopt on CPUs without bf16 instructions.
 std::optional<PeakKernel> bf16_kernel();
 
-/// Runs the measurements on the process-wide thread pool (all its threads).
+/// Runs the measurements on the process-wide thread pool (all its threads). The faster f32
+/// GEMM library is also the one this process takes from then on (cpu::set_sgemm_path), as
+/// later runs reading the profile will (apply_gemm_choice).
 DeviceProfile measure_device(const BenchOptions& opts = {});
+
+/// Takes the f32 GEMM library the stored profile at `path` found faster on this machine, where
+/// a usable profile (load_device_profile, any thread count) has one. Returns what it did, for
+/// `hetrain version`: e.g. "onednn (OpenBLAS's time over oneDNN's on linear layers: 1.08,
+/// geometric mean)", or why the built-in rule stays.
+std::string apply_gemm_choice(const std::string& path);
 
 /// Reads a stored profile and checks that it is usable here: parses, format version 1, made
 /// by this Hetrain version on this CPU model with `threads` threads (0: any). Returns false

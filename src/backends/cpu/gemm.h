@@ -39,9 +39,29 @@ void sgemm_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 void sgemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                     int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 enum class SgemmPath { onednn, openblas };
-/// OpenBLAS where it runs its Zen/Haswell kernels on a CPU without AVX-512, else oneDNN;
-/// HETRAIN_SGEMM=openblas|onednn overrides (docs/PERFORMANCE.md has the measurements).
+/// The f32 GEMM library sgemm() calls: HETRAIN_SGEMM=openblas|onednn where set (another value
+/// is an error), else the one set_sgemm_path() chose (the CLI passes the faster one in this
+/// machine's device profile, which 'hetrain bench' measures), else sgemm_rule_path().
 SgemmPath sgemm_path();
+/// What decided sgemm_path(): HETRAIN_SGEMM, set_sgemm_path() or sgemm_rule_path().
+enum class SgemmSource { env, measured, rule };
+SgemmSource sgemm_path_source();
+/// Where no measurement is at hand: OpenBLAS where it runs its Zen/Haswell kernels on a CPU
+/// without AVX-512, else oneDNN (docs/PERFORMANCE.md has the measurements behind it).
+SgemmPath sgemm_rule_path();
+/// The path sgemm() takes from now on, unless HETRAIN_SGEMM says otherwise.
+void set_sgemm_path(SgemmPath p);
+/// While it lives, sgemm() takes `p` whatever HETRAIN_SGEMM or set_sgemm_path() say: for
+/// 'hetrain bench', which times both libraries. Process-wide; not nested.
+class SgemmPathOverride {
+ public:
+  explicit SgemmPathOverride(SgemmPath p);
+  ~SgemmPathOverride();
+  SgemmPathOverride(const SgemmPathOverride&) = delete;
+  SgemmPathOverride& operator=(const SgemmPathOverride&) = delete;
+};
+/// "openblas" or "onednn", as HETRAIN_SGEMM and the device profile spell them.
+const char* sgemm_path_name(SgemmPath p);
 /// OpenBLAS's name for the kernel set it chose on this CPU ("Zen", "Haswell", ...).
 std::string openblas_core_name();
 

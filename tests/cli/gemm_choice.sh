@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The f32 GEMM library a run takes: `hetrain bench` times oneDNN's and OpenBLAS's sgemm under
+# the engine and stores the faster in the device profile; every later command takes it, and
+# `hetrain version` says which and why. HETRAIN_SGEMM overrides (a value naming neither is an
+# error); a profile without timings, or with a choice naming neither, leaves the built-in rule.
+# Usage: gemm_choice.sh HETRAIN
+set -euo pipefail
+HT=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export XDG_CACHE_HOME="$tmp/cache"
+unset HETRAIN_SGEMM
+prof="$XDG_CACHE_HOME/hetrain/device_profile.json"
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+gemm_line() { "$HT" version | grep '^f32 GEMM: '; }
+
+line=$(gemm_line)
+grep -q "the built-in rule (no device profile at '$prof'; 'hetrain bench' times both)" <<<"$line" \
+  || fail "no profile: $line"
+
+"$HT" bench --quick > "$tmp/bench.out" 2>&1 || { cat "$tmp/bench.out"; fail "bench"; }
+choice=$(python3 -c 'import json, sys
+g = json.load(open(sys.argv[1]))["sgemm"]
+assert g["onednn_s"] > 0 and g["openblas_s"] > 0, g
+assert g["choice"] == ("openblas" if g["openblas_over_onednn"] < 1 else "onednn"), g
+print(g["choice"])' "$prof") || fail "sgemm timings in the profile"
+library() { [ "$1" = openblas ] && echo "OpenBLAS" || echo "oneDNN"; }
+grep -Eq "$(library "$choice") .*\(taken\)" "$tmp/bench.out" || { cat "$tmp/bench.out"; fail "bench table"; }
+line=$(gemm_line)
+grep -q "^f32 GEMM: $(library "$choice") .*sgemm, the faster in this machine's device profile: $choice (OpenBLAS's time over oneDNN's on linear layers: [0-9.]*, geometric mean)" <<<"$line" \
+  || fail "after bench: $line"
+
+# The other library stored as the choice: runs take it.
+other=onednn
+[ "$choice" = onednn ] && other=openblas
+python3 -c 'import json, sys
+j = json.load(open(sys.argv[1])); j["sgemm"]["choice"] = sys.argv[2]
+json.dump(j, open(sys.argv[1], "w"))' "$prof" "$other"
+line=$(gemm_line)
+grep -q "^f32 GEMM: $(library "$other") .*device profile: $other " <<<"$line" || fail "edited: $line"
+
+line=$(HETRAIN_SGEMM=$choice "$HT" version | grep '^f32 GEMM: ')
+grep -q "^f32 GEMM: $(library "$choice") .*sgemm, set by HETRAIN_SGEMM" <<<"$line" || fail "env: $line"
+if out=$(HETRAIN_SGEMM=mkl "$HT" version 2>&1); then fail "HETRAIN_SGEMM=mkl accepted: $out"; fi
+grep -q "HETRAIN_SGEMM must be openblas or onednn, got 'mkl'" <<<"$out" || fail "env message: $out"
+
+python3 -c 'import json, sys
+j = json.load(open(sys.argv[1])); j["sgemm"]["choice"] = "mkl"
+json.dump(j, open(sys.argv[1], "w"))' "$prof"
+line=$(gemm_line)
+grep -q "the built-in rule (device profile '$prof' is corrupt (field 'sgemm.choice' must be \"onednn\" or \"openblas\", got \"mkl\")" <<<"$line" \
+  || fail "bad choice: $line"
+echo "f32 GEMM library: $choice measured, taken, overridden and refused as it should be"
