@@ -2,9 +2,12 @@
 
 #include <omp.h>
 #include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -16,7 +19,25 @@ namespace hetrain {
 
 namespace {
 thread_local bool g_serial = false;
-}
+
+// LLVM's OpenMP runtime (libomp; clang builds link it, the sanitizer build among them) keeps a
+// file /dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid> for each process and, where one of that name
+// exists already, reads it. A process stopped between creating the file and sizing it (one that
+// starts under a file-size limit of 0 does) leaves it empty, and the next process given the same
+// PID dies of SIGBUS in its first OpenMP call (libomp 14; it struck a CI run at the 4-rank ZeRO
+// test). Before this process's runtime has started, a file with this PID and no data in it can
+// only be such a leftover, so it goes. GCC's libgomp keeps no such file: then this finds none.
+struct ClearStaleOpenMpRegistration {
+  ClearStaleOpenMpRegistration() noexcept {
+    char name[96];
+    std::snprintf(name, sizeof name, "/dev/shm/__KMP_REGISTERED_LIB_%d_%d",
+                  static_cast<int>(getpid()), static_cast<int>(getuid()));
+    struct stat st {};
+    if (lstat(name, &st) == 0 && S_ISREG(st.st_mode) && st.st_blocks == 0) unlink(name);
+  }
+};
+const ClearStaleOpenMpRegistration g_clear_stale_registration;
+}  // namespace
 SerialScope::SerialScope() : prev_(g_serial) { g_serial = true; }
 SerialScope::~SerialScope() { g_serial = prev_; }
 bool SerialScope::active() { return g_serial; }

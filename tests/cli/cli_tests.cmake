@@ -99,6 +99,11 @@ set_tests_properties(cli.simulate_json cli.simulate_explain PROPERTIES ENVIRONME
 add_test(NAME cli.gemm_choice COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/gemm_choice.sh ${HT})
 set_tests_properties(cli.gemm_choice PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
                      "f32 GEMM library: [a-z]+ measured, taken")
+# An empty OpenMP registration file left under this PID by a dead process (libomp's SIGBUS).
+add_test(NAME cli.stale_openmp_registration
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/stale_openmp_registration.sh ${HT})
+set_tests_properties(cli.stale_openmp_registration PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+                     PASS_REGULAR_EXPRESSION "stale OpenMP registration files removed")
 add_test(NAME cli.perfmodel_corrupt
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/perfmodel_corrupt.sh ${HT})
 # Planner after the quickstart (issue 27): a measured run without a device profile.
