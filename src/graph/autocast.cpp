@@ -3,6 +3,7 @@
 
 #include <array>
 
+#include "graph/prims/views.h"
 #include "hetrain/base/error.h"
 #include "hetrain/graph/ops.h"
 #include "hetrain/graph/primitive.h"
@@ -111,6 +112,18 @@ void apply_autocast(std::string_view primitive, std::vector<Tensor>& inputs) {
       // while the assignment still reads from it.
       Tensor source = n->inputs[0];
       t = std::move(source);
+      continue;
+    }
+    // A transposed matrix (a linear layer's weight, as matmul(x, wᵀ)) is cast before the
+    // transpose: the cast copies the matrix as stored and the GEMM reads the transpose as a view.
+    // Its gradient then comes out in the stored layout (Matmul::vjp computes (gᵀ a)ᵀ for a
+    // transposed operand), where a cast of the transpose made the leaf's gradient a transposed
+    // view that backward() copied once more (a copy per weight and step, 2% of gpt-mini's bf16
+    // step on an AMX Xeon).
+    const auto* perm = n->prim ? dynamic_cast<const Permute*>(n->prim.get()) : nullptr;
+    if (perm && perm->dims() == std::vector<int>{1, 0} && n->inputs.size() == 1) {
+      Tensor base = n->inputs[0];
+      t = transpose(cast(base, target), 0, 1);
       continue;
     }
     t = cast(t, target);

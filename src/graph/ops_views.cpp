@@ -112,6 +112,17 @@ Tensor permute(const Tensor& x, std::vector<int64_t> dims) {
     d.push_back(a);
   }
   if (identity) return x;
+  // A permutation undoing the one x was made by gives x's source back (the transpose of a
+  // transpose), rather than a view of a view: a fused epilogue can then take the source's
+  // producer (a weight's gradient as (gᵀ a)ᵀ, transposed back, then cast to f32).
+  if (const Node* n = x.node(); n->prim && n->inputs.size() == 1) {
+    if (const auto* p = dynamic_cast<const Permute*>(n->prim.get())) {
+      bool undoes = true;
+      for (size_t i = 0; i < d.size(); ++i)
+        undoes = undoes && p->dims()[static_cast<size_t>(d[i])] == static_cast<int>(i);
+      if (undoes) return n->inputs[0];
+    }
+  }
   return make_node1(std::make_shared<Permute>(std::move(d)), {x});
 }
 

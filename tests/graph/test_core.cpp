@@ -54,6 +54,26 @@ TEST(Core, MatmulFoldsTransposes) {
   expect_close(y, {2, 7, 11, 19, 20, 31, 29, 43});
 }
 
+TEST(Core, PermutationUndoingAnotherGivesTheSourceBack) {
+  Tensor a = reshape(arange(0, 24, 1), {2, 3, 4});
+  // The transpose of a transpose, and a 3-cycle followed by its inverse: the source itself.
+  EXPECT_EQ(transpose(transpose(a, 0, 2), 0, 2).node(), a.node());
+  Tensor p = permute(a, {1, 2, 0});
+  EXPECT_EQ(permute(p, {2, 0, 1}).node(), a.node());
+  // The same cycle twice is a new view with its own order of elements.
+  Tensor q = permute(p, {1, 2, 0});
+  EXPECT_NE(q.node(), a.node());
+  EXPECT_EQ(q.shape(), (Shape{4, 2, 3}));
+  expect_close(slice(q, 0, 1, 2) + 0.0, {1, 5, 9, 13, 17, 21});
+  // Gradients flow through the pair as through no view at all.
+  Generator gen(3);
+  check_grad_fd(
+      [](const std::vector<Tensor>& x) {
+        return permute(permute(x[0], {1, 0}), {1, 0}) * x[0];
+      },
+      {randn({3, 2}, Dtype::f64, gen)});
+}
+
 TEST(Core, ViewsShareStorage) {
   Tensor a = arange(0, 24, 1);
   Tensor v = slice(reshape(a, {2, 3, 4}), 2, 1, 4, 2);
@@ -129,7 +149,7 @@ TEST(Autodiff, FiniteDifferencesElementwise) {
   // tanh-GELU's fused gradient, differentiated again in both of its inputs.
   check_grad_fd(
       [](const auto& in) {
-        Tensor x = in[0];
+        const Tensor& x = in[0];
         Tensor y = gelu(x, "tanh") * in[1];
         return grad({sum(y)}, {x})[0] * in[1];
       },

@@ -12,6 +12,7 @@
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autocast.h"
+#include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/primitive.h"
 #include "hetrain/memory/allocator.h"
 #include "hetrain/training/amp.h"
@@ -153,6 +154,35 @@ TEST(Autocast, GradientsReachF32MasterWeights) {
   EXPECT_EQ(w.grad().dtype(), Dtype::f32);
   EXPECT_EQ(b.grad().dtype(), Dtype::f32);
   EXPECT_EQ(w.dtype(), Dtype::f32);
+}
+
+// A linear layer's weight (matmul(x, wᵀ)) is cast as stored and read transposed; its gradient is
+// one GEMM in the weight's own layout, cast to f32, with no transposed view a leaf would copy.
+TEST(Autocast, TransposedWeightGradientComesInTheWeightsLayout) {
+  Tensor x = randn({16, 8});
+  Tensor w = randn({5, 8}).requires_grad_(), b = zeros({5}).requires_grad_();
+  Tensor t = from_vector<int64_t>({0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0}, {16});
+  std::vector<Tensor> g32 = grad({cross_entropy(linear(x, w, b), t)}, {w});
+  Tensor y, g;
+  {
+    Autocast scope(Precision::bf16);
+    y = linear(x, w, b);
+    g = grad({cross_entropy(y, t)}, {w})[0];
+  }
+  // Forward: the product reads a transpose of the bf16 copy of w.
+  const Tensor* prod = &y;
+  while (prim_name(*prod) != "matmul") prod = &prod->node()->inputs[0];
+  const Tensor& wt = prod->node()->inputs[1];
+  ASSERT_EQ(prim_name(wt), "permute");
+  ASSERT_EQ(prim_name(wt.node()->inputs[0]), "cast");
+  EXPECT_EQ(wt.node()->inputs[0].node()->inputs[0].node(), w.node());
+  // Backward: f32 from a (5, 8) product, not a view of an (8, 5) one.
+  EXPECT_EQ(g.dtype(), Dtype::f32);
+  ASSERT_EQ(prim_name(g), "cast");
+  EXPECT_EQ(prim_name(g.node()->inputs[0]), "matmul");
+  EXPECT_EQ(g.node()->inputs[0].shape(), (Shape{5, 8}));
+  EXPECT_TRUE(g.array().contiguous());
+  EXPECT_LT(rel_l2(g.to_vector<double>(), g32[0].to_vector<double>()), 2e-2);
 }
 
 // Reductions and GEMMs over bf16/f16 accumulate in f32: 4096 ones sum to 4096 (a bf16

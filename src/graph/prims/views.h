@@ -41,6 +41,7 @@ class Permute final : public ViewPrimitive {
   void eval_cpu(const std::vector<const Array*>& in, const std::vector<Array*>& out) const override;
   std::vector<Tensor> vjp(const std::vector<Tensor>& x, const std::vector<Tensor>& y,
                           const std::vector<Tensor>& g, const std::vector<int>&) const override;
+  const std::vector<int>& dims() const { return dims_; }
 
  private:
   std::vector<int> dims_;
