@@ -15,17 +15,27 @@ fail() {
   echo "FAIL: $*"
   exit 1
 }
-# The shell writes the file for its own PID, then becomes hetrain (exec keeps the PID).
-# shellcheck disable=SC2016  # expanded by the inner shell
-bash -c 'f=/dev/shm/__KMP_REGISTERED_LIB_$$_$(id -u); echo "$f" > "$1"; : > "$f"; exec "$2" version' \
-  _ "$tmp.name" "$bin" > "$tmp/out" 2>&1 || { cat "$tmp/out"; fail "hetrain version failed (rc $?)"; }
-f=$(cat "$tmp.name")
-grep -q '^hetrain ' "$tmp/out" || { cat "$tmp/out"; fail "no version line"; }
-[[ ! -e $f ]] || fail "the empty registration file $f is still there"
+# with_stale_file OUT CMD ARGS...: CMD (output in OUT) started under a PID that has an empty
+# registration file: the shell writes it for its own PID, then becomes CMD (exec keeps the PID).
+# Returns CMD's status; $tmp.name holds the file's path.
+with_stale_file() {
+  local out=$1
+  shift
+  # shellcheck disable=SC2016  # expanded by the inner shell
+  bash -c 'f=/dev/shm/__KMP_REGISTERED_LIB_$$_$(id -u); echo "$f" > "$1"; : > "$f"; exec "${@:2}"' \
+    _ "$tmp.name" "$@" > "$out" 2>&1
+}
+# run_checked WHAT LINE_REGEX CMD ARGS...: CMD must succeed, print LINE_REGEX and leave no file.
+run_checked() {
+  local what=$1 line=$2 rc=0
+  shift 2
+  with_stale_file "$tmp/out" "$@" || rc=$?
+  ((rc == 0)) || { cat "$tmp/out"; fail "$what failed (rc $rc)"; }
+  grep -q "$line" "$tmp/out" || { cat "$tmp/out"; fail "$what printed no line matching $line"; }
+  [[ ! -e $(cat "$tmp.name") ]] || fail "the empty registration file is still there after $what"
+}
+run_checked "hetrain version" '^hetrain ' "$bin" version
 # A threaded command as well: its OpenMP team starts after the check.
-bash -c 'f=/dev/shm/__KMP_REGISTERED_LIB_$$_$(id -u); echo "$f" > "$1"; : > "$f"; exec "$2" "${@:3}"' \
-  _ "$tmp.name" "$bin" train --preset fashion-mlp --hidden 32 --batch-size 16 --steps 2 --threads 2 --no-progress \
-  --no-record > "$tmp/out" 2>&1 || { cat "$tmp/out"; fail "hetrain train failed"; }
-grep -q '^result: ' "$tmp/out" || { cat "$tmp/out"; fail "no result line"; }
-[[ ! -e $(cat "$tmp.name") ]] || fail "the empty registration file is still there after train"
+run_checked "hetrain train" '^result: ' "$bin" train --preset fashion-mlp --hidden 32 \
+  --batch-size 16 --steps 2 --threads 2 --no-progress --no-record
 echo "stale OpenMP registration files removed; version and train ran"
