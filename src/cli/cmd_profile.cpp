@@ -57,29 +57,36 @@ int profile_sweep(const ArgParser& p, const training::TrainConfig& base, long lo
           p.get("sweep-layers"), "'");
     depths.push_back(n);
   }
-  const std::vector<std::string> modes = split_commas(p.get("sweep-recompute"));
-  std::vector<insight::DepthPoint> points;
-  constexpr auto kActs = static_cast<size_t>(MemoryTag::activations);
-  std::printf("%8s %10s %16s %16s\n", "layers", "recompute", "predicted (MiB)", "measured (MiB)");
+  // Every point's configuration is checked before the first one trains: a bad mode or depth
+  // fails at once, not after the points before it have run.
+  std::vector<training::TrainConfig> configs;
   for (int64_t layers : depths) {
-    for (const std::string& mode : modes) {
+    for (const std::string& mode : split_commas(p.get("sweep-recompute"))) {
+      parse_recompute(mode, "[profile] flag --sweep-recompute");
       training::TrainConfig c = base;
       c.layers = layers;
       c.recompute = mode;
-      parse_recompute(mode, "[profile] flag --sweep-recompute");
       training::validate(c, "profile");
-      insight::DepthPoint d{mode, layers, 0, training::dry_run(c, nullptr).peak[kActs]};
-      training::StepHooks hooks;
-      hooks.begin = [&](int64_t step) {
-        if (step == warmup) host_allocator().reset_peak();
-      };
-      training::train(c, hooks);
-      d.measured = host_allocator().stats().peak[kActs];
-      std::printf("%8lld %10s %16.2f %16.2f\n", static_cast<long long>(layers), mode.c_str(),
-                  static_cast<double>(d.predicted) / 1048576.0,
-                  static_cast<double>(d.measured) / 1048576.0);
-      points.push_back(d);
+      configs.push_back(std::move(c));
     }
+  }
+  std::vector<insight::DepthPoint> points;
+  constexpr auto kActs = static_cast<size_t>(MemoryTag::activations);
+  std::printf("%8s %10s %16s %16s\n", "layers", "recompute", "predicted (MiB)", "measured (MiB)");
+  for (const training::TrainConfig& c : configs) {
+    const int64_t layers = c.layers;
+    const std::string& mode = c.recompute;
+    insight::DepthPoint d{mode, layers, 0, training::dry_run(c, nullptr).peak[kActs]};
+    training::StepHooks hooks;
+    hooks.begin = [&](int64_t step) {
+      if (step == warmup) host_allocator().reset_peak();
+    };
+    training::train(c, hooks);
+    d.measured = host_allocator().stats().peak[kActs];
+    std::printf("%8lld %10s %16.2f %16.2f\n", static_cast<long long>(layers), mode.c_str(),
+                static_cast<double>(d.predicted) / 1048576.0,
+                static_cast<double>(d.measured) / 1048576.0);
+    points.push_back(d);
   }
   const std::string file = p.get("report"),
                     title = "Activations peak against depth: " + base.preset + ", width " +

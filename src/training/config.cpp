@@ -246,8 +246,22 @@ void apply_setting(TrainConfig& c, const std::string& key_in, const std::string&
 }
 
 namespace {
+/// "[command] config PATH: ", the start of every error about a config file's content.
+std::string config_where(const std::string& command, const std::string& path) {
+  return "[" + command + "] config " + path + ": ";
+}
+
+/// A TOML syntax error: what is wrong and where.
+std::string parse_error_text(const toml::parse_error& e) {
+  std::ostringstream os;
+  os << e.description() << " at line " << e.source().begin.line << ", column "
+     << e.source().begin.column;
+  return os.str();
+}
+
 void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::string& path,
                       bool allow_preset, const std::string& command) {
+  const std::string where = config_where(command, path);
   // The preset goes first so that the file's other keys override it.
   std::vector<std::pair<std::string, std::string>> items;
   std::function<void(const toml::table&)> walk = [&](const toml::table& t) {
@@ -261,9 +275,8 @@ void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::strin
       // Lists only where a list is meant; no setting is a boolean.
       const bool list_key = norm_key(key) == "hidden" || norm_key(key) == "widths";
       if (node.is_array() && !list_key)
-        fail("[", command, "] config ", path, ": '", key, "' must be a single value, not a list");
-      if (node.is_boolean())
-        fail("[", command, "] config ", path, ": '", key, "' must not be a boolean (true/false)");
+        fail(where, "'", key, "' must be a single value, not a list");
+      if (node.is_boolean()) fail(where, "'", key, "' must not be a boolean (true/false)");
       if (auto s = node.value_exact<std::string>())
         value = *s;
       else if (node.is_integer())
@@ -275,12 +288,11 @@ void apply_toml_table(TrainConfig& cfg, const toml::table& tbl, const std::strin
         value = os.str();
       } else if (const auto* arr = node.as_array()) {
         for (const auto& el : *arr) {
-          if (!el.is_integer())
-            fail("[", command, "] config ", path, ": '", key, "' must be a list of integers");
+          if (!el.is_integer()) fail(where, "'", key, "' must be a list of integers");
           value += (value.empty() ? "" : ",") + std::to_string(*el.value<int64_t>());
         }
       } else {
-        fail("[", command, "] config ", path, ": '", key, "' has an unsupported value type");
+        fail(where, "'", key, "' has an unsupported value type");
       }
       items.emplace_back(key, value);
     }
@@ -299,16 +311,13 @@ void apply_toml_file(TrainConfig& cfg, const std::string& path, bool allow_prese
                      const std::string& command) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
-    fail("[", command, "] config ", path, ": ",
+    fail(config_where(command, path),
          std::filesystem::exists(path, ec) ? "not a regular file" : "no such file");
   toml::table tbl;
   try {
     tbl = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
-    std::ostringstream os;
-    os << e.description() << " at line " << e.source().begin.line << ", column "
-       << e.source().begin.column;
-    fail("[", command, "] config ", path, ": ", os.str());
+    fail(config_where(command, path), parse_error_text(e));
   } catch (const std::exception& e) {
     fail("[", command, "] cannot read config ", path, ": ", e.what());
   }
@@ -321,10 +330,7 @@ void apply_toml_string(TrainConfig& cfg, const std::string& text, const std::str
   try {
     tbl = toml::parse(text, origin);
   } catch (const toml::parse_error& e) {
-    std::ostringstream os;
-    os << e.description() << " at line " << e.source().begin.line << ", column "
-       << e.source().begin.column;
-    fail("[", command, "] config ", origin, ": ", os.str());
+    fail(config_where(command, origin), parse_error_text(e));
   }
   apply_toml_table(cfg, tbl, origin, allow_preset, command);
 }

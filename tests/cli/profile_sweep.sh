@@ -2,7 +2,8 @@
 # hetrain profile --sweep-layers: per depth and recompute mode the activations peak predicted by
 # the memory model and measured by the allocator (one thread: they agree within 5%), full below
 # none at every depth and the gap growing with depth; the chart as a standalone SVG (--report
-# FILE.svg) with a point per run. Bad lists name the flag. Usage: profile_sweep.sh HETRAIN
+# FILE.svg) with a point per run. Bad lists name the flag, before any point runs.
+# Usage: profile_sweep.sh HETRAIN
 set -uo pipefail
 bin=$1
 tmp=$(mktemp -d)
@@ -19,6 +20,8 @@ grep -q "flag --sweep-layers: expected layer counts >= 1 separated by commas, su
 out=$("$bin" "${prof[@]}" --sweep-layers 2 --sweep-recompute none,often --report "$tmp/d.svg" 2>&1) \
   && die "mode 'often' accepted"
 grep -q "flag --sweep-recompute: .*often" <<<"$out" || die "bad mode message: $out"
+# Checked before any point trains: 'none' comes first and must not have run.
+grep -q "predicted (MiB)" <<<"$out" && die "the sweep ran points before rejecting 'often': $out"
 out=$("$bin" profile --preset fashion-mlp --sweep-layers 2 --report "$tmp/d.svg" 2>&1) \
   && die "a sweep of an MLP accepted"
 grep -q "\-\-sweep-layers applies to a GPT" <<<"$out" || die "MLP message: $out"
