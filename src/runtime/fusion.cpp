@@ -182,8 +182,22 @@ struct ChainBuilder {
 // memory instead of one per node. Same bits: each step runs its own kernel on each block.
 bool fuse_elementwise_chain(Node& n, FusionContext& ctx) {
   if (!n.prim->is_elementwise() || n.outs.size() != 1) return false;
+  // Producers are taken in input order while the chain stays within kMaxChainSteps; one that
+  // would take it past stays a node of its own, an input of this chain.
   std::vector<const Node*> producers;
-  for (const Tensor& t : n.inputs) producers.push_back(sole_elementwise_producer(t, n));
+  size_t steps = 1;  // n's own
+  for (const Tensor& t : n.inputs) {
+    const Node* p = sole_elementwise_producer(t, n);
+    if (p) {
+      const auto* c = dynamic_cast<const ElementwiseChain*>(p->prim.get());
+      const size_t more = c ? c->steps().size() : 1;
+      if (steps + more > kMaxChainSteps)
+        p = nullptr;
+      else
+        steps += more;
+    }
+    producers.push_back(p);
+  }
   if (std::all_of(producers.begin(), producers.end(), [](const Node* p) { return !p; }))
     return false;
   ChainBuilder b;

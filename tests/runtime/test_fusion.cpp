@@ -3,6 +3,7 @@
 // where it should.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -261,6 +262,54 @@ int count_nodes(const std::vector<Tensor>& roots, const char* name) {
     for (const Tensor& t : cur->inputs) stack.push_back(t.node());
   }
   return n;
+}
+
+// The steps of every fused chain that `roots` depend on (attrs: "add,tanh,mul").
+std::vector<size_t> chain_lengths(const std::vector<Tensor>& roots) {
+  std::vector<Node*> stack;
+  for (const Tensor& t : roots) stack.push_back(t.node());
+  std::unordered_set<Node*> seen;
+  std::vector<size_t> r;
+  while (!stack.empty()) {
+    Node* cur = stack.back();
+    stack.pop_back();
+    if (!cur || !seen.insert(cur).second) continue;
+    if (cur->prim && std::string(cur->prim->name()) == "fused_elementwise") {
+      const std::string a = cur->prim->attrs();
+      r.push_back(1 + static_cast<size_t>(std::count(a.begin(), a.end(), ',')));
+    }
+    for (const Tensor& t : cur->inputs) stack.push_back(t.node());
+  }
+  return r;
+}
+
+TEST(Fusion, LongElementwiseRunBecomesBoundedChainsWithTheSameBits) {
+  // 300 elementwise nodes in a row, each also reading a tensor of its own: absorbing the whole
+  // run into one chain took time quadratic in its length (and a scratch block per step).
+  Generator gen(9);
+  Tensor x = randn({3, 700}, Dtype::f32, gen).eval();
+  std::vector<Tensor> addends;
+  for (int i = 0; i < 100; ++i) addends.push_back(randn({3, 700}, Dtype::f32, gen).eval());
+  auto build = [&] {
+    Tensor y = x;
+    for (const Tensor& a : addends) y = tanh(y * 0.75 + a);
+    return y;
+  };
+  runtime::set_fusion_enabled(false);
+  const std::vector<float> want = build().to_vector<float>();
+  runtime::set_fusion_enabled(true);
+  Tensor y = build();
+  EXPECT_GT(runtime::fuse({y}), 0);
+  const std::vector<size_t> lengths = chain_lengths({y});
+  size_t total = 0;
+  for (size_t n : lengths) {
+    EXPECT_LE(n, runtime::kMaxChainSteps);
+    total += n;
+  }
+  // Every node is in some chain, and the chains are as long as the bound lets them be.
+  EXPECT_EQ(total, 300u);
+  EXPECT_LE(lengths.size(), (300 + runtime::kMaxChainSteps - 2) / (runtime::kMaxChainSteps - 1));
+  EXPECT_EQ(y.to_vector<float>(), want);
 }
 
 // A random small network of linear layers (bias or not, an activation or none, a residual add
