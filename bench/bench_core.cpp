@@ -421,6 +421,31 @@ void BM_NodeOverhead(benchmark::State& state) {
 }
 BENCHMARK(BM_NodeOverhead)->Arg(10000)->Unit(benchmark::kMillisecond);
 
+/// A tensor read by `uses` nodes (exp(x * c_i), summed by a tree of adds) and its gradient: the
+/// gradient's accumulation is a chain of `uses` adds, which the fusion pass once absorbed into
+/// one chain in quadratic time (8000 uses: 192 s, now a third of a second). Graph building,
+/// autodiff, fusion and evaluation together, per iteration.
+void BM_SharedTensorGradient(benchmark::State& state) {
+  const int64_t uses = state.range(0);
+  Generator gen(1);
+  Tensor x = randn({16}, Dtype::f32, gen).eval();
+  x.requires_grad_(true);
+  for (auto _ : state) {
+    std::vector<Tensor> parts;
+    for (int64_t i = 0; i < uses; ++i) parts.push_back(exp(x * (0.001 * static_cast<double>(i))));
+    while (parts.size() > 1) {
+      std::vector<Tensor> next;
+      for (size_t i = 0; i + 1 < parts.size(); i += 2) next.push_back(parts[i] + parts[i + 1]);
+      if (parts.size() % 2) next.push_back(parts.back());
+      parts = std::move(next);
+    }
+    Tensor g = grad({sum(parts[0])}, {x})[0];
+    g.eval();
+    benchmark::DoNotOptimize(g.array().raw());
+  }
+}
+BENCHMARK(BM_SharedTensorGradient)->Arg(2000)->Arg(8000)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();
