@@ -96,13 +96,17 @@ nlohmann::json hardware_json(const Catalog& cat) {
   return {{"catalog", cat.path}, {"hardware", a}};
 }
 
+/// Width of the labels of the memory and time rows: the longest label ("optimizer (states, master
+/// weights)", 34) and a gap, so every value starts under the header's "GB (1e9)".
+constexpr size_t kLabelWidth = 36;
+
 void row(const std::string& name, double bytes) {
-  std::cout << "  " << pad(name, 34) << pad(fixed(bytes / 1e9, 2), 10)
+  std::cout << "  " << pad(name, kLabelWidth) << pad(fixed(bytes / 1e9, 2), 10)
             << fixed(bytes / (1024.0 * 1024 * 1024), 2) << "\n";
 }
 
 void trow(const std::string& name, double s) {
-  std::cout << "  " << pad(name, 34) << sig(s) << " s\n";
+  std::cout << "  " << pad(name, kLabelWidth) << sig(s) << " s\n";
 }
 
 void print_plan(const Job& job, const Plan& p, const Hardware& hw) {
@@ -118,7 +122,7 @@ void print_plan(const Job& job, const Plan& p, const Hardware& hw) {
   std::cout << ", global batch " << job.global_batch << " samples ("
             << sig(static_cast<double>(job.global_batch * model.tokens_per_sample()))
             << " tokens) per step\n\n";
-  std::cout << "memory per device" << std::string(21, ' ') << pad("GB (1e9)", 10) << "GiB (2^30)\n";
+  std::cout << pad("memory per device", kLabelWidth + 2) << pad("GB (1e9)", 10) << "GiB (2^30)\n";
   row("weights", m.weights);
   row("gradients", m.gradients);
   row("optimizer (states, master weights)", m.optimizer);
