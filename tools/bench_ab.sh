@@ -2,7 +2,8 @@
 # Interleaved A/B of two hetrain binaries on the presets: each round trains every preset and
 # precision for a few steps with A, then with B, so both see the same drift of a shared
 # machine; prints each run and then the median step time of each and the ratio A/B (above 1: B
-# is faster). A ratio holds on a shared machine where an absolute time does not.
+# is faster), with the range of the rounds' own ratios and how many rounds B won. A ratio holds
+# on a shared machine where an absolute time does not.
 # Usage: tools/bench_ab.sh A_BINARY B_BINARY [ROUNDS (4)] [STEPS (30)]
 #   PRESETS="gpt-mini fashion-cnn" PRECISIONS="bf16 fp32" THREADS=2 BUSY=1 (keep one core busy
 #   with a shell loop while measuring: the machine shared with other work)
@@ -39,13 +40,20 @@ print(t)' "$tmp/run.jsonl")
 done
 python3 - "$tmp/all.txt" << 'PY'
 import collections, statistics, sys
-d = collections.defaultdict(list)
+d = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
-    _, preset, p, side, t = line.split()
-    d[(preset, p, side)].append(float(t))
-print("| preset | precision | A median (s) | B median (s) | A / B |")
-print("|---|---|---|---|---|")
+    r, preset, p, side, t = line.split()
+    d[(preset, p, side)][r] = float(t)
+# Each round runs A and B back to back, so a round's ratio A/B holds when the machine's speed
+# drifts between rounds; their spread and how many rounds B won show whether the medians' ratio
+# stands out of the noise.
+print("| preset | precision | A median (s) | B median (s) | A / B | per-round A / B | B faster |")
+print("|---|---|---|---|---|---|---|")
 for preset, p in dict.fromkeys((k[0], k[1]) for k in d):
-    ma, mb = statistics.median(d[(preset, p, "A")]), statistics.median(d[(preset, p, "B")])
-    print(f"| {preset} | {p} | {ma:.4f} | {mb:.4f} | {ma / mb:.2f}x |")
+    a, b = d[(preset, p, "A")], d[(preset, p, "B")]
+    ma, mb = statistics.median(a.values()), statistics.median(b.values())
+    ratios = [a[r] / b[r] for r in a if r in b]
+    won = sum(x > 1 for x in ratios)
+    print(f"| {preset} | {p} | {ma:.4f} | {mb:.4f} | {ma / mb:.2f}x | "
+          f"{min(ratios):.2f}-{max(ratios):.2f}x | {won} of {len(ratios)} rounds |")
 PY
