@@ -1,6 +1,7 @@
 #include "hetrain/training/optim.h"
 
 #include <cmath>
+#include <unordered_map>
 
 #include "hetrain/base/error.h"
 #include "hetrain/graph/primitive.h"
@@ -59,15 +60,19 @@ std::map<std::string, Tensor> Optimizer::state_dict() const {
 }
 
 void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state, int64_t steps) {
+  // Each entry finds its parameter by name in one lookup (a scan per entry was quadratic in the
+  // number of parameters).
+  std::unordered_map<std::string, size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i) index.emplace(params_[i].first, i);
   std::map<std::string, std::vector<Tensor>> fresh;
   for (const auto& [key, t] : state) {
     auto dot = key.find('.');
     if (dot == std::string::npos) fail("[optimizer] bad state entry '", key, "'");
     std::string slot = key.substr(0, dot), pname = key.substr(dot + 1);
-    size_t i = 0;
-    while (i < params_.size() && params_[i].first != pname) ++i;
-    if (i == params_.size())
+    const auto found = index.find(pname);
+    if (found == index.end())
       fail("[optimizer] state entry '", key, "' names no parameter of this model");
+    const size_t i = found->second;
     if (t.shape() != params_[i].second->shape())
       fail("[optimizer] state entry '", key, "' has shape ", shape_str(t.shape()),
            " but the parameter has ", shape_str(params_[i].second->shape()));

@@ -85,6 +85,36 @@ TEST(Optim, StateDictRoundTripAndErrors) {
   EXPECT_THROW(optim::AdamW({{"w", &p}}, {.beta1 = 1.0}), Error);
 }
 
+TEST(Optim, StateEntriesFindTheirParameterByName) {
+  // Another optimizer over the same parameters listed in another order takes each entry by its
+  // parameter's name, not its position.
+  Tensor a = from_vector<float>({1, 2}, {2}).requires_grad_();
+  Tensor b = from_vector<float>({3, 4, 5}, {3}).requires_grad_();
+  Tensor c = from_vector<float>({-1, 6}, {2}).requires_grad_();
+  optim::AdamW opt({{"a", &a}, {"b", &b}, {"c", &c}}, {});
+  a.set_grad(from_vector<float>({0.5, -0.5}, {2}));
+  b.set_grad(from_vector<float>({1, 2, 3}, {3}));
+  c.set_grad(from_vector<float>({-2, 0.25}, {2}));
+  opt.step();
+  const auto st = opt.state_dict();
+  ASSERT_EQ(st.size(), 6u);
+  optim::AdamW other({{"c", &c}, {"a", &a}, {"b", &b}}, {});
+  other.load_state_dict(st, opt.steps());
+  const auto back = other.state_dict();
+  ASSERT_EQ(back.size(), st.size());
+  for (const auto& [key, t] : st) {
+    ASSERT_TRUE(back.count(key)) << key;
+    EXPECT_EQ(back.at(key).to_vector<float>(), t.to_vector<float>()) << key;
+  }
+  // An entry for a parameter of another shape is refused, naming the entry.
+  try {
+    other.load_state_dict({{"exp_avg.b", zeros({2})}}, 1);
+    FAIL() << "a (2) entry for the (3) parameter b was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exp_avg.b"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Optim, Schedules) {
   optim::LrSchedule c{
       .kind = "cosine", .base_lr = 1.0, .warmup_steps = 10, .total_steps = 110, .min_lr = 0.1};
