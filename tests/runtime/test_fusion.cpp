@@ -248,37 +248,36 @@ TEST(Fusion, ChainAbsorbsOnlyWhatNoOneElseReads) {
   EXPECT_NEAR(fused_grad[7], 2.0 * s * s * (1.0 - s) * 3.0, 1e-5);
 }
 
-// Counts the nodes named `name` that `roots` depend on.
-int count_nodes(const std::vector<Tensor>& roots, const char* name) {
+// The primitives of the nodes that `roots` depend on, each node once.
+std::vector<const Primitive*> primitives(const std::vector<Tensor>& roots) {
   std::vector<Node*> stack;
   for (const Tensor& t : roots) stack.push_back(t.node());
   std::unordered_set<Node*> seen;
-  int n = 0;
+  std::vector<const Primitive*> r;
   while (!stack.empty()) {
     Node* cur = stack.back();
     stack.pop_back();
     if (!cur || !seen.insert(cur).second) continue;
-    if (cur->prim && std::string(cur->prim->name()) == name) ++n;
+    if (cur->prim) r.push_back(cur->prim.get());
     for (const Tensor& t : cur->inputs) stack.push_back(t.node());
   }
+  return r;
+}
+
+// Counts the nodes named `name` that `roots` depend on.
+int count_nodes(const std::vector<Tensor>& roots, const char* name) {
+  int n = 0;
+  for (const Primitive* p : primitives(roots)) n += std::string(p->name()) == name;
   return n;
 }
 
 // The steps of every fused chain that `roots` depend on (attrs: "add,tanh,mul").
 std::vector<size_t> chain_lengths(const std::vector<Tensor>& roots) {
-  std::vector<Node*> stack;
-  for (const Tensor& t : roots) stack.push_back(t.node());
-  std::unordered_set<Node*> seen;
   std::vector<size_t> r;
-  while (!stack.empty()) {
-    Node* cur = stack.back();
-    stack.pop_back();
-    if (!cur || !seen.insert(cur).second) continue;
-    if (cur->prim && std::string(cur->prim->name()) == "fused_elementwise") {
-      const std::string a = cur->prim->attrs();
-      r.push_back(1 + static_cast<size_t>(std::count(a.begin(), a.end(), ',')));
-    }
-    for (const Tensor& t : cur->inputs) stack.push_back(t.node());
+  for (const Primitive* p : primitives(roots)) {
+    if (std::string(p->name()) != "fused_elementwise") continue;
+    const std::string a = p->attrs();
+    r.push_back(1 + static_cast<size_t>(std::count(a.begin(), a.end(), ',')));
   }
   return r;
 }
