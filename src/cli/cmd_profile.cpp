@@ -189,6 +189,7 @@ int cmd_profile(const Args& args) {
     if (p.given(f)) insight::check_writable(p.get(f), std::string("--") + f + " file");
 
   set_num_threads(cfg.threads);
+  cfg.threads = num_threads();  // fixed: a table over two team sizes would describe neither
   if (p.given("sweep-layers")) {
     std::string command = "hetrain profile";
     for (const auto& a : args) command += " " + a;

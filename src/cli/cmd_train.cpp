@@ -131,7 +131,10 @@ int cmd_train(const Args& args) {
       .option("warmup", "N", "linear warm-up steps")
       .option("clip", "X", "clip the global gradient norm to X (0: off)")
       .option("seed", "N", "seed for initialisation, shuffling and dropout")
-      .option("threads", "N", "worker threads (0: every CPU this process may use)")
+      .option("threads", "N",
+              "worker threads (0: every CPU this process may use, fewer while other processes "
+              "keep some busy, checked every second; N: always N, for runs whose results must "
+              "repeat bit for bit)")
       .option("grad-accum", "K",
               "micro-batches per step (gradients summed in order, one optimizer step; "
               "--batch-size stays the whole step's batch)",

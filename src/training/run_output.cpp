@@ -51,6 +51,11 @@ void Progress::update(int64_t step, double loss, double sps, double eta, bool lo
   }
 }
 
+void Progress::note(const std::string& line) {
+  std::fprintf(stderr, "%s%s\n", tty_ ? "\r\033[K" : "", line.c_str());
+  std::fflush(stderr);
+}
+
 void Progress::finish() {
   if (tty_) std::fprintf(stderr, "\n");
 }

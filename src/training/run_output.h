@@ -18,6 +18,8 @@ class Progress {
   /// extra: appended to the line (the loss scale and skipped steps under fp16).
   void update(int64_t step, double loss, double sps, double eta, bool log_line, int64_t epoch,
               double lr, const std::string& extra);
+  /// A line of its own (on a terminal, above the bar, which the next update redraws).
+  void note(const std::string& line);
   void finish();
 
  private:

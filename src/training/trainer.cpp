@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "hetrain/base/byte_size.h"
+#include "hetrain/base/cpu_load.h"
 #include "hetrain/base/cpu_time.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/file_output.h"
@@ -484,13 +485,14 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
     else if (state_device)
       where = ", parameters and optimizer state on " + state_device->str();
     std::fprintf(stderr,
-                 "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld%s, %d "
-                 "threads%s, precision %s%s%s\n",
+                 "training %s (%s, %lld parameters) on %s for %lld steps, batch %lld%s, %s%d "
+                 "threads%s%s, precision %s%s%s\n",
                  cfg.preset.c_str(), cfg.model.c_str(),
                  static_cast<long long>(model->num_parameters()), data.train->describe().c_str(),
                  static_cast<long long>(total), static_cast<long long>(cfg.batch_size), par.c_str(),
-                 num_threads(), world > 1 ? " per rank" : "", cfg.precision.c_str(),
-                 scaler ? " with dynamic loss scaling" : "", where.c_str());
+                 cfg.threads == 0 ? "up to " : "", num_threads(), world > 1 ? " per rank" : "",
+                 cfg.threads == 0 ? " (as many as other work leaves free)" : "",
+                 cfg.precision.c_str(), scaler ? " with dynamic loss scaling" : "", where.c_str());
   }
   jlog.open();  // the inputs are good: the old log goes now
 
@@ -511,6 +513,11 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   std::vector<double> step_seconds;
   Divergence divergence(cfg);
   RecomputeState recompute = recompute_state(cfg, leader);
+  // --threads 0: the team follows the CPUs that other work leaves free (base/cpu_load.h); a
+  // given count stays as it is (and so do the results that depend on it: the chunks of some
+  // sums).
+  std::optional<TeamSizer> team;
+  if (cfg.threads == 0) team.emplace(num_threads(), available_cpus());
   model->train();
   // Under ZeRO every rank writes its shard; otherwise rank 0 writes the whole state (a stage-0
   // sharded optimizer's state_dict() is every rank's call).
@@ -571,6 +578,18 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
       extra = os.str();
     }
     if (leader) progress.update(step, last_loss, sps, eta, log_now, epoch, lr, extra);
+    if (team && team->due(cpu_load_clock_s()))
+      if (const std::optional<int> n = team->observe(sample_cpu_load())) {
+        set_num_threads(*n);
+        if (leader) {
+          char line[200];
+          std::snprintf(line, sizeof line,
+                        "note: other work used %.1f of this process's %d CPUs; now %d thread%s "
+                        "(--threads N keeps N)",
+                        team->others(), available_cpus(), *n, *n == 1 ? "" : "s");
+          progress.note(line);
+        }
+      }
     if (log_now) {
       const double dt = std::chrono::duration<double>(Clock::now() - interval_start).count();
       if (jlog) {
@@ -583,6 +602,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
              static_cast<double>(interval_steps * cfg.batch_size) / std::max(dt, 1e-9)},
             {"cpu_s", process_cpu_seconds() - interval_cpu},
             {"world_size", world},
+            {"threads", num_threads()},
             {"comm_s", interval_comm},
             {"exposed_comm_s", interval_exposed},
             {"buckets_overlapped", interval_overlapped}};
@@ -671,6 +691,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
                           {"precision", r.precision},
                           {"skipped_steps", r.skipped_steps},
                           {"world_size", r.world_size},
+                          {"threads", r.threads},
                           {"grad_accum", cfg.grad_accum},
                           {"comm_s", r.comm_s},
                           {"exposed_comm_s", r.exposed_comm_s},

@@ -187,3 +187,8 @@ add_test(NAME cli.recompute_budget COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/
 set_tests_properties(cli.recompute_budget PROPERTIES TIMEOUT 300)
 add_test(NAME cli.profile_sweep COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/profile_sweep.sh ${HT})
 set_tests_properties(cli.profile_sweep PROPERTIES TIMEOUT 300)
+# The default team follows the CPUs other work leaves free (base/cpu_load.h); --threads N stays.
+add_test(NAME cli.threads_follow_load
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/threads_follow_load.sh ${HT})
+set_tests_properties(cli.threads_follow_load PROPERTIES TIMEOUT 600
+                     PASS_REGULAR_EXPRESSION "the team follows the free CPUs|SKIP")

@@ -40,7 +40,7 @@ struct TrainConfig {
   std::string schedule = "cosine";  // constant | step | cosine
   int64_t warmup = 0;
   uint64_t seed = 0;
-  int threads = 0;  // 0: every CPU of the process's affinity mask
+  int threads = 0;  // 0: every CPU of the process's affinity mask that other work leaves free
   // memory: the CPU allocator's capacity in bytes (0: no limit); passing it is an
   // OutOfMemoryError naming the request and what is alive
   int64_t memory_budget = 0;
@@ -124,7 +124,7 @@ struct TrainResult {
   /// For comparison with other frameworks, which have no allocator counters in common with ours.
   int64_t peak_rss_growth_bytes = -1;
   std::vector<double> step_seconds;  // wall time of each step of this run (data to optimizer)
-  int threads = 1;                   // worker threads used
+  int threads = 1;                   // worker threads used (at the end of the run)
   std::string precision = "fp32";
   int world_size = 1;           // ranks that trained together
   double comm_s = 0;            // time in gradient collectives over the run
