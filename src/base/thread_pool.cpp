@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cstdio>
 #include <exception>
-#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -47,12 +46,18 @@ ThreadPool::ThreadPool(int threads) : threads_(threads) {
   omp_set_num_threads(threads);
 }
 
+void ThreadPool::resize(int threads) {
+  threads_.store(threads, std::memory_order_relaxed);
+  omp_set_num_threads(threads);
+}
+
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  const int64_t chunks = std::min<int64_t>((n + grain - 1) / grain, size() * 4);
-  if (chunks <= 1 || size() == 1) {
+  const int threads = size();  // once: a resize on another thread does not split this call
+  const int64_t chunks = std::min<int64_t>((n + grain - 1) / grain, threads * 4);
+  if (chunks <= 1 || threads == 1) {
     fn(0, n);
     return;
   }
@@ -66,7 +71,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   std::atomic<int64_t> next{0};
   std::mutex mu;
   std::exception_ptr error;  // the first exception a chunk threw, rethrown below
-  const int team = static_cast<int>(std::min<int64_t>(chunks, size()));
+  const int team = static_cast<int>(std::min<int64_t>(chunks, threads));
 #pragma omp parallel num_threads(team)
   for (;;) {
     const int64_t c = next.fetch_add(1);
@@ -82,13 +87,6 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   if (error) std::rethrow_exception(error);
 }
 
-namespace {
-std::unique_ptr<ThreadPool>& pool_slot() {
-  static std::unique_ptr<ThreadPool> p;
-  return p;
-}
-}  // namespace
-
 int available_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -102,9 +100,10 @@ int default_threads() { return available_cpus(); }
 }  // namespace
 
 ThreadPool& thread_pool() {
-  auto& p = pool_slot();
-  if (!p) p = std::make_unique<ThreadPool>(default_threads());
-  return *p;
+  // One pool for the process's life, resized in place: a reference taken on one thread stays
+  // good whatever another thread's set_num_threads does.
+  static ThreadPool pool(default_threads());
+  return pool;
 }
 
 int max_threads() { return std::max(64, 4 * default_threads()); }
@@ -114,12 +113,7 @@ void set_num_threads(int n) {
   if (n > max_threads())
     fail("[threads] ", n, " threads requested; at most ", max_threads(),
          " (4 per core, at least 64) are allowed");
-  auto& p = pool_slot();
-  if (p && p->size() == n) {
-    omp_set_num_threads(n);  // the setting is per thread: this thread's oneDNN calls
-    return;
-  }
-  p = std::make_unique<ThreadPool>(n);
+  thread_pool().resize(n);  // also when n is its size: OpenMP's setting is per thread
 }
 
 int num_threads() { return thread_pool().size(); }

@@ -168,3 +168,25 @@ TEST(ThreadPool, ChunksRunOnOpenMpsTeamAndSplitAlikeNestedAndSerial) {
   EXPECT_EQ(serial, top);
   set_num_threads(0);
 }
+
+TEST(ThreadPool, ResizesInPlaceSoThatAReferenceOnAnotherThreadStaysGood) {
+  // A training run resizes the pool between steps (base/cpu_load.h) while other threads (a data
+  // loader, a device worker) may hold the reference thread_pool() gave them.
+  ThreadPool& pool = thread_pool();
+  set_num_threads(1);
+  EXPECT_EQ(&thread_pool(), &pool);
+  EXPECT_EQ(pool.size(), 1);
+  EXPECT_EQ(omp_get_max_threads(), 1);  // this thread's oneDNN calls follow
+  set_num_threads(2);
+  EXPECT_EQ(&thread_pool(), &pool);
+  EXPECT_EQ(pool.size(), 2);
+  EXPECT_EQ(omp_get_max_threads(), 2);
+  std::set<int> team_sizes;
+  std::mutex mu;
+  pool.parallel_for(100, 1, [&](int64_t, int64_t) {
+    std::lock_guard<std::mutex> lk(mu);
+    team_sizes.insert(omp_get_num_threads());
+  });
+  EXPECT_EQ(team_sizes, std::set<int>{2});
+  set_num_threads(0);
+}

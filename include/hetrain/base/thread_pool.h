@@ -6,6 +6,7 @@
 // the whole team (runtime/executor.cpp).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 
@@ -18,7 +19,11 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   /// Threads of the team, the caller included.
-  int size() const { return threads_; }
+  int size() const { return threads_.load(std::memory_order_relaxed); }
+  /// A new team size, for the parallel_for calls that start after this one (a call in flight
+  /// on another thread keeps the size it started with); also the calling thread's OpenMP team
+  /// size, which its oneDNN calls use.
+  void resize(int threads);
   /// Calls fn(begin, end) over [0, n) in chunks of at least grain, in parallel. The chunks
   /// depend on n, grain and size() only, never on which thread takes one, so results that
   /// depend on the split (partial sums) are the same bits on every run. Called from inside a
@@ -28,7 +33,7 @@ class ThreadPool {
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
-  int threads_;
+  std::atomic<int> threads_;
 };
 
 /// Makes parallel_for run its whole range inline on this thread while in scope (a sim
@@ -50,9 +55,9 @@ class SerialScope {
 int available_cpus();
 /// The process-wide pool, sized to available_cpus() (or set_num_threads).
 ThreadPool& thread_pool();
-/// Resizes the process-wide pool; n <= 0 means available_cpus(). Also sets the calling thread's
-/// OpenMP team size, which oneDNN's calls from that thread use. Throws Error above
-/// max_threads().
+/// Resizes the process-wide pool (in place: a parallel_for in flight on another thread is not
+/// disturbed); n <= 0 means available_cpus(). Also sets the calling thread's OpenMP team size,
+/// which oneDNN's calls from that thread use. Throws Error above max_threads().
 void set_num_threads(int n);
 int num_threads();
 /// The most threads a pool may have: 4 per core, at least 64. More only thrash (10000 threads
