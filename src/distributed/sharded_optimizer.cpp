@@ -384,15 +384,9 @@ bool ShardedOptimizer::any_nonfinite(bool local) {
   return flag != 0;
 }
 
-void ShardedOptimizer::step() {
-  stop_stream();
-  for (size_t k = 0; k < model_params_.size(); ++k)
-    if (!reducer_.received_gradient(k))
-      fail("[zero] parameter '", model_params_[k].first,
-           "' received no gradient in this step; the sharded optimizer updates whole buckets "
-           "and needs a gradient for every parameter");
-  // The model states' moment: parameters, reduced gradients and optimizer state all live, on
-  // the host and on the devices they call home.
+// The model states' moment: parameters, reduced gradients and optimizer state all live, on the
+// host and on the devices they call home.
+void ShardedOptimizer::take_model_state_bytes() {
   std::array<int64_t, kNumMemoryTags> on_devices{};
   std::vector<Device> counted{Device::cpu()};
   for (Device d : {homes_.parameters, homes_.optimizer, homes_.gathered, reducer_.buffers()})
@@ -406,6 +400,16 @@ void ShardedOptimizer::step() {
     at_update_[t] = std::max(at_update_[t], host.current[t] + on_devices[t]);
     at_update_device_[t] = std::max(at_update_device_[t], on_devices[t]);
   }
+}
+
+void ShardedOptimizer::step() {
+  stop_stream();
+  for (size_t k = 0; k < model_params_.size(); ++k)
+    if (!reducer_.received_gradient(k))
+      fail("[zero] parameter '", model_params_[k].first,
+           "' received no gradient in this step; the sharded optimizer updates whole buckets "
+           "and needs a gradient for every parameter");
+  if (measure_model_states_) take_model_state_bytes();
   inner_->set_lr(lr_);
   // Bucket by bucket: what the stream did not update is updated here, and each bucket's new
   // values go into the flat parameters (every rank's shard, gathered) while the next one is.

@@ -478,6 +478,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
         model->named_parameters(), *reducer, comm, static_cast<int>(cfg.zero),
         [&](const optim::NamedParams& p) { return make_optimizer(cfg, p); }, opt.get(),
         state_homes(cfg));
+    // The model states at the update go into the JSON log's rank_memory only.
+    so->measure_model_states(!cfg.json_log.empty());
     sharded = so.get();
     opt = std::move(so);
   }

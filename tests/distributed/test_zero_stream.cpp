@@ -1,7 +1,7 @@
 // The sharded optimizer's streamed updates (ShardedOptimizer::stream_next_step, the trainer's
 // policy under --offload): each bucket is updated as soon as the reducer has reduced it, while
-// backward still runs, and the result is bitwise the updates after backward. (World of one: a
-// local communicator.)
+// backward still runs, and the result is bitwise the updates after backward; and its model-state
+// measurement only when asked. (World of one: a local communicator.)
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -145,5 +145,37 @@ TEST(ZeroStream, OnlyStagesThatReduceDuringBackwardStream) {
         },
         nullptr);
     EXPECT_FALSE(opt.stream_next_step()) << "stage " << stage;
+  }
+}
+
+// model_state_bytes() reads every home device's allocator statistics in step(): only when asked
+// (the trainer asks for a JSON log), not every step of every run.
+TEST(ShardedOptimizer, ModelStatesAreMeasuredOnlyWhenAsked) {
+  auto comm = make_local_communicator();
+  for (bool measure : {false, true}) {
+    Tensor p = from_vector(values(64, 1), {64}).eval();
+    p.requires_grad_();
+    GradReducer reducer({&p}, *comm, ShardedOptimizer::bucket_options(1, 1));
+    ShardedOptimizer opt(
+        {{"p", &p}}, reducer, *comm, 1,
+        [](const optim::NamedParams& q) {
+          return std::make_unique<optim::SGD>(q, optim::SgdOptions{.lr = 0.1});
+        },
+        nullptr);
+    opt.measure_model_states(measure);
+    sum(square(p)).backward();
+    reducer.accumulate(true);
+    reducer.reduce(1);
+    opt.step();
+    const auto& bytes = opt.model_state_bytes();
+    const auto params = bytes[static_cast<size_t>(MemoryTag::parameters)];
+    const auto grads = bytes[static_cast<size_t>(MemoryTag::gradients)];
+    if (measure) {
+      EXPECT_GE(params, 64 * 4);
+      EXPECT_GE(grads, 64 * 4);
+    } else {
+      EXPECT_EQ(params, 0);
+      EXPECT_EQ(grads, 0);
+    }
   }
 }

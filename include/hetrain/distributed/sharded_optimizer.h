@@ -129,8 +129,12 @@ class ShardedOptimizer final : public optim::Optimizer {
   int64_t buckets_updated() const;
 
   int stage() const { return stage_; }
+  /// Whether step() reads the allocators' statistics for model_state_bytes() (off by default:
+  /// every home device's statistics, every step; the trainer turns it on for a JSON log).
+  void measure_model_states(bool on) { measure_model_states_ = on; }
   /// Bytes by memory tag live on this rank just before an optimizer update (the model states'
-  /// moment), the largest seen since construction: the host's and the homes' devices' together.
+  /// moment), the largest seen since construction while measured (zeros unless
+  /// measure_model_states): the host's and the homes' devices' together.
   const std::array<int64_t, kNumMemoryTags>& model_state_bytes() const { return at_update_; }
   /// The part of model_state_bytes() on the state device (zeros when the homes are the host).
   const std::array<int64_t, kNumMemoryTags>& device_model_state_bytes() const {
@@ -149,6 +153,7 @@ class ShardedOptimizer final : public optim::Optimizer {
 
  private:
   void attach_grads();
+  void take_model_state_bytes();
   struct Stream;  // the streaming worker (sharded_optimizer.cpp)
   // The reducer's bucket listener while streaming (under the reducer's lock).
   void bucket_ready(size_t b);
@@ -176,6 +181,7 @@ class ShardedOptimizer final : public optim::Optimizer {
   std::unique_ptr<optim::Optimizer> inner_;
   std::array<int64_t, kNumMemoryTags> at_update_{};
   std::array<int64_t, kNumMemoryTags> at_update_device_{};
+  bool measure_model_states_ = false;
   std::unique_ptr<ParamGatherer> gatherer_;  // stage 3
   std::unique_ptr<Stream> stream_;
   std::vector<Array> staged_;  // per bucket: a streamed update's new values until step()
