@@ -146,15 +146,22 @@ void GradReducer::add_grad(size_t k, bool first) {
   params_[k]->zero_grad();
 }
 
-void GradReducer::overlap_next_backward(bool first) {
+void GradReducer::set_bucket_listener(std::function<void(size_t)> listener) {
+  std::lock_guard lock(mu_);
+  listener_ = std::move(listener);
+}
+
+void GradReducer::overlap_next_backward(bool first, int64_t divisor) {
   if (!opt_.overlap) return;  // accumulate() takes the gradients after backward
+  if (divisor < 0) fail("[ddp] overlap: divisor must be >= 0, got ", divisor);
   std::lock_guard lock(mu_);
   HT_ASSERT(!watching_);
   watch_first_ = first;
   if (first) std::fill(had_grad_.begin(), had_grad_.end(), false);
   std::fill(taken_.begin(), taken_.end(), false);
   for (size_t i = 0; i < buckets_.size(); ++i) missing_[i] = buckets_[i].params.size();
-  next_start_ = next_sum_ = 0;
+  next_start_ = next_sum_ = next_finish_ = 0;
+  divisor_ = divisor;
   exchange_.clear();
   exchange_.resize(buckets_.size());
   overlapped_ = 0;
@@ -177,9 +184,10 @@ void GradReducer::on_node(const Node& node, int64_t, int64_t) {
     const Tensor& g = params_[k]->node()->grad;
     if (g.node() != &node) continue;
     const Array& a = node.outs[static_cast<size_t>(g.index())];
-    // Other layouts and devices are taken after backward (accumulate()).
+    // Other layouts, and a GPU's memory, are taken after backward (accumulate()); a sim
+    // device's memory is the host's.
     if (!a.has_data() || a.dtype != Dtype::f32 || !a.contiguous() ||
-        a.device().kind != DeviceKind::cpu || a.shape != params_[k]->shape())
+        a.device().kind == DeviceKind::cuda || a.shape != params_[k]->shape())
       continue;
     add_values(k, a.data<float>());
     taken_[k] = true;
@@ -234,6 +242,24 @@ void GradReducer::sum_exchanged(bool wait, double* waited) {
     }
     ++next_sum_;
   }
+  if (divisor_ > 0) finish_summed();
+}
+
+void GradReducer::finish_summed() {
+  const float d = static_cast<float>(divisor_);
+  const int me = comm_.rank();
+  for (; next_finish_ < next_sum_; ++next_finish_) {
+    Bucket& b = buckets_[next_finish_];
+    float* out = b.acc.data<float>() + me * b.shard;
+    for (int64_t j = 0; j < b.shard; ++j) out[j] = out[j] / d;
+    b.recv = Array{};           // the exchange's buffer lives only while the bucket is reduced
+    if (opt_.gather) continue;  // reduce() all-gathers it, then hands it on
+    if (!opt_.keep_buffers) {
+      std::memcpy(b.shard_grad.raw(), out, static_cast<size_t>(b.shard) * sizeof(float));
+      b.acc = Array{};
+    }
+    if (listener_) listener_(next_finish_);
+  }
 }
 
 void GradReducer::accumulate(bool first) {
@@ -257,7 +283,8 @@ void GradReducer::accumulate(bool first) {
   for (size_t k = params_.size(); k-- > 0;) add_grad(k, first);
   // Not overlapped: every bucket starts in reduce().
   for (size_t i = 0; i < buckets_.size(); ++i) missing_[i] = 0;
-  next_start_ = next_sum_ = 0;
+  next_start_ = next_sum_ = next_finish_ = 0;
+  divisor_ = 0;
   exchange_.clear();
   exchange_.resize(buckets_.size());
   overlapped_ = 0;
@@ -268,18 +295,20 @@ ReduceTimes GradReducer::reduce(int64_t divisor) {
   if (divisor < 1) fail("[ddp] reduce: divisor must be >= 1, got ", divisor);
   std::lock_guard lock(mu_);
   HT_ASSERT(!watching_);
+  HT_ASSERT(divisor_ == 0 || divisor_ == divisor);
   const int me = comm_.rank();
-  const float d = static_cast<float>(divisor);
   ReduceTimes t;
   t.overlapped_buckets = overlapped_;
   if (!started_any_) first_start_ = Clock::now();
+  // Buckets summed from here on (and those summed before the divisor was known) are finished
+  // as they come.
+  divisor_ = divisor;
+  finish_summed();
   start_ready_buckets();
   HT_ASSERT(next_start_ == buckets_.size());
   sum_exchanged(true, &t.exposed_comm_s);
-  for (Bucket& b : buckets_) {
-    float* out = b.acc.data<float>() + me * b.shard;
-    for (int64_t j = 0; j < b.shard; ++j) out[j] = out[j] / d;
-  }
+  HT_ASSERT(next_finish_ == buckets_.size());
+  divisor_ = 0;
   if (opt_.gather) {
     // Each rank's shard, copied out (MPI's buffers may not overlap), gathered into acc.
     std::vector<WorkPtr> gather(buckets_.size());
@@ -301,13 +330,16 @@ ReduceTimes GradReducer::reduce(int64_t divisor) {
     }
   }
   t.comm_s = seconds_since(first_start_);
-  for (Bucket& b : buckets_) {
-    b.recv = Array{};  // the exchange's buffer lives only during the step
-    if (opt_.keep_buffers) continue;
-    std::memcpy(b.shard_grad.raw(), b.acc.data<float>() + me * b.shard,
-                static_cast<size_t>(b.shard) * sizeof(float));
-    b.acc = Array{};
-  }
+  if (opt_.gather)
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      Bucket& b = buckets_[i];
+      if (!opt_.keep_buffers) {
+        std::memcpy(b.shard_grad.raw(), b.acc.data<float>() + me * b.shard,
+                    static_cast<size_t>(b.shard) * sizeof(float));
+        b.acc = Array{};
+      }
+      if (listener_) listener_(i);
+    }
   if (!opt_.install_grads) return t;
   HT_ASSERT(opt_.gather);
   for (size_t k = 0; k < params_.size(); ++k) {

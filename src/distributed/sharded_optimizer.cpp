@@ -2,9 +2,15 @@
 #include "hetrain/distributed/sharded_optimizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <set>
+#include <thread>
+#include <utility>
 
 #include "distributed/host_buffers.h"
 #include "hetrain/base/error.h"
@@ -48,6 +54,20 @@ std::string shard_name(size_t b) { return "zero_bucket_" + std::to_string(b); }
 
 }  // namespace
 
+// The stream's worker lives as long as the optimizer; between steps it sleeps.
+struct ShardedOptimizer::Stream {
+  std::mutex mu;
+  std::condition_variable wake;   // the worker: a bucket is ready, or quit
+  std::condition_variable idle;   // step(): the worker finished its bucket
+  std::deque<size_t> ready;       // buckets whose gradients are final, not yet taken
+  std::vector<char> updated;      // per bucket: updated in this step
+  std::atomic<int64_t> count{0};  // buckets updated in this step
+  int64_t streamed = 0;           // of them, by the worker
+  bool armed = false, busy = false, quit = false;
+  std::exception_ptr error;
+  std::thread worker;
+};
+
 BucketOptions ShardedOptimizer::bucket_options(int stage, double bucket_mb, double first_bucket_mb,
                                                int64_t persist_numel) {
   if (stage < 0 || stage > 3) fail("[zero] stage must be 0, 1, 2 or 3, got ", stage);
@@ -76,7 +96,8 @@ ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reduc
       reducer_(reducer),
       comm_(comm),
       stage_(stage),
-      homes_(homes) {
+      homes_(homes),
+      stream_(std::make_unique<Stream>()) {
   if (stage < 0 || stage > 3) fail("[zero] stage must be 0, 1, 2 or 3, got ", stage);
   const size_t nb = reducer.buckets().size();
   // The parameters move into the flat buffers and become views of them (stage 3: the flat
@@ -125,9 +146,107 @@ ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reduc
     load_state_dict(loaded->state_dict(), loaded->steps());
   }
   attach_grads();
+  stream_->updated.assign(nb, 0);
+  staged_.resize(nb);
 }
 
-ShardedOptimizer::~ShardedOptimizer() = default;
+// The reducer may be gone (the trainer's dies first): only the worker is ended here.
+ShardedOptimizer::~ShardedOptimizer() {
+  {
+    std::lock_guard lk(stream_->mu);
+    stream_->quit = true;
+  }
+  stream_->wake.notify_all();
+  if (stream_->worker.joinable()) stream_->worker.join();
+}
+
+int64_t ShardedOptimizer::buckets_updated() const { return stream_->count.load(); }
+
+bool ShardedOptimizer::stream_next_step() {
+  if (stage_ != 1 && stage_ != 2) return false;
+  stop_stream();
+  if (stream_->count > 0)
+    fail("[zero] a streamed step's updates were not completed by step() before the next stream");
+  inner_->set_lr(lr_);
+  {
+    std::lock_guard lk(stream_->mu);
+    stream_->armed = true;
+  }
+  reducer_.set_bucket_listener([this](size_t b) { bucket_ready(b); });
+  if (!stream_->worker.joinable()) stream_->worker = std::thread([this] { stream_loop(); });
+  return true;
+}
+
+void ShardedOptimizer::bucket_ready(size_t b) {
+  // A bucket with a parameter that had no gradient is left to step(), which refuses it.
+  for (size_t k : reducer_.buckets()[b])
+    if (!reducer_.received_gradient(k)) return;
+  {
+    std::lock_guard lk(stream_->mu);
+    if (!stream_->armed) return;
+    stream_->ready.push_back(b);
+  }
+  stream_->wake.notify_one();
+}
+
+void ShardedOptimizer::stream_loop() {
+  Stream& s = *stream_;
+  SerialScope serial;  // one core: backward keeps the pool
+  DeviceScope on(homes_.optimizer);
+  for (;;) {
+    size_t b = 0;
+    {
+      std::unique_lock lk(s.mu);
+      s.wake.wait(lk, [&] { return s.quit || (s.armed && !s.ready.empty()); });
+      if (s.quit) return;
+      b = s.ready.front();
+      s.ready.pop_front();
+      s.busy = true;
+    }
+    std::exception_ptr error;
+    try {
+      update_bucket(b, true);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard lk(s.mu);
+      s.busy = false;
+      if (error) {
+        s.error = error;
+        s.armed = false;  // step() updates what is left, and rethrows
+      } else {
+        s.updated[b] = 1;
+        ++s.streamed;
+        ++s.count;
+      }
+    }
+    s.idle.notify_all();
+  }
+}
+
+void ShardedOptimizer::stop_stream() {
+  Stream& s = *stream_;
+  std::exception_ptr error;
+  {
+    std::unique_lock lk(s.mu);
+    s.armed = false;
+    s.ready.clear();  // step() takes what the worker did not
+    s.idle.wait(lk, [&] { return !s.busy; });
+    error = std::exchange(s.error, nullptr);
+  }
+  reducer_.set_bucket_listener(nullptr);
+  if (error) std::rethrow_exception(error);
+}
+
+void ShardedOptimizer::update_bucket(size_t b, bool staged) {
+  inner_->update({b});
+  if (!staged) return;
+  const HostValues v = host_values(shard_[b]);
+  staged_[b] = flat_f32(own_count(b), MemoryTag::communication, Device::cpu());
+  std::memcpy(staged_[b].raw(), v.data, static_cast<size_t>(own_count(b)) * 4);
+  shard_[b] = view_leaf(flat_[b], own_begin(b) - flat_base(b), {own_count(b)}, true);
+}
 
 int64_t ShardedOptimizer::own_begin(size_t b) const {
   return stage_ == 0 ? 0 : comm_.rank() * reducer_.bucket_shard(b);
@@ -265,14 +384,9 @@ bool ShardedOptimizer::any_nonfinite(bool local) {
   return flag != 0;
 }
 
-void ShardedOptimizer::step() {
-  for (size_t k = 0; k < model_params_.size(); ++k)
-    if (!reducer_.received_gradient(k))
-      fail("[zero] parameter '", model_params_[k].first,
-           "' received no gradient in this step; the sharded optimizer updates whole buckets "
-           "and needs a gradient for every parameter");
-  // The model states' moment: parameters, reduced gradients and optimizer state all live, on
-  // the host and on the devices they call home.
+// The model states' moment: parameters, reduced gradients and optimizer state all live, on the
+// host and on the devices they call home.
+void ShardedOptimizer::take_model_state_bytes() {
   std::array<int64_t, kNumMemoryTags> on_devices{};
   std::vector<Device> counted{Device::cpu()};
   for (Device d : {homes_.parameters, homes_.optimizer, homes_.gathered, reducer_.buffers()})
@@ -286,27 +400,52 @@ void ShardedOptimizer::step() {
     at_update_[t] = std::max(at_update_[t], host.current[t] + on_devices[t]);
     at_update_device_[t] = std::max(at_update_device_[t], on_devices[t]);
   }
+}
+
+void ShardedOptimizer::step() {
+  stop_stream();
+  for (size_t k = 0; k < model_params_.size(); ++k)
+    if (!reducer_.received_gradient(k))
+      fail("[zero] parameter '", model_params_[k].first,
+           "' received no gradient in this step; the sharded optimizer updates whole buckets "
+           "and needs a gradient for every parameter");
+  if (measure_model_states_) take_model_state_bytes();
   inner_->set_lr(lr_);
-  inner_->step();
-  // The updated shards into the flat parameters (every rank's, gathered).
+  // Bucket by bucket: what the stream did not update is updated here, and each bucket's new
+  // values go into the flat parameters (every rank's shard, gathered) while the next one is.
+  Stream& s = *stream_;
   std::vector<HostValues> values(shard_.size());
   std::vector<WorkPtr> works(shard_.size());
   CollectiveContext ctx = comm_.context();
   for (size_t b = 0; b < shard_.size(); ++b) {
-    values[b] = host_values(shard_[b]);
+    if (sharded_bucket(b) && !gatherer_)
+      fail("[zero] an update after the parameters were unsharded");
+    const float* fresh = nullptr;
+    if (s.updated[b]) {
+      fresh = staged_[b].data<float>();
+    } else {
+      update_bucket(b, false);
+      ++s.count;
+      values[b] = host_values(shard_[b]);
+      fresh = values[b].data;
+    }
     if (stage_ == 0 || sharded_bucket(b)) {  // the flat buffer is what this rank updates
-      if (stage_ == 3 && !gatherer_) fail("[zero] an update after the parameters were unsharded");
-      std::memcpy(flat_[b].raw(), values[b].data, static_cast<size_t>(own_count(b)) * 4);
+      std::memcpy(flat_[b].raw(), fresh, static_cast<size_t>(own_count(b)) * 4);
       continue;
     }
     ctx.what = "all_gather of parameter bucket " + std::to_string(b);
     comm_.set_context(ctx);
-    works[b] = comm_.iall_gather(values[b].data, flat_[b].raw(), own_count(b), Dtype::f32);
+    works[b] = comm_.iall_gather(fresh, flat_[b].raw(), own_count(b), Dtype::f32);
   }
   for (size_t b = 0; b < shard_.size(); ++b) {
     if (works[b]) works[b]->wait();
     shard_[b] = view_leaf(flat_[b], own_begin(b) - flat_base(b), {own_count(b)}, true);
+    staged_[b] = Array{};
   }
+  streamed_last_ = std::exchange(s.streamed, 0);
+  std::fill(s.updated.begin(), s.updated.end(), 0);
+  s.count = 0;
+  inner_->count_step();
   // The parameters are views of the flat buffers just written: their copies on other devices
   // (a GPU's or a sim device's, for the nodes the scheduler placed there) hold last step's
   // values.

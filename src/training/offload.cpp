@@ -2,6 +2,8 @@
 // and gradients on the state device.
 #include "training/offload.h"
 
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "hetrain/base/error.h"
@@ -32,6 +34,15 @@ void check_offload(const TrainConfig& cfg) {
          cfg.state_device, cfg.zero > 0 ? ", which under --zero is the host unless named" : "",
          ", no GPU among --devices): add a GPU or sim device to --devices and, for sim or under "
          "--zero, --state-device sim:N");
+}
+
+bool streams_updates(const TrainConfig& cfg, bool grad_scaler) {
+  if (!offloads_optimizer(cfg) || cfg.clip > 0 || grad_scaler) return false;
+  const char* e = std::getenv("HETRAIN_OFFLOAD_STREAM");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "on") return true;
+  if (v == "off") return false;
+  fail("[train] HETRAIN_OFFLOAD_STREAM must be on or off, got '", v, "'");
 }
 
 std::optional<Device> optimizer_step_device(const TrainConfig& cfg) {

@@ -25,6 +25,13 @@ void check_offload(const TrainConfig& cfg);
 /// check_offload accepted). Cheap: the training step asks it twice a step.
 bool offloads_optimizer(const TrainConfig& cfg);
 
+/// Whether a sharded optimizer's updates stream (ShardedOptimizer::stream_next_step): under
+/// offload, each bucket's update runs on the host as soon as backward has reduced the bucket,
+/// unless something needs every gradient before any update (clipping's global norm, the grad
+/// scaler's inf/NaN check: then the updates follow it, bucket by bucket). HETRAIN_OFFLOAD_STREAM
+/// =off turns it off (a baseline for A/B timings); another value than on/off is an error.
+bool streams_updates(const TrainConfig& cfg, bool grad_scaler);
+
 /// Where the optimizer step runs: the host under offload, else the state device (none: the
 /// scheduler places it).
 std::optional<Device> optimizer_step_device(const TrainConfig& cfg);

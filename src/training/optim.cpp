@@ -1,6 +1,7 @@
 #include "hetrain/training/optim.h"
 
 #include <cmath>
+#include <numeric>
 #include <unordered_map>
 
 #include "hetrain/base/error.h"
@@ -34,6 +35,17 @@ void commit(std::vector<Update>& updates) {
   }
 }
 }  // namespace
+
+void Optimizer::step() {
+  std::vector<size_t> all(params_.size());
+  std::iota(all.begin(), all.end(), size_t{0});
+  update(all);
+  count_step();
+}
+
+void Optimizer::update(const std::vector<size_t>&) {
+  fail("[optimizer] ", name(), " cannot update a part of its parameters");
+}
 
 void Optimizer::zero_grad() {
   for (auto& [n, p] : params_) p->zero_grad();
@@ -93,10 +105,10 @@ SGD::SGD(NamedParams params, SgdOptions o) : Optimizer(std::move(params), o.lr),
     fail("[sgd] Nesterov momentum requires momentum > 0 and zero dampening");
 }
 
-void SGD::step() {
+void SGD::update(const std::vector<size_t>& which) {
   NoGradScope ng;
   std::vector<Update> updates;
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i : which) {
     Tensor& p = *params_[i].second;
     Tensor g = p.grad();
     if (!g.defined()) continue;
@@ -110,7 +122,6 @@ void SGD::step() {
     updates.push_back({&p, p - g * lr_, MemoryTag::parameters});
   }
   commit(updates);
-  ++steps_;
 }
 
 AdamW::AdamW(NamedParams params, AdamWOptions o) : Optimizer(std::move(params), o.lr), o_(o) {
@@ -120,13 +131,13 @@ AdamW::AdamW(NamedParams params, AdamWOptions o) : Optimizer(std::move(params), 
   if (o.eps < 0) fail("[adamw] eps must be >= 0");
 }
 
-void AdamW::step() {
+void AdamW::update(const std::vector<size_t>& which) {
   NoGradScope ng;
   const int64_t t = steps_ + 1;
   const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t));
   std::vector<Update> updates;
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i : which) {
     Tensor& p = *params_[i].second;
     Tensor g = p.grad();
     if (!g.defined()) continue;
@@ -143,7 +154,6 @@ void AdamW::step() {
     updates.push_back({&v, r[2], MemoryTag::optimizer_state});
   }
   commit(updates);
-  ++steps_;
 }
 
 double clip_grad_norm(const std::vector<Tensor*>& params, double max_norm) {

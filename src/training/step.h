@@ -45,6 +45,8 @@ RecomputeState recompute_state(const TrainConfig& cfg, bool announce);
 struct StepOutcome {
   double loss = 0;  // the mean over every rank's micro-batches
   distributed::ReduceTimes times;
+  int64_t streamed_buckets = 0;  // offload: buckets updated during backward (ShardedOptimizer)
+  double update_s = 0;  // the update after backward and reduction (what streaming leaves of it)
 };
 
 /// One step: for each micro-batch forward (under the configured autocast), backward (of the

@@ -248,9 +248,15 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
       loss = loss_of(logits, micro[k].targets, language);
     }
     if (reducer && k + 1 == micro.size()) {
-      // The last backward: buckets start their reduction while it runs.
+      // The last backward: buckets start their reduction while it runs. Under offload, with
+      // nothing that needs every gradient before an update (clipping, a scaler), each bucket's
+      // update also runs on the host as soon as the bucket is reduced.
       comm.set_context({step, "gradient reduction"});
-      reducer->overlap_next_backward(k == 0);
+      const int64_t divisor = static_cast<int64_t>(micro.size()) * comm.size();
+      auto* sharded = dynamic_cast<distributed::ShardedOptimizer*>(&opt);
+      const bool stream =
+          sharded && streams_updates(cfg, scaler != nullptr) && sharded->stream_next_step();
+      reducer->overlap_next_backward(k == 0, stream ? divisor : 0);
     }
     {
       const Tensor root = scaler ? scaler->scale(loss) : loss;
@@ -274,14 +280,18 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
     // The update runs where the model state lives: the new parameters and moments stay there,
     // and the next step reads them without a copy. Under offload the optimizer state lives on
     // the host: the update runs there and the new parameters go back to the state device.
+    const auto update_start = Clock::now();
     std::optional<DeviceScope> on;
     if (const std::optional<Device> home = optimizer_step_device(cfg)) on.emplace(*home);
     if (scaler)
       scaler->step(opt);  // skipped (and counted) when a gradient is inf/NaN
     else
       opt.step();
+    if (!reducer) place_parameters(model, cfg);  // a sharded optimizer's are where it keeps them
+    out.update_s = std::chrono::duration<double>(Clock::now() - update_start).count();
   }
-  if (!reducer) place_parameters(model, cfg);  // a sharded optimizer's are where it keeps them
+  if (const auto* sharded = dynamic_cast<const distributed::ShardedOptimizer*>(&opt))
+    out.streamed_buckets = sharded->streamed_buckets();
   opt.zero_grad();
   if (scaler) {
     try {
@@ -469,6 +479,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
         model->named_parameters(), *reducer, comm, static_cast<int>(cfg.zero),
         [&](const optim::NamedParams& p) { return make_optimizer(cfg, p); }, opt.get(),
         state_homes(cfg));
+    // The model states at the update go into the JSON log's rank_memory only.
+    so->measure_model_states(!cfg.json_log.empty());
     sharded = so.get();
     opt = std::move(so);
   }
@@ -508,8 +520,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   double interval_cpu = process_cpu_seconds();
   int64_t interval_steps = 0, samples_done = 0, first_step = step;
   double interval_loss = 0, last_loss = NAN;
-  double comm_s = 0, exposed_s = 0, interval_comm = 0, interval_exposed = 0;
-  int64_t interval_overlapped = 0;
+  double comm_s = 0, exposed_s = 0, interval_comm = 0, interval_exposed = 0, interval_update = 0;
+  int64_t interval_overlapped = 0, interval_streamed = 0;
   std::vector<double> step_seconds;
   Divergence divergence(cfg);
   RecomputeState recompute = recompute_state(cfg, leader);
@@ -553,6 +565,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
     interval_comm += outcome.times.comm_s;
     interval_exposed += outcome.times.exposed_comm_s;
     interval_overlapped += outcome.times.overlapped_buckets;
+    interval_streamed += outcome.streamed_buckets;
+    interval_update += outcome.update_s;
     // With a scaler a non-finite loss is a skipped step; the scale's floor ends a run that
     // keeps overflowing.
     if (!std::isfinite(last_loss) && !scaler)
@@ -606,6 +620,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
             {"comm_s", interval_comm},
             {"exposed_comm_s", interval_exposed},
             {"buckets_overlapped", interval_overlapped}};
+        rec["update_s"] = interval_update;
+        if (offload) rec["buckets_streamed"] = interval_streamed;
         if (scaler) {
           rec["loss_scale"] = scaler->get_scale();
           rec["skipped_steps"] = scaler->skipped_steps();
@@ -620,7 +636,8 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
       comm_s += interval_comm;
       exposed_s += interval_exposed;
       interval_comm = interval_exposed = 0;
-      interval_overlapped = 0;
+      interval_overlapped = interval_streamed = 0;
+      interval_update = 0;
     }
     if (!cfg.save_dir.empty() && cfg.save_every > 0 && step % cfg.save_every == 0 && step < total)
       save(cfg.save_dir + "/step-" + std::to_string(step));

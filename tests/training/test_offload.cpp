@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -35,6 +36,7 @@ struct RunResult {
   std::map<std::string, std::string> where;  // parameter -> device of its array
   nlohmann::json final_log;
   int64_t sim_peak = 0;
+  int64_t streamed = -1;  // buckets_streamed over the log's step records (-1: not logged)
 };
 
 class Offload : public ::testing::Test {
@@ -89,7 +91,12 @@ class Offload : public ::testing::Test {
     }
     r.sim_peak = allocator_for(kSim).stats().peak_total;
     std::ifstream log(c.json_log);
-    for (std::string line; std::getline(log, line);) r.final_log = nlohmann::json::parse(line);
+    for (std::string line; std::getline(log, line);) {
+      r.final_log = nlohmann::json::parse(line);
+      if (r.final_log.contains("buckets_streamed"))
+        r.streamed =
+            std::max<int64_t>(r.streamed, 0) + r.final_log["buckets_streamed"].get<int64_t>();
+    }
     const checkpoint::Contents ck = checkpoint::read(c.save_dir);
     for (const auto& [name, t] : ck.parts.at("train_state").tensors)
       r.opt_state[name] = t.to_vector<float>();
@@ -138,6 +145,37 @@ TEST_F(Offload, ModelThatDoesNotFitTrainsWithOffloadBitwiseTheLargeDeviceRun) {
   EXPECT_EQ(fits.params, ref.params);
   EXPECT_EQ(fits.opt_state, ref.opt_state);
   EXPECT_LE(fits.sim_peak, capacity);
+}
+
+// ZeRO 1-2 on one rank under offload, without clipping: each bucket's update runs on the host as
+// soon as backward has reduced the bucket (the log counts those done before step()), bitwise the
+// run without offload, whose updates run after backward. With clipping, which needs every gradient
+// first, nothing streams, and the bits are again the run without offload.
+TEST_F(Offload, ZeroStreamsEachBucketsUpdateDuringBackwardBitwiseTheRunWithoutOffload) {
+  cfg_.bucket_mb = 0.01;
+  cfg_.log_every = 1;
+  for (int64_t zero : {1, 2}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    cfg_.clip = 0;
+    const RunResult ref = run("none", 0, zero);
+    const RunResult off = run("optimizer", 0, zero);
+    ASSERT_EQ(ref.losses.size(), 3u);
+    EXPECT_EQ(off.losses, ref.losses);
+    EXPECT_EQ(off.params, ref.params);
+    ASSERT_FALSE(ref.opt_state.empty());
+    EXPECT_EQ(off.opt_state, ref.opt_state);
+    EXPECT_EQ(ref.streamed, -1) << "logged only under offload";
+    // How many the host updated before backward ended depends on the threads' timing here;
+    // ZeroStream.BucketsAreUpdatedDuringBackwardBitwiseTheUpdatesAfterIt holds backward to see it.
+    EXPECT_GE(off.streamed, 0) << "logged under offload";
+    cfg_.clip = 1.0;
+    const RunResult ref_clip = run("none", 0, zero);
+    const RunResult off_clip = run("optimizer", 0, zero);
+    EXPECT_EQ(off_clip.losses, ref_clip.losses);
+    EXPECT_EQ(off_clip.params, ref_clip.params);
+    EXPECT_EQ(off_clip.opt_state, ref_clip.opt_state);
+    EXPECT_EQ(off_clip.streamed, 0) << "clipping needs every gradient before an update";
+  }
 }
 
 // ZeRO 3 on one rank: without offload the parameter shards, gradients and optimizer state live

@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -82,8 +83,15 @@ class GradReducer final : private NodeObserver {
 
   /// The next backward is the step's last: take each gradient as it is computed and start
   /// buckets during backward (first: that backward is also the step's first micro-batch).
-  /// accumulate() ends the watch.
-  void overlap_next_backward(bool first);
+  /// accumulate() ends the watch. divisor > 0 (reduce()'s, known in advance): a bucket whose
+  /// exchange completes during backward is divided at once and handed to the bucket listener,
+  /// which can start its optimizer update while backward goes on.
+  void overlap_next_backward(bool first, int64_t divisor = 0);
+  /// Called with a bucket's index once its reduced gradient is final (this rank's shard, or with
+  /// gather the whole bucket): in bucket order, once per bucket and step, during backward (see
+  /// overlap_next_backward) or in reduce(), on the thread that completed it and under the
+  /// reducer's lock (the listener must not call back into the reducer). Null: none.
+  void set_bucket_listener(std::function<void(size_t)> listener);
 
   /// Adds every parameter's gradient to its bucket (first: copies instead) and clears the
   /// gradients. A parameter without a gradient adds nothing.
@@ -130,6 +138,10 @@ class GradReducer final : private NodeObserver {
   // exchanges that completed (wait: block for each in turn).
   void start_ready_buckets();
   void sum_exchanged(bool wait, double* waited);
+  // Under mu_, with divisor_ set: divides the summed buckets' shards, frees their exchange
+  // buffers and hands them to the listener (without gather; with it, reduce() does after the
+  // all-gather).
+  void finish_summed();
   // ProgressMode::thread: polls under mu_ until stop_progress() (which rethrows its error).
   void progress_loop();
   void stop_progress();
@@ -146,7 +158,9 @@ class GradReducer final : private NodeObserver {
   bool watching_ = false, watch_first_ = false;
   std::vector<bool> taken_;      // per parameter: its gradient is in the bucket
   std::vector<size_t> missing_;  // per bucket: parameters not yet taken
-  size_t next_start_ = 0, next_sum_ = 0;
+  size_t next_start_ = 0, next_sum_ = 0, next_finish_ = 0;
+  int64_t divisor_ = 0;  // reduce()'s divisor once known (0: not yet)
+  std::function<void(size_t)> listener_;
   std::vector<WorkPtr> exchange_;
   int64_t overlapped_ = 0;
   bool started_any_ = false;

@@ -26,6 +26,20 @@
 // the global norm for clipping is the sum of fixed chunks of kNormChunk elements (shards are
 // padded to a multiple of it), each chunk's squares summed in f64 in element order and the
 // chunks in (bucket, position) order: the same number in every stage and at every rank count.
+//
+// Updates go bucket by bucket, in bucket order, and each bucket's new values go back into the
+// flat parameters (an all-gather in flight, or a copy) while the next bucket is updated.
+// Streaming (stream_next_step(), which the trainer arms under offload): stages 1-2 reduce each
+// bucket during backward (GradReducer::overlap_next_backward with the divisor), and the bucket
+// listener hands it at once to a worker thread that runs its update on the optimizer's home (the
+// host) while backward produces the next buckets; the gradients cross to the host per bucket,
+// as the update's copy tasks read them. The new values wait in a host staging buffer (tag
+// communication) until step(), since backward may still read the old parameters (dX = dY W
+// after dW), and go back to the device there, bucket by bucket. Clipping by global norm and the
+// grad scaler's inf/NaN check need every gradient before any update, so with either the trainer
+// does not stream: the updates then run in step(), after the norm, in the same per-bucket order.
+// The bits are the same either way (each update is elementwise; the same kernels on the same
+// values).
 #pragma once
 
 #include <array>
@@ -103,9 +117,24 @@ class ShardedOptimizer final : public optim::Optimizer {
   /// parameter's shape), as state_dict() would return them.
   std::map<std::string, training::checkpoint::TensorLayout> state_layout() const;
 
+  /// Offload: updates the next step's buckets as the reducer finishes them, during backward, on
+  /// a worker thread (on homes.optimizer). Call after set_lr and before the step's last backward;
+  /// step() ends it and must follow (another stream before it is an error). Returns whether it
+  /// streams (stages 1-2, whose buckets are reduced during backward; then give the reducer the
+  /// divisor in overlap_next_backward).
+  bool stream_next_step();
+  /// Buckets the last step's stream updated before step() was called.
+  int64_t streamed_buckets() const { return streamed_last_; }
+  /// Buckets updated so far in this step (safe from any thread: tests watch it during backward).
+  int64_t buckets_updated() const;
+
   int stage() const { return stage_; }
+  /// Whether step() reads the allocators' statistics for model_state_bytes() (off by default:
+  /// every home device's statistics, every step; the trainer turns it on for a JSON log).
+  void measure_model_states(bool on) { measure_model_states_ = on; }
   /// Bytes by memory tag live on this rank just before an optimizer update (the model states'
-  /// moment), the largest seen since construction: the host's and the homes' devices' together.
+  /// moment), the largest seen since construction while measured (zeros unless
+  /// measure_model_states): the host's and the homes' devices' together.
   const std::array<int64_t, kNumMemoryTags>& model_state_bytes() const { return at_update_; }
   /// The part of model_state_bytes() on the state device (zeros when the homes are the host).
   const std::array<int64_t, kNumMemoryTags>& device_model_state_bytes() const {
@@ -124,6 +153,16 @@ class ShardedOptimizer final : public optim::Optimizer {
 
  private:
   void attach_grads();
+  void take_model_state_bytes();
+  struct Stream;  // the streaming worker (sharded_optimizer.cpp)
+  // The reducer's bucket listener while streaming (under the reducer's lock).
+  void bucket_ready(size_t b);
+  void stream_loop();
+  // Ends the stream (the worker finishes its bucket) and rethrows the worker's error.
+  void stop_stream();
+  // The inner optimizer's update of bucket b; staged: its new values into staged_[b], and
+  // shard_[b] a view of the flat buffer again (backward may still read the flat buffer).
+  void update_bucket(size_t b, bool staged);
   // The element range of bucket b this rank updates.
   int64_t own_begin(size_t b) const;
   int64_t own_count(size_t b) const;
@@ -142,7 +181,11 @@ class ShardedOptimizer final : public optim::Optimizer {
   std::unique_ptr<optim::Optimizer> inner_;
   std::array<int64_t, kNumMemoryTags> at_update_{};
   std::array<int64_t, kNumMemoryTags> at_update_device_{};
+  bool measure_model_states_ = false;
   std::unique_ptr<ParamGatherer> gatherer_;  // stage 3
+  std::unique_ptr<Stream> stream_;
+  std::vector<Array> staged_;  // per bucket: a streamed update's new values until step()
+  int64_t streamed_last_ = 0;
 };
 
 }  // namespace hetrain::distributed

@@ -18,8 +18,15 @@ class Optimizer {
  public:
   explicit Optimizer(NamedParams params, double lr) : params_(std::move(params)), lr_(lr) {}
   virtual ~Optimizer() = default;
-  /// Updates every parameter that has a gradient.
-  virtual void step() = 0;
+  /// Updates every parameter that has a gradient: update() over all of them, then count_step().
+  virtual void step();
+  /// Updates the parameters at these indices into params() that have a gradient, as step()
+  /// would, without counting a step: a sharded optimizer updates its buckets one by one, each
+  /// as soon as its gradients are reduced, and then counts the step once. Elementwise updates
+  /// give the same bits whatever the split. Throws for an optimizer that cannot.
+  virtual void update(const std::vector<size_t>& which);
+  /// Ends a step whose parameters update() updated.
+  void count_step() { ++steps_; }
   virtual const char* name() const = 0;
   /// Clears the gradients (a sharded optimizer points them at its buffers again).
   virtual void zero_grad();
@@ -56,7 +63,7 @@ struct SgdOptions {
 class SGD final : public Optimizer {
  public:
   SGD(NamedParams params, SgdOptions o);
-  void step() override;
+  void update(const std::vector<size_t>& which) override;
   const char* name() const override { return "sgd"; }
 
  private:
@@ -69,7 +76,7 @@ struct AdamWOptions {
 class AdamW final : public Optimizer {
  public:
   AdamW(NamedParams params, AdamWOptions o);
-  void step() override;
+  void update(const std::vector<size_t>& which) override;
   const char* name() const override { return "adamw"; }
 
  private:
