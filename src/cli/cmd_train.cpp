@@ -361,6 +361,15 @@ int train_on(const ArgParser& p, const Args& args, training::TrainConfig& cfg,
   }
 
   // Recording is a by-product: a full disk or an unreadable cache never fails the training.
+  if (!record_path.empty() && r.team_changes > 0) {
+    // Its steps ran on more than one team size, and other work shared the CPUs: its step time
+    // describes neither team, and would mislead the planner's calibration.
+    std::fprintf(stderr,
+                 "note: run not recorded in %s: other processes kept CPUs busy and the team "
+                 "changed size %lld time(s) during the run\n",
+                 record_path.c_str(), static_cast<long long>(r.team_changes));
+    record_path.clear();
+  }
   if (!record_path.empty()) {
     try {
       append_measured_run(record_path, measured_run_record(cfg, r, args));

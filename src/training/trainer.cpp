@@ -530,6 +530,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   // sums).
   std::optional<TeamSizer> team;
   if (cfg.threads == 0) team.emplace(num_threads(), available_cpus());
+  int64_t team_changes = 0;
   model->train();
   // Under ZeRO every rank writes its shard; otherwise rank 0 writes the whole state (a stage-0
   // sharded optimizer's state_dict() is every rank's call).
@@ -595,6 +596,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
     if (team && team->due(cpu_load_clock_s()))
       if (const std::optional<int> n = team->observe(sample_cpu_load())) {
         set_num_threads(*n);
+        ++team_changes;
         if (leader) {
           char line[200];
           std::snprintf(line, sizeof line,
@@ -654,6 +656,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   r.samples_per_s = static_cast<double>(samples_done) / std::max(train_wall, 1e-9);
   r.step_seconds = std::move(step_seconds);
   r.threads = num_threads();
+  r.team_changes = team_changes;
   r.world_size = world;
   r.comm_s = comm_s;
   r.exposed_comm_s = exposed_s;

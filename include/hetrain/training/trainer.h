@@ -125,6 +125,7 @@ struct TrainResult {
   int64_t peak_rss_growth_bytes = -1;
   std::vector<double> step_seconds;  // wall time of each step of this run (data to optimizer)
   int threads = 1;                   // worker threads used (at the end of the run)
+  int64_t team_changes = 0;          // times the team followed the free CPUs (--threads 0)
   std::string precision = "fp32";
   int world_size = 1;           // ranks that trained together
   double comm_s = 0;            // time in gradient collectives over the run
