@@ -7,7 +7,6 @@
 #include <array>
 #include <charconv>
 #include <cmath>
-#include <ctime>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -100,15 +99,9 @@ std::vector<int> affinity_cpus() {
   return out;
 }
 
-double cpu_load_clock_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 CpuLoadSample sample_cpu_load() {
   CpuLoadSample s;
-  s.wall_s = cpu_load_clock_s();
+  s.wall_s = monotonic_seconds();
   s.own_s = process_cpu_seconds();
   std::ifstream in("/proc/stat");
   if (!in) return s;

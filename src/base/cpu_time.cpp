@@ -14,5 +14,6 @@ double seconds(clockid_t clock) {
 
 double process_cpu_seconds() { return seconds(CLOCK_PROCESS_CPUTIME_ID); }
 double thread_cpu_seconds() { return seconds(CLOCK_THREAD_CPUTIME_ID); }
+double monotonic_seconds() { return seconds(CLOCK_MONOTONIC); }
 
 }  // namespace hetrain

@@ -1,7 +1,6 @@
 #include "hetrain/base/thread_pool.h"
 
 #include <omp.h>
-#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "hetrain/base/cpu_load.h"
 #include "hetrain/base/error.h"
 
 namespace hetrain {
@@ -88,9 +88,8 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
 }
 
 int available_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const size_t mask = affinity_cpus().size();
+  if (mask > 0) return static_cast<int>(mask);
   const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
 }

@@ -593,7 +593,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
       extra = os.str();
     }
     if (leader) progress.update(step, last_loss, sps, eta, log_now, epoch, lr, extra);
-    if (team && team->due(cpu_load_clock_s()))
+    if (team && team->due(monotonic_seconds()))
       if (const std::optional<int> n = team->observe(sample_cpu_load())) {
         set_num_threads(*n);
         ++team_changes;

@@ -2,7 +2,7 @@
 //
 //   TeamSizer sizer(num_threads(), available_cpus());
 //   after each step:
-//     if (sizer.due(now_s())) {
+//     if (sizer.due(monotonic_seconds())) {
 //       if (std::optional<int> n = sizer.observe(sample_cpu_load())) set_num_threads(*n);
 //     }
 //
@@ -31,7 +31,7 @@ namespace hetrain {
 
 /// CPU time on this process's CPUs, by everyone and by this process, at one moment.
 struct CpuLoadSample {
-  double wall_s = 0;   // a monotonic clock
+  double wall_s = 0;   // monotonic_seconds() (base/cpu_time.h)
   double busy_s = 0;   // CPU seconds /proc/stat counts on the CPUs of the affinity mask
   double own_s = 0;    // this process's CPU seconds (all its threads)
   bool valid = false;  // false where /proc/stat could not be read (not Linux, a masked /proc)
@@ -48,9 +48,6 @@ std::vector<int> affinity_cpus();
 
 /// A sample now (wall clock, /proc/stat for affinity_cpus(), this process's CPU time).
 CpuLoadSample sample_cpu_load();
-
-/// Seconds on the clock sample_cpu_load() uses.
-double cpu_load_clock_s();
 
 class TeamSizer {
  public:

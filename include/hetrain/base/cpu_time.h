@@ -7,5 +7,8 @@ namespace hetrain {
 double process_cpu_seconds();
 /// CPU seconds used by the calling thread so far.
 double thread_cpu_seconds();
+/// Wall seconds on a monotonic clock (from an arbitrary origin): the time beside which the two
+/// above are set.
+double monotonic_seconds();
 
 }  // namespace hetrain
