@@ -57,12 +57,17 @@ struct FastF32<SiluOp> {
   static constexpr bool has = true;
   [[gnu::always_inline]] static float f(float x) { return x * fast_sigmoid(x); }
 };
+/// tanh-GELU's 2u in base 2: 2 sqrt(2/pi) log2(e), so e^(-2u) = 2^(-kGelu2 (x + 0.044715 x^3)).
+constexpr float kGelu2 = 2.302208198144325f;
 template <>
 struct FastF32<GeluTanhOp> {
   static constexpr bool has = true;
-  // 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for large negative x.
+  // 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + e^(-2u)): no cancellation for large negative x.
+  // Below x = -20 the value is -0 (as x e^(-2u) is, far under f32's range) and -inf gives NaN as
+  // -inf * 0 does; the clamped exp (2^127 at most) would otherwise give -inf there.
   [[gnu::always_inline]] static float f(float x) {
-    return x * fast_sigmoid(2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x));
+    const float e = cpu::vexp2_clamped(-kGelu2 * (x + 0.044715f * x * x * x));
+    return x < -20.0f ? x * 0.0f : x / (1.0f + e);
   }
 };
 // The same for binary ops, used where both operands are contiguous f32.
@@ -74,11 +79,15 @@ struct FastF32Binary {
 template <>
 struct FastF32Binary<GeluTanhGradOp> {
   static constexpr bool has = true;
+  // As GeluTanhGradOp::f: sigmoid(2u) + 2 a sigmoid(2u) sigmoid(-2u) du, from e = e^(-2|u|).
+  // Beyond |a| = 20 the derivative is 1 or 0 to f32 precision; +-inf give b and NaN (0 * inf)
+  // there as they did through the full exp, not the clamped exp's finite leftovers.
   [[gnu::always_inline]] static float f(float a, float b) {
     const float k = 0.7978845608028654f, c = 0.044715f;
-    const float u = k * (a + c * a * a * a), du = k * (1.0f + 3.0f * c * a * a);
-    const float e = cpu::vexp(-2.0f * std::abs(u)), p = 1.0f / (1.0f + e), q = e * p;
-    return b * ((u >= 0.0f ? p : q) + 2.0f * a * p * q * du);  // as GeluTanhGradOp::f
+    const float t = a + c * a * a * a, du = k * (1.0f + 3.0f * c * a * a);
+    const float e = cpu::vexp2_clamped(-kGelu2 * std::abs(t)), p = 1.0f / (1.0f + e), q = e * p;
+    const float g = b * ((t >= 0.0f ? p : q) + 2.0f * a * p * q * du);
+    return std::abs(a) > 20.0f ? (a > 0.0f ? b : b * (a * 0.0f)) : g;
   }
 };
 /// The op's own formula as a map kernel's F (in the compute type; O the stored result type).

@@ -56,6 +56,28 @@ namespace hetrain::cpu {
 }
 inline double vexp(double x) { return std::exp(x); }
 
+/// 2^z for z clamped to [-126, 127], where 2^n is one normal float: the cheap exp of kernels whose
+/// argument saturates the result well inside that range (tanh-GELU and its gradient), without
+/// vexp's edge selects. NaN clamps to -126 (comparisons with NaN are false), so a caller whose
+/// result must carry a NaN input gets it through another operand. n = round(z) with the
+/// 1.5*2^23 trick, f = z - n exactly (|f| <= 1/2), 2^f by its Taylor series to degree 7 (in
+/// explicit fma, the same bits at every width; truncation under 6e-9 relative, under an f32 ulp).
+[[gnu::always_inline]] inline float vexp2_clamped(float z) {
+  float zc = z > -126.0f ? z : -126.0f;
+  zc = zc < 127.0f ? zc : 127.0f;
+  const float n = (zc + 12582912.0f) - 12582912.0f;
+  const float f = zc - n;
+  float p = 1.5252733804059840e-5f;  // ln2^7 / 7!
+  p = std::fma(p, f, 1.5403530393381608e-4f);
+  p = std::fma(p, f, 1.3333558146428443e-3f);
+  p = std::fma(p, f, 9.6181291076284772e-3f);
+  p = std::fma(p, f, 5.5504108664821580e-2f);
+  p = std::fma(p, f, 2.4022650695910071e-1f);
+  p = std::fma(p, f, 6.9314718055994531e-1f);
+  p = std::fma(p, f, 1.0f);
+  return p * std::bit_cast<float>(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
+}
+
 /// *x in its compute type. f16/bf16 are read through their bits: a copy of the struct would keep
 /// GCC from vectorising the loop around it.
 template <class T>
