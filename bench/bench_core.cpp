@@ -324,6 +324,28 @@ void BM_AttentionLayout(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionLayout)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+/// gpt-mini's causal attention forward (+ gradient) in bf16 (operands as autocast leaves them),
+/// arg 0 forward only, 1 forward + gradient: the batched bf16 products where
+/// cpu::bf16_gemm_path() is oneDNN (AMX, AVX512-BF16), else the f32 kernels over converted tiles.
+void BM_AttentionBf16(benchmark::State& state) {
+  const bool backward = state.range(0) == 1;
+  Generator gen(7);
+  // Scores of a trained layer's order (q.k / sqrt(d) within a few units), not randn's +-30.
+  Tensor qkv = cast(randn({32, 64, 384}, Dtype::f32, gen) * 0.25, Dtype::bf16).eval();
+  Tensor cot = cast(randn({32, 64, 128}, Dtype::f32, gen), Dtype::bf16).eval();
+  auto step = [&] {
+    Tensor y = scaled_dot_product_attention_packed(qkv, 4, true);
+    if (backward)
+      eval({y, grad({y}, {qkv}, {cot})[0]});
+    else
+      y.eval();
+  };
+  step();
+  for (auto _ : state) step();
+  state.SetLabel(backward ? "forward + gradient" : "forward");
+}
+BENCHMARK(BM_AttentionBf16)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 // ---- one kernel source at every vector width
 // ---------------------------------------------------------
 

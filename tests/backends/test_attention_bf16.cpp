@@ -11,11 +11,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "backends/cpu/gemm.h"
 #include "graph/prims/attention.h"
+#include "hetrain/base/cpu_features.h"
+#include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
@@ -26,6 +29,16 @@ using namespace hetrain;
 namespace {
 
 bool has_bf16_attention() { return cpu::bf16_gemm_path() == cpu::Bf16GemmPath::onednn; }
+
+/// The attention path set for a scope (the batched products run on any CPU with oneDNN bf16, not
+/// only where they are the default), the previous one restored after.
+struct AttentionPathScope {
+  cpu::Bf16AttentionPath old;
+  explicit AttentionPathScope(cpu::Bf16AttentionPath p) : old(cpu::set_bf16_attention_path(p)) {}
+  ~AttentionPathScope() { cpu::set_bf16_attention_path(old); }
+  AttentionPathScope(const AttentionPathScope&) = delete;
+  AttentionPathScope& operator=(const AttentionPathScope&) = delete;
+};
 
 /// seq() of test_attention.cpp, rounded to dt.
 Tensor seq(const Shape& shape, int64_t a, Dtype dt) {
@@ -127,6 +140,7 @@ TEST(AttentionBf16, ValuesAndGradientsCloseToF32OnTheSameValues) {
   if (!has_bf16_attention())
     GTEST_SKIP() << "no bf16 matmul unit here (AMX or AVX512-BF16): bf16 attention computes in "
                     "f32, as Attention.HalfPrecisionComputesInF32 checks for f16";
+  AttentionPathScope batched(cpu::Bf16AttentionPath::batched);
   // 40 batch-heads of 300 rows: two groups (32 + 8) of 128 x 256 tiles; Lq < Lk; few rows.
   const Case cases[] = {
       {{40, 300, 16}, {40, 300, 16}, {40, 300, 8}, true},
@@ -182,6 +196,7 @@ TEST(AttentionBf16, ValuesAndGradientsCloseToF32OnTheSameValues) {
 TEST(AttentionBf16, GroupWorkspaceStaysBoundedForLongRows) {
   if (!has_bf16_attention())
     GTEST_SKIP() << "no bf16 matmul unit here (AMX or AVX512-BF16): no batch-head groups";
+  AttentionPathScope batched(cpu::Bf16AttentionPath::batched);
   // 40 batch-heads of 512 x 128: 1.7 MB of group workspace each in the backward, so the tile
   // bound alone (32 heads a group) would take 54 MB at once; the byte bound (16 MiB) makes groups
   // of 9 (9 + 9 + 9 + 9 + 4), which must still give the values of the f32 composition. Two
@@ -195,4 +210,42 @@ TEST(AttentionBf16, GroupWorkspaceStaysBoundedForLongRows) {
   set_num_threads(threads);
   EXPECT_GT(peak, int64_t{8} << 20) << "a group's workspace is counted";
   EXPECT_LE(peak, int64_t{20} << 20) << "16 MiB a group, and the f32 reference's smaller buffers";
+}
+
+TEST(AttentionBf16, PathIsBatchedOnlyWithAmxAndEachPathRunsWhenSet) {
+  // The default: batched products where the CPU has AMX, the f32 kernels elsewhere (AVX512-BF16
+  // included, where they are faster for attention's small products).
+  if (std::getenv("HETRAIN_BF16_ATTENTION") == nullptr) {
+    const bool batched = has_bf16_attention() && cpu_features().amx_bf16;
+    EXPECT_EQ(cpu::bf16_attention_path(),
+              batched ? cpu::Bf16AttentionPath::batched : cpu::Bf16AttentionPath::f32);
+  }
+  // The f32 path computes on the operands converted: bit for bit the f32 attention of the same
+  // values, rounded to bf16 once. The batched path rounds the probabilities to bf16 before their
+  // product, so somewhere its output differs from that.
+  const Shape shape = {6, 33, 16};
+  const Tensor q = seq(shape, 1, Dtype::bf16), k = seq(shape, 2, Dtype::bf16);
+  const Tensor v = seq(shape, 3, Dtype::bf16);
+  const Tensor want = cast(scaled_dot_product_attention(cast(q, Dtype::f32), cast(k, Dtype::f32),
+                                                        cast(v, Dtype::f32), true),
+                           Dtype::bf16)
+                          .eval();
+  auto differs = [&] {
+    const Tensor o = scaled_dot_product_attention(q, k, v, true).eval();
+    EXPECT_EQ(o.dtype(), Dtype::bf16);
+    const std::vector<double> a = o.to_vector<double>(), b = want.to_vector<double>();
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+    return n;
+  };
+  {
+    AttentionPathScope f32(cpu::Bf16AttentionPath::f32);
+    EXPECT_EQ(differs(), 0U) << "the f32 path is the f32 attention rounded once";
+  }
+  if (!has_bf16_attention()) {
+    EXPECT_THROW(cpu::set_bf16_attention_path(cpu::Bf16AttentionPath::batched), Error);
+    return;
+  }
+  AttentionPathScope batched(cpu::Bf16AttentionPath::batched);
+  EXPECT_GT(differs(), 0U) << "the batched path rounds the probabilities to bf16";
 }

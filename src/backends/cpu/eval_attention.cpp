@@ -317,7 +317,7 @@ void attention_backward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<
     });
 }
 
-// bf16 attention where oneDNN's bf16 matmul pays (cpu::bf16_gemm_path(): AMX or AVX512-BF16).
+// bf16 attention where batched oneDNN bf16 matmuls pay (cpu::bf16_attention_path(): AMX).
 // The same tiles and softmax kernels, walked for a group of batch-heads at once, so each tile
 // product is one batched oneDNN matmul over the group instead of one small f32 GEMM per
 // batch-head. The products take bf16 operands (q, k, v and dO as given; the probabilities and dS
@@ -576,7 +576,7 @@ void attention_backward(Rows<const BFloat16> Q, Rows<const BFloat16> K, Rows<con
 
 /// Whether bf16 operands run the batched bf16 products above.
 bool bf16_attention(const std::vector<const Array*>& in) {
-  if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::onednn) return false;
+  if (cpu::bf16_attention_path() != cpu::Bf16AttentionPath::batched) return false;
   for (const Array* a : in)
     if (is_floating(a->dtype) && a->dtype != Dtype::bf16) return false;
   return true;

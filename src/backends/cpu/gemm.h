@@ -100,4 +100,14 @@ enum class Bf16GemmPath { onednn, convert_sgemm };
 /// oneDNN has a bf16 matmul at all.
 Bf16GemmPath bf16_gemm_path();
 
+enum class Bf16AttentionPath { batched, f32 };
+/// How attention runs bf16 operands: `batched`, each tile's products as one oneDNN bf16 matmul
+/// over a group of batch-heads (where the CPU has AMX), or `f32`, the f32 kernels over the
+/// operands converted (elsewhere, AVX512-BF16 included). f32 wherever bf16_gemm_path() is not
+/// oneDNN. HETRAIN_BF16_ATTENTION=batched|f32 overrides; another value throws.
+Bf16AttentionPath bf16_attention_path();
+/// Sets the path for the rest of the process (tests: both paths on one CPU) and returns the
+/// previous one. Throws for `batched` where bf16_gemm_path() is not oneDNN.
+Bf16AttentionPath set_bf16_attention_path(Bf16AttentionPath p);
+
 }  // namespace hetrain::cpu

@@ -15,6 +15,7 @@
 // at creation, so a cached primitive run on another pool thread can overrun that thread's
 // smaller one: with the GEMM split over the pool that way, gpt-mini trained to a loss of 4.98
 // instead of 3.38 in 30 steps.
+#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <cstdlib>
@@ -188,6 +189,40 @@ Bf16GemmPath bf16_gemm_path() {
     return f.amx_bf16 || f.avx512bf16 ? Bf16GemmPath::onednn : Bf16GemmPath::convert_sgemm;
   }();
   return p;
+}
+
+namespace {
+Bf16AttentionPath default_bf16_attention_path() {
+  if (bf16_gemm_path() != Bf16GemmPath::onednn) return Bf16AttentionPath::f32;
+  if (const char* env = std::getenv("HETRAIN_BF16_ATTENTION")) {
+    if (std::strcmp(env, "batched") == 0) return Bf16AttentionPath::batched;
+    if (std::strcmp(env, "f32") == 0) return Bf16AttentionPath::f32;
+    fail("HETRAIN_BF16_ATTENTION must be batched or f32, got '", env, "'");
+  }
+  // Attention's products are small (gpt-mini's: 128 batch-heads of 64x64 by 64x32). On AMX the
+  // batched bf16 matmul beats the f32 kernels (gpt-mini's bf16 step 1.04x on a Xeon); with
+  // AVX512-BF16 alone it loses to them (the step 1.04x the other way on a Zen 4), as the dot
+  // instruction's rate does not pay for the batched calls and the head-major copies.
+  return cpu_features().amx_bf16 ? Bf16AttentionPath::batched : Bf16AttentionPath::f32;
+}
+std::atomic<int> g_attention_path{-1};  // -1: not chosen yet
+}  // namespace
+
+Bf16AttentionPath bf16_attention_path() {
+  int p = g_attention_path.load(std::memory_order_relaxed);
+  if (p < 0) {
+    p = static_cast<int>(default_bf16_attention_path());
+    g_attention_path.store(p, std::memory_order_relaxed);
+  }
+  return static_cast<Bf16AttentionPath>(p);
+}
+
+Bf16AttentionPath set_bf16_attention_path(Bf16AttentionPath p) {
+  const Bf16AttentionPath old = bf16_attention_path();
+  if (p == Bf16AttentionPath::batched && bf16_gemm_path() != Bf16GemmPath::onednn)
+    fail("[attention] batched bf16 products need oneDNN's bf16 matmul, which this CPU lacks");
+  g_attention_path.store(static_cast<int>(p), std::memory_order_relaxed);
+  return old;
 }
 
 }  // namespace hetrain::cpu
