@@ -429,6 +429,13 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   default_generator().set_state(cfg.seed + 1, 0);  // dropout draws from the default generator
   broadcast_model(*model, comm);
 
+  // The collectives on the flat buffers' memory: this run's communicator for host memory (the
+  // CPU, sim devices), NCCL on the state device for a GPU. It outlives the optimizer.
+  const bool reduces = micro_batches > 1 || cfg.zero > 0;
+  std::unique_ptr<distributed::Communicator> device_comm =
+      reduces ? distributed::make_device_communicator(flat_buffer_home(cfg), comm, cfg.comm_timeout)
+              : nullptr;
+  distributed::Communicator& flat_comm = device_comm ? *device_comm : comm;
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, model->named_parameters());
 
   const amp::Precision precision = amp::precision_from_name(cfg.precision);
@@ -449,7 +456,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
     distributed::BucketOptions bo = distributed::ShardedOptimizer::bucket_options(
         static_cast<int>(cfg.zero), cfg.bucket_mb, 1, cfg.param_persistence_threshold);
     bo.buffers = flat_buffer_home(cfg);  // the gradients live with the parameters
-    reducer.emplace(model->parameters(), comm, bo);
+    reducer.emplace(model->parameters(), flat_comm, bo);
   }
   optim::LrSchedule sched{.kind = cfg.schedule,
                           .base_lr = cfg.lr,

@@ -219,9 +219,24 @@ PinnedPool& pinned_pool() {
   return *p;
 }
 
+/// Whether p is page-locked host memory (pinned_host_allocator's): copied without staging.
+bool page_locked(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
 void device_to_host(const void* src, int index, void* dst, size_t bytes) {
   DeviceContext& c = context(index);
   DeviceGuard guard(index);
+  if (page_locked(dst)) {
+    HT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c.stream));
+    HT_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    return;
+  }
   size_t cap = 0;
   void* stage = pinned_pool().acquire(bytes, cap);
   try {
@@ -238,6 +253,10 @@ void device_to_host(const void* src, int index, void* dst, size_t bytes) {
 void host_to_device(const void* src, void* dst, int index, size_t bytes) {
   DeviceContext& c = context(index);
   DeviceGuard guard(index);
+  if (page_locked(src)) {  // its allocator's release waits for this stream
+    HT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c.stream));
+    return;
+  }
   size_t cap = 0;
   void* stage = pinned_pool().acquire(bytes, cap);
   std::memcpy(stage, src, bytes);
