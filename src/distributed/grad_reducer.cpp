@@ -337,10 +337,11 @@ ReduceTimes GradReducer::reduce(int64_t divisor) {
     if (host_addressable(opt_.buffers)) {
       params_[k]->set_grad(
           from_blob(b.acc.data<float>() + b.offsets[slot_of_[k]], params_[k]->shape(), Dtype::f32));
-    } else {  // a view of the device's buffer
-      Array g = b.acc;
+    } else {  // a copy on the device, as from_blob copies on the host
+      Array g = flat_f32(params_[k]->numel(), MemoryTag::gradients, opt_.buffers);
+      copy_f32(g, 0, b.acc, b.offsets[slot_of_[k]], params_[k]->numel());
       g.shape = params_[k]->shape();
-      g.view_of(b.acc, contiguous_strides(g.shape), b.acc.offset + b.offsets[slot_of_[k]]);
+      g.strides = contiguous_strides(g.shape);
       params_[k]->set_grad(make_leaf(std::move(g)));
     }
   }
