@@ -15,9 +15,11 @@ namespace {
 
 float* at(const Array& a, int64_t off) { return a.data<float>() + off; }
 
+#if !HETRAIN_HAVE_CUDA
 [[noreturn]] void no_cuda(Device d) {
   fail("[zero] ", d.str(), ": this build has no CUDA backend for ZeRO's buffers on a GPU");
 }
+#endif
 
 }  // namespace
 
