@@ -77,6 +77,9 @@ void zero_f32(const Array& dst, int64_t off, int64_t n) {
 void copy_f32(const Array& dst, int64_t doff, const Array& src, int64_t soff, int64_t n) {
   if (n <= 0) return;
   const Device dd = dst.device(), sd = src.device();
+  // The same elements (a shard updated in place in its flat buffer): nothing to copy, and a
+  // device's copy engine must not be given overlapping ranges.
+  if (same_memory(dd, sd) && at(dst, doff) == at(src, soff)) return;
   if (host_addressable(dd) && host_addressable(sd)) {
     std::memmove(at(dst, doff), at(src, soff), static_cast<size_t>(n) * sizeof(float));
     return;

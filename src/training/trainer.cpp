@@ -252,6 +252,10 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
       // nothing that needs every gradient before an update (clipping, a scaler), each bucket's
       // update also runs on the host as soon as the bucket is reduced.
       comm.set_context({step, "gradient reduction"});
+      // The reducer's collectives run on the communicator for its buffers' memory (NCCL for a
+      // GPU's): a timeout there names the step too.
+      if (&reducer->communicator() != &comm)
+        reducer->communicator().set_context({step, "gradient reduction"});
       const int64_t divisor = static_cast<int64_t>(micro.size()) * comm.size();
       auto* sharded = dynamic_cast<distributed::ShardedOptimizer*>(&opt);
       const bool stream =

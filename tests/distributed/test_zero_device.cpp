@@ -75,6 +75,47 @@ TEST(ZeroDevice, FlatBufferOpsOnASimDeviceGiveTheHostsBits) {
   }
 }
 
+// On a GPU: the same operations queued on cuda:0's stream give the host's bits, and offload's
+// page-locked blocks are copied without staging (only the pinned allocator's own blocks: other
+// memory is staged), reused only after the copies queued from them.
+TEST(ZeroDevice, FlatBufferOpsOnAGpuGiveTheHostsBitsThroughPinnedBlocks) {
+#ifndef HETRAIN_HAVE_NCCL
+  GTEST_SKIP() << "this build has no CUDA backend with NCCL";
+#else
+  if (!nccl_available()) GTEST_SKIP() << "no GPU visible: the GPU's buffer ops are owed a GPU run";
+  const Device gpu{DeviceKind::cuda, 0};
+  const int64_t n = 1 << 16;
+  std::vector<float> x(n), y(n), want(n);
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::sin(0.37f * static_cast<float>(i)) * 3.1f;
+    y[i] = std::cos(0.11f * static_cast<float>(i)) / 7.3f;
+    want[i] = (x[i] + y[i]) / 3.0f * 0.7f;
+  }
+  Array a = flat_f32(n, MemoryTag::gradients, gpu);
+  EXPECT_EQ(a.device(), gpu);
+  EXPECT_EQ(read_back(a, n), std::vector<float>(n, 0.0f)) << "allocated zeroed";
+  Array px = staging_f32(n, MemoryTag::communication, gpu);
+  EXPECT_EQ(px.device(), Device::cpu()) << "page-locked memory is host memory";
+  EXPECT_TRUE(cuda::is_pinned_block(px.raw(), n * sizeof(float)));
+  EXPECT_FALSE(cuda::is_pinned_block(x.data(), n * sizeof(float))) << "pageable memory";
+  EXPECT_FALSE(cuda::is_pinned_block(px.raw(), size_t{1} << 40)) << "past the block";
+  std::memcpy(px.raw(), x.data(), n * sizeof(float));
+  copy_f32(a, 0, px, 0, n);  // asynchronous from the pinned block
+  px = Array{};              // released behind the copy: not reused before it ran
+  Array py = staging_f32(n, MemoryTag::communication, gpu);
+  std::memcpy(py.raw(), y.data(), n * sizeof(float));
+  add_f32(a, 0, py, 0, n);
+  scale_f32(a, 0, n, 3.0f, true);
+  scale_f32(a, 0, n, 0.7f, false);
+  Array back = staging_f32(n, MemoryTag::communication, gpu);
+  copy_f32(back, 0, a, 0, n);  // device to host: complete on return
+  std::vector<float> got(n);
+  std::memcpy(got.data(), back.raw(), n * sizeof(float));
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(read_back(a, n), want) << "through pageable memory too";
+#endif
+}
+
 TEST(ZeroDevice, HostMemoryUsesTheRunsCommunicatorAndAGpuNcclOrAClearError) {
   auto local = make_local_communicator();
   EXPECT_EQ(make_device_communicator(Device::cpu(), *local, 60), nullptr);

@@ -11,6 +11,7 @@
 #include "backends/cuda/api.h"
 #include "backends/cuda/check.h"
 #include "backends/cuda/context.h"
+#include "backends/cuda/flat_buffers.h"
 #include "hetrain/base/error.h"
 
 namespace hetrain::cuda {
@@ -219,20 +220,10 @@ PinnedPool& pinned_pool() {
   return *p;
 }
 
-/// Whether p is page-locked host memory (pinned_host_allocator's): copied without staging.
-bool page_locked(const void* p) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeHost;
-}
-
 void device_to_host(const void* src, int index, void* dst, size_t bytes) {
   DeviceContext& c = context(index);
   DeviceGuard guard(index);
-  if (page_locked(dst)) {
+  if (is_pinned_block(dst, bytes)) {  // page-locked already: no staging
     HT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c.stream));
     HT_CUDA_CHECK(cudaStreamSynchronize(c.stream));
     return;
@@ -253,7 +244,10 @@ void device_to_host(const void* src, int index, void* dst, size_t bytes) {
 void host_to_device(const void* src, void* dst, int index, size_t bytes) {
   DeviceContext& c = context(index);
   DeviceGuard guard(index);
-  if (page_locked(src)) {  // its allocator's release waits for this stream
+  // A block of pinned_host_allocator: its release waits for this stream, and its users do not
+  // write it again while it is alive (flat_buffers.h). Other page-locked memory (another
+  // library's) is staged as pageable memory is: its owner may rewrite or free it at once.
+  if (is_pinned_block(src, bytes)) {
     HT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c.stream));
     return;
   }

@@ -16,6 +16,9 @@ namespace hetrain::cuda {
 /// copy() (api.h) moves such a block without staging: to the device asynchronously (so the
 /// host must not write the block until the stream has passed the copy), from it at once.
 Allocator& pinned_host_allocator(int index);
+/// Whether [p, p + bytes) lies in one live block of a pinned_host_allocator (copy() moves such
+/// memory without staging; other page-locked memory, another library's, is staged).
+bool is_pinned_block(const void* p, size_t bytes);
 
 /// Elementwise work on f32 buffers of device index, queued on its stream in order with its
 /// kernels and copies (nothing waits): dst[i] = dst[i] + src[i]; x[i] = x[i] / c (divide) or

@@ -18,6 +18,27 @@ namespace hetrain::cuda {
 
 namespace {
 
+/// Every live block of every device's pinned allocator (base -> capacity), cached ones
+/// included, for is_pinned_block.
+struct BlockRegistry {
+  std::mutex mu;
+  std::map<const char*, size_t> blocks;
+};
+BlockRegistry& registry() {
+  static BlockRegistry* r = new BlockRegistry();  // never destroyed, like the allocators
+  return *r;
+}
+void register_block(void* p, size_t cap) {
+  BlockRegistry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.blocks[static_cast<const char*>(p)] = cap;
+}
+void unregister_block(void* p) {
+  BlockRegistry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.blocks.erase(static_cast<const char*>(p));
+}
+
 /// Blocks cached by capacity (rounded up to 4 KiB pages). A freed block may still be read or
 /// written by a copy queued on the device's stream (a host-to-device copy from it returns at
 /// once): it waits behind an event recorded on that stream, and is reused once that completed.
@@ -41,6 +62,7 @@ class PinnedHostAllocator final : public Allocator {
     if (!p) {
       // Portable: page-locked for every device's context, not only the current one.
       HT_CUDA_CHECK(cudaHostAlloc(&p, cap, cudaHostAllocPortable));
+      register_block(p, cap);
       std::lock_guard<std::mutex> lk(mu_);
       stats_.reserved += static_cast<int64_t>(cap);
       stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
@@ -63,11 +85,13 @@ class PinnedHostAllocator final : public Allocator {
   void empty_cache() override {
     std::lock_guard<std::mutex> lk(mu_);
     reclaim();
-    for (auto& [cap, p] : cache_) {
-      HT_CUDA_CHECK(cudaFreeHost(p));
+    while (!cache_.empty()) {  // each block leaves the cache before it is freed
+      const auto [cap, p] = *cache_.begin();
+      cache_.erase(cache_.begin());
+      unregister_block(p);
       stats_.reserved -= static_cast<int64_t>(cap);
+      HT_CUDA_CHECK(cudaFreeHost(p));
     }
-    cache_.clear();
   }
   void set_observer(MemoryObserver* obs) override {
     std::lock_guard<std::mutex> lk(mu_);
@@ -142,6 +166,16 @@ class PinnedHostAllocator final : public Allocator {
 };
 
 }  // namespace
+
+bool is_pinned_block(const void* p, size_t bytes) {
+  BlockRegistry& r = registry();
+  const char* c = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> lk(r.mu);
+  auto it = r.blocks.upper_bound(c);  // the first block after p
+  if (it == r.blocks.begin()) return false;
+  --it;
+  return c >= it->first && c + bytes <= it->first + it->second;
+}
 
 Allocator& pinned_host_allocator(int index) {
   if (index < 0 || index >= device_count()) {

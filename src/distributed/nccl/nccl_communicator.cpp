@@ -141,6 +141,7 @@ class NcclCommunicator final : public Communicator {
 
   WorkPtr iall_reduce(void* buf, int64_t count, Dtype dt, ReduceOp op) override {
     check_collective(*this, "all_reduce", count, dt, true);
+    CurrentDevice on(device_);  // NCCL's calls, the events, on the communicator's GPU
     after_device_work();
     HT_NCCL_CHECK(ncclAllReduce(buf, buf, static_cast<size_t>(count), nccl_type(dt), nccl_op(op),
                                 comm_, stream_));
@@ -149,6 +150,7 @@ class NcclCommunicator final : public Communicator {
   WorkPtr ireduce_scatter(const void* send, void* recv, int64_t count, Dtype dt,
                           ReduceOp op) override {
     check_collective(*this, "reduce_scatter", count, dt, true);
+    CurrentDevice on(device_);  // NCCL's calls, the events, on the communicator's GPU
     after_device_work();
     HT_NCCL_CHECK(ncclReduceScatter(send, recv, static_cast<size_t>(count), nccl_type(dt),
                                     nccl_op(op), comm_, stream_));
@@ -156,6 +158,7 @@ class NcclCommunicator final : public Communicator {
   }
   WorkPtr iall_gather(const void* send, void* recv, int64_t count, Dtype dt) override {
     check_collective(*this, "all_gather", count, dt, false);
+    CurrentDevice on(device_);  // NCCL's calls, the events, on the communicator's GPU
     after_device_work();
     HT_NCCL_CHECK(
         ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dt), comm_, stream_));
@@ -163,6 +166,7 @@ class NcclCommunicator final : public Communicator {
   }
   WorkPtr iall_to_all(const void* send, void* recv, int64_t count, Dtype dt) override {
     check_collective(*this, "all_to_all", count, dt, false);
+    CurrentDevice on(device_);  // NCCL's calls, the events, on the communicator's GPU
     after_device_work();
     // Grouped point-to-point: block r of send to rank r, rank r's block into recv's slot r.
     const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
@@ -178,6 +182,7 @@ class NcclCommunicator final : public Communicator {
   }
   WorkPtr ibroadcast(void* buf, int64_t count, Dtype dt, int root) override {
     check_collective(*this, "broadcast", count, dt, false, root);
+    CurrentDevice on(device_);  // NCCL's calls, the events, on the communicator's GPU
     after_device_work();
     HT_NCCL_CHECK(
         ncclBroadcast(buf, buf, static_cast<size_t>(count), nccl_type(dt), root, comm_, stream_));
@@ -185,10 +190,8 @@ class NcclCommunicator final : public Communicator {
   }
   WorkPtr ibarrier() override {
     // NCCL has no barrier: an all-reduce of one value on the device.
-    if (!barrier_buf_) {
-      CurrentDevice on(device_);
-      HT_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
-    }
+    CurrentDevice on(device_);
+    if (!barrier_buf_) HT_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
     HT_NCCL_CHECK(
         ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
     return record("barrier");
