@@ -1,6 +1,7 @@
 // The communicator interface's shared checks and the world of one process.
 #include "hetrain/distributed/communicator.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -83,6 +84,24 @@ class LocalCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_local_communicator() {
   return std::make_unique<LocalCommunicator>();
+}
+
+namespace {
+std::atomic<DeviceCommunicatorMaker> g_device_maker{nullptr};
+}  // namespace
+
+void set_device_communicator_maker(DeviceCommunicatorMaker make) { g_device_maker = make; }
+
+std::unique_ptr<Communicator> make_device_communicator(Device memory, Communicator& host,
+                                                       double timeout_s) {
+  if (memory.kind != DeviceKind::cuda) return nullptr;
+  const DeviceCommunicatorMaker make = g_device_maker.load();
+  if (!make)
+    fail("[distributed] collectives on ", memory.str(),
+         "'s memory need the NCCL communicator of the hetrain_distributed library, which this "
+         "program did not install (call distributed::install_nccl_communicators() or "
+         "make_world_communicator() first)");
+  return make(memory, host, timeout_s);
 }
 
 ProgressMode progress_mode_from_env() {

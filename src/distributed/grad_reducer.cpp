@@ -121,15 +121,14 @@ Array GradReducer::reduced_shard(size_t b) const {
   return a;
 }
 
-void GradReducer::add_values(size_t k, const float* data) {
+void GradReducer::add_values(size_t k, const Array& src) {
   Bucket& b = buckets_[bucket_of_[k]];
   ensure_acc(b);
-  float* dst = b.acc.data<float>() + b.offsets[slot_of_[k]];
-  const int64_t n = params_[k]->numel();
+  const int64_t off = b.offsets[slot_of_[k]], n = params_[k]->numel();
   if (!had_grad_[k]) {
-    std::memcpy(dst, data, static_cast<size_t>(n) * sizeof(float));
+    copy_f32(b.acc, off, src, 0, n);
   } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] += data[i];  // micro-batch order
+    add_f32(b.acc, off, src, 0, n);  // micro-batch order
   }
   had_grad_[k] = true;
 }
@@ -141,8 +140,7 @@ void GradReducer::add_grad(size_t k, bool first) {
   if (g.shape() != params_[k]->shape())
     fail("[ddp] gradient of parameter ", k, " has shape ", shape_str(g.shape()), ", the parameter ",
          shape_str(params_[k]->shape()));
-  const HostValues h = host_values(g);
-  add_values(k, h.data);
+  add_values(k, f32_array(g));
   params_[k]->zero_grad();
 }
 
@@ -184,12 +182,13 @@ void GradReducer::on_node(const Node& node, int64_t, int64_t) {
     const Tensor& g = params_[k]->node()->grad;
     if (g.node() != &node) continue;
     const Array& a = node.outs[static_cast<size_t>(g.index())];
-    // Other layouts, and a GPU's memory, are taken after backward (accumulate()); a sim
-    // device's memory is the host's.
+    // Other layouts, and memory other than the buffers' (a GPU's for host buffers, the host's
+    // for a GPU's), are taken after backward (accumulate()); a sim device's memory is the
+    // host's. On a GPU the sum is queued on its stream after the node's kernels.
     if (!a.has_data() || a.dtype != Dtype::f32 || !a.contiguous() ||
-        a.device().kind == DeviceKind::cuda || a.shape != params_[k]->shape())
+        !same_memory(a.device(), opt_.buffers) || a.shape != params_[k]->shape())
       continue;
-    add_values(k, a.data<float>());
+    add_values(k, a);
     taken_[k] = true;
     --missing_[bucket_of_[k]];
   }
@@ -208,9 +207,7 @@ void GradReducer::start_ready_buckets() {
       b.recv = flat_f32(b.shard * comm_.size(), MemoryTag::communication, opt_.buffers);
     // Parameters without a gradient here add zeros to the other ranks' sums.
     for (size_t s = 0; s < b.params.size(); ++s)
-      if (!had_grad_[b.params[s]])
-        std::memset(b.acc.data<float>() + b.offsets[s], 0,
-                    static_cast<size_t>(params_[b.params[s]]->numel()) * sizeof(float));
+      if (!had_grad_[b.params[s]]) zero_f32(b.acc, b.offsets[s], params_[b.params[s]]->numel());
     if (!started_any_) first_start_ = Clock::now();
     started_any_ = true;
     ctx.what = "all_to_all of gradient bucket " + std::to_string(next_start_);
@@ -233,13 +230,8 @@ void GradReducer::sum_exchanged(bool wait, double* waited) {
     }
     // This rank's shard: blocks from ranks 0..N-1 summed in rank order (divided in reduce()).
     Bucket& b = buckets_[next_sum_];
-    float* out = b.acc.data<float>() + me * b.shard;
-    const float* in = b.recv.data<float>();
-    std::memcpy(out, in, static_cast<size_t>(b.shard) * sizeof(float));
-    for (int r = 1; r < world; ++r) {
-      const float* blk = in + r * b.shard;
-      for (int64_t j = 0; j < b.shard; ++j) out[j] += blk[j];
-    }
+    copy_f32(b.acc, me * b.shard, b.recv, 0, b.shard);
+    for (int r = 1; r < world; ++r) add_f32(b.acc, me * b.shard, b.recv, r * b.shard, b.shard);
     ++next_sum_;
   }
   if (divisor_ > 0) finish_summed();
@@ -250,12 +242,11 @@ void GradReducer::finish_summed() {
   const int me = comm_.rank();
   for (; next_finish_ < next_sum_; ++next_finish_) {
     Bucket& b = buckets_[next_finish_];
-    float* out = b.acc.data<float>() + me * b.shard;
-    for (int64_t j = 0; j < b.shard; ++j) out[j] = out[j] / d;
+    scale_f32(b.acc, me * b.shard, b.shard, d, true);
     b.recv = Array{};           // the exchange's buffer lives only while the bucket is reduced
     if (opt_.gather) continue;  // reduce() all-gathers it, then hands it on
     if (!opt_.keep_buffers) {
-      std::memcpy(b.shard_grad.raw(), out, static_cast<size_t>(b.shard) * sizeof(float));
+      copy_f32(b.shard_grad, 0, b.acc, me * b.shard, b.shard);
       b.acc = Array{};
     }
     if (listener_) listener_(next_finish_);
@@ -317,8 +308,7 @@ ReduceTimes GradReducer::reduce(int64_t divisor) {
     for (size_t i = 0; i < buckets_.size(); ++i) {
       Bucket& b = buckets_[i];
       mine[i] = flat_f32(b.shard, MemoryTag::communication, opt_.buffers);
-      std::memcpy(mine[i].raw(), b.acc.data<float>() + me * b.shard,
-                  static_cast<size_t>(b.shard) * sizeof(float));
+      copy_f32(mine[i], 0, b.acc, me * b.shard, b.shard);
       ctx.what = "all_gather of gradient bucket " + std::to_string(i);
       comm_.set_context(ctx);
       gather[i] = comm_.iall_gather(mine[i].raw(), b.acc.raw(), b.shard, Dtype::f32);
@@ -334,8 +324,7 @@ ReduceTimes GradReducer::reduce(int64_t divisor) {
     for (size_t i = 0; i < buckets_.size(); ++i) {
       Bucket& b = buckets_[i];
       if (!opt_.keep_buffers) {
-        std::memcpy(b.shard_grad.raw(), b.acc.data<float>() + me * b.shard,
-                    static_cast<size_t>(b.shard) * sizeof(float));
+        copy_f32(b.shard_grad, 0, b.acc, me * b.shard, b.shard);
         b.acc = Array{};
       }
       if (listener_) listener_(i);
@@ -345,8 +334,16 @@ ReduceTimes GradReducer::reduce(int64_t divisor) {
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!had_grad_[k]) continue;
     const Bucket& b = buckets_[bucket_of_[k]];
-    params_[k]->set_grad(
-        from_blob(b.acc.data<float>() + b.offsets[slot_of_[k]], params_[k]->shape(), Dtype::f32));
+    if (host_addressable(opt_.buffers)) {
+      params_[k]->set_grad(
+          from_blob(b.acc.data<float>() + b.offsets[slot_of_[k]], params_[k]->shape(), Dtype::f32));
+    } else {  // a copy on the device, as from_blob copies on the host
+      Array g = flat_f32(params_[k]->numel(), MemoryTag::gradients, opt_.buffers);
+      copy_f32(g, 0, b.acc, b.offsets[slot_of_[k]], params_[k]->numel());
+      g.shape = params_[k]->shape();
+      g.strides = contiguous_strides(g.shape);
+      params_[k]->set_grad(make_leaf(std::move(g)));
+    }
   }
   return t;
 }

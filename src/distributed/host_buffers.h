@@ -1,8 +1,11 @@
-// Flat f32 buffers shared by the gradient reducer, the sharded optimizer and the gatherer.
+// Flat f32 buffers shared by the gradient reducer, the sharded optimizer and the gatherer, and
+// the few operations they do on them, one mechanism for every memory node: the host reads the
+// CPU's and sim devices' memory in place (memcpy and loops), and queues a GPU's work on its
+// stream (copies and the CUDA backend's elementwise kernels). Each element rounds the same way
+// on both (f32 add, multiply, divide), so the bits are the node's policy, not its result.
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "hetrain/base/error.h"
@@ -11,19 +14,37 @@
 
 namespace hetrain::distributed {
 
-/// A zeroed contiguous f32 array of n elements with the given tag in the memory node of `home`
-/// (the host, or a sim device: memory the collectives and the reducer's sums read in place).
-inline Array flat_f32(int64_t n, MemoryTag tag, Device home = Device::cpu()) {
-  HT_ASSERT(home.kind != DeviceKind::cuda);  // refused before (resolve_state_device)
-  Array a;
-  a.shape = {n};
-  a.dtype = Dtype::f32;
-  a.tag = tag;
-  AllocationDeviceScope on(home);  // not the calling thread's device (an executor worker's)
-  a.allocate();
-  if (n > 0) std::memset(a.raw(), 0, a.nbytes());
-  return a;
+/// Whether the host reads and writes d's memory in place (the CPU and sim devices; not a GPU).
+inline bool host_addressable(Device d) { return d.kind != DeviceKind::cuda; }
+/// Whether the memory of a and b is reached by the same pointers (the same GPU, or host memory).
+inline bool same_memory(Device a, Device b) {
+  return host_addressable(a) ? host_addressable(b) : a == b;
 }
+
+/// A zeroed contiguous f32 array of n elements with the given tag in the memory node of `home`.
+Array flat_f32(int64_t n, MemoryTag tag, Device home = Device::cpu());
+/// A zeroed contiguous f32 array of n elements in host memory for copies to and from `node`:
+/// page-locked memory of the CUDA backend for a GPU (its copies skip the staging buffer and run
+/// asynchronously), the host allocator's otherwise.
+Array staging_f32(int64_t n, MemoryTag tag, Device node);
+/// The host allocator that staging_f32 uses for `node` (its statistics count those copies).
+Allocator& staging_allocator(Device node);
+
+/// Elements [off, off + n) of a contiguous f32 array (offsets in elements from a's start).
+/// dst = 0.
+void zero_f32(const Array& dst, int64_t off, int64_t n);
+/// dst = src, between any memory nodes.
+void copy_f32(const Array& dst, int64_t doff, const Array& src, int64_t soff, int64_t n);
+/// dst = dst + src (src copied to dst's node first when the two do not share memory).
+void add_f32(const Array& dst, int64_t doff, const Array& src, int64_t soff, int64_t n);
+/// x = x / c (divide) or x * c.
+void scale_f32(const Array& x, int64_t off, int64_t n, float c, bool divide);
+/// a itself when `node` reads it in place (same_memory), else a contiguous copy of its n
+/// elements there (tag communication): what a collective on `node`'s memory is given.
+Array on_node(const Array& a, int64_t n, Device node);
+/// t's values as a contiguous f32 array (t's own when it is one, else a contiguous copy on t's
+/// device).
+Array f32_array(const Tensor& t);
 
 /// A tensor's values as contiguous host f32 (copied only when they are not already so).
 struct HostValues {

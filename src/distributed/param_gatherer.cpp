@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "distributed/host_buffers.h"
 #include "hetrain/base/error.h"
 #include "hetrain/graph/primitive.h"
 #include "hetrain/memory/allocator.h"
@@ -17,6 +18,7 @@ struct Item {
   size_t bucket = 0;
   int64_t left = 0;  // nodes still to run
   Array full;        // the gathered bucket (shard * world elements)
+  Array send;        // the shard on the gather's memory (a copy when it lives elsewhere)
   WorkPtr work;      // the all-gather in flight
   bool issued = false, ready = false, ended = false;
 };
@@ -51,6 +53,7 @@ class GatherRun final : public EvalRun {
       if (it.ready) continue;
       it.work->wait();
       it.work.reset();
+      it.send = Array();
       it.ready = true;
       g_.acquire(it.bucket, it.full);
     }
@@ -85,7 +88,9 @@ class GatherRun final : public EvalRun {
       CollectiveContext ctx = g_.comm_.context();
       ctx.what = "all_gather of parameter bucket " + std::to_string(it.bucket) + " (zero 3)";
       g_.comm_.set_context(ctx);
-      it.work = g_.comm_.iall_gather(b.shard.raw(), it.full.raw(), shard, Dtype::f32);
+      // Offloaded shards (host memory) cross to a GPU first: NCCL reads device memory.
+      it.send = on_node(b.shard, shard, g_.home_);
+      it.work = g_.comm_.iall_gather(it.send.raw(), it.full.raw(), shard, Dtype::f32);
       it.issued = true;
       ++g_.gathers_;
     }
@@ -99,9 +104,6 @@ class GatherRun final : public EvalRun {
 
 ParamGatherer::ParamGatherer(Communicator& comm, std::vector<Bucket> buckets, Device home)
     : comm_(comm), buckets_(std::move(buckets)), home_(home), live_(buckets_.size(), 0) {
-  if (home.kind == DeviceKind::cuda)
-    fail("[zero] stage 3 gathers parameters with MPI into host-addressable memory; ", home.str(),
-         " needs NCCL's all-gather (not done yet)");
   set_eval_hook(this);
 }
 

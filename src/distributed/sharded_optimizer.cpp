@@ -112,14 +112,12 @@ ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reduc
     if (p.dtype() != Dtype::f32)
       fail("[zero] parameter '", model_params_[k].first, "' is ", dtype_name(p.dtype()),
            "; the sharded optimizer needs f32 parameters");
-    const HostValues v = host_values(p);
+    const Array v = f32_array(p);
     const size_t b = reducer.bucket_of(k);
     const int64_t off = reducer.offset_of(k), base = flat_base(b);
     // The parameter's elements that fall in the flat buffer.
     const int64_t lo = std::max(off, base), hi = std::min(off + p.numel(), base + flat_[b].numel());
-    if (lo < hi)
-      std::memcpy(flat_[b].data<float>() + (lo - base), v.data + (lo - off),
-                  static_cast<size_t>(hi - lo) * 4);
+    if (lo < hi) copy_f32(flat_[b], lo - base, v, lo - off, hi - lo);
     if (sharded_bucket(b)) {
       p = sharded_leaf(p.shape(), homes.gathered);
       gathered[b].leaves.emplace_back(p.node(), off);
@@ -136,7 +134,8 @@ ShardedOptimizer::ShardedOptimizer(optim::NamedParams params, GradReducer& reduc
   if (stage == 3) {
     // A persistent bucket's entry has no leaves: nothing reads it.
     for (size_t b = 0; b < nb; ++b) gathered[b].shard = flat_[b];
-    gatherer_ = std::make_unique<ParamGatherer>(comm, std::move(gathered), homes.gathered);
+    gatherer_ = std::make_unique<ParamGatherer>(reducer.communicator(), std::move(gathered),
+                                                homes.gathered);
   }
   inner_ = make(shard_params);
   params_ = shard_params;
@@ -240,11 +239,28 @@ void ShardedOptimizer::stop_stream() {
 }
 
 void ShardedOptimizer::update_bucket(size_t b, bool staged) {
+  const Device node = flat_[b].device();
+  if (host_addressable(homes_.optimizer) && !host_addressable(node)) {
+    // Offload from a GPU: the shard and its gradient cross to the host once each, into
+    // page-locked copies that the host's optimizer reads (host memory it reads in place).
+    const int64_t n = own_count(b);
+    Array values = staging_f32(n, MemoryTag::communication, node);
+    copy_f32(values, 0, flat_[b], own_begin(b) - flat_base(b), n);
+    Tensor host = make_leaf(std::move(values));
+    host.requires_grad_(true);
+    if (const Tensor g = shard_[b].grad(); g.defined()) {
+      Array grad = staging_f32(n, MemoryTag::communication, node);
+      copy_f32(grad, 0, f32_array(g), 0, n);
+      host.set_grad(make_leaf(std::move(grad)));
+    }
+    shard_[b] = host;
+  }
   inner_->update({b});
   if (!staged) return;
-  const HostValues v = host_values(shard_[b]);
-  staged_[b] = flat_f32(own_count(b), MemoryTag::communication, Device::cpu());
-  std::memcpy(staged_[b].raw(), v.data, static_cast<size_t>(own_count(b)) * 4);
+  // The new values wait in host memory (page-locked for a GPU: step() copies them without
+  // staging).
+  staged_[b] = staging_f32(own_count(b), MemoryTag::communication, node);
+  copy_f32(staged_[b], 0, f32_array(shard_[b]), 0, own_count(b));
   shard_[b] = view_leaf(flat_[b], own_begin(b) - flat_base(b), {own_count(b)}, true);
 }
 
@@ -272,11 +288,16 @@ void ShardedOptimizer::unshard_parameters() {
   gatherer_.reset();
   for (size_t b = 0; b < flat_.size(); ++b) {
     if (!sharded_bucket(b)) continue;  // already whole
-    Array full = flat_f32(reducer_.bucket_shard(b) * comm_.size(), MemoryTag::parameters);
+    // On the collectives' memory (the host for host memory, as before the GPU's).
+    Communicator& fc = reducer_.communicator();
+    const Device node = reducer_.buffers();
+    Array full = flat_f32(reducer_.bucket_shard(b) * comm_.size(), MemoryTag::parameters,
+                          host_addressable(node) ? Device::cpu() : node);
+    const Array send = on_node(flat_[b], own_count(b), node);
     CollectiveContext ctx = comm_.context();
     ctx.what = "all_gather of parameter bucket " + std::to_string(b) + " (unsharding)";
-    comm_.set_context(ctx);
-    comm_.all_gather(flat_[b].raw(), full.raw(), own_count(b), Dtype::f32);
+    fc.set_context(ctx);
+    fc.all_gather(send.raw(), full.raw(), own_count(b), Dtype::f32);
     for (size_t k : reducer_.buckets()[b]) {
       Tensor& p = *model_params_[k].second;
       p = view_leaf(full, reducer_.offset_of(k), p.shape(), true);
@@ -364,6 +385,8 @@ double ShardedOptimizer::clip_grad_norm(double max_norm) {
         parallel_for(a.numel(), 1 << 14, [=](int64_t lo, int64_t hi) {
           for (int64_t i = lo; i < hi; ++i) x[i] = x[i] * c;
         });
+      } else if (a.dtype == Dtype::f32 && a.contiguous() && !host_addressable(a.device())) {
+        scale_f32(a, 0, a.numel(), c, false);  // on the GPU's stream, the same rounding
       } else {
         std::vector<float> v = g.to_vector<float>();
         for (float& x : v) x = x * c;
@@ -395,7 +418,11 @@ void ShardedOptimizer::take_model_state_bytes() {
       const MemoryStats st = allocator_for(d).stats();
       for (size_t t = 0; t < on_devices.size(); ++t) on_devices[t] += st.current[t];
     }
-  const MemoryStats host = host_allocator().stats();
+  MemoryStats host = host_allocator().stats();
+  if (!host_addressable(reducer_.buffers())) {  // host copies in page-locked memory
+    const MemoryStats pinned = staging_allocator(reducer_.buffers()).stats();
+    for (size_t t = 0; t < host.current.size(); ++t) host.current[t] += pinned.current[t];
+  }
   for (size_t t = 0; t < at_update_.size(); ++t) {
     at_update_[t] = std::max(at_update_[t], host.current[t] + on_devices[t]);
     at_update_device_[t] = std::max(at_update_device_[t], on_devices[t]);
@@ -414,31 +441,40 @@ void ShardedOptimizer::step() {
   // Bucket by bucket: what the stream did not update is updated here, and each bucket's new
   // values go into the flat parameters (every rank's shard, gathered) while the next one is.
   Stream& s = *stream_;
-  std::vector<HostValues> values(shard_.size());
+  // The all-gathers run on the collectives' memory (the reducer's): what is elsewhere (the
+  // host's new values for a GPU's buffers, parameters offloaded to the host) is copied there.
+  Communicator& fc = reducer_.communicator();
+  const Device node = reducer_.buffers();
+  std::vector<Array> sends(shard_.size()), recvs(shard_.size());
   std::vector<WorkPtr> works(shard_.size());
   CollectiveContext ctx = comm_.context();
   for (size_t b = 0; b < shard_.size(); ++b) {
     if (sharded_bucket(b) && !gatherer_)
       fail("[zero] an update after the parameters were unsharded");
-    const float* fresh = nullptr;
+    Array fresh;
     if (s.updated[b]) {
-      fresh = staged_[b].data<float>();
+      fresh = staged_[b];
     } else {
       update_bucket(b, false);
       ++s.count;
-      values[b] = host_values(shard_[b]);
-      fresh = values[b].data;
+      fresh = f32_array(shard_[b]);
     }
     if (stage_ == 0 || sharded_bucket(b)) {  // the flat buffer is what this rank updates
-      std::memcpy(flat_[b].raw(), fresh, static_cast<size_t>(own_count(b)) * 4);
+      copy_f32(flat_[b], 0, fresh, 0, own_count(b));
       continue;
     }
+    sends[b] = on_node(fresh, own_count(b), node);
+    recvs[b] = same_memory(flat_[b].device(), node)
+                   ? flat_[b]
+                   : flat_f32(flat_[b].numel(), MemoryTag::communication, node);
     ctx.what = "all_gather of parameter bucket " + std::to_string(b);
-    comm_.set_context(ctx);
-    works[b] = comm_.iall_gather(fresh, flat_[b].raw(), own_count(b), Dtype::f32);
+    fc.set_context(ctx);
+    works[b] = fc.iall_gather(sends[b].raw(), recvs[b].raw(), own_count(b), Dtype::f32);
   }
   for (size_t b = 0; b < shard_.size(); ++b) {
     if (works[b]) works[b]->wait();
+    if (works[b] && recvs[b].buffer != flat_[b].buffer)
+      copy_f32(flat_[b], 0, recvs[b], 0, flat_[b].numel());
     shard_[b] = view_leaf(flat_[b], own_begin(b) - flat_base(b), {own_count(b)}, true);
     staged_[b] = Array{};
   }
@@ -491,7 +527,9 @@ std::vector<training::checkpoint::Piece> ShardedOptimizer::checkpoint_pieces() c
     for (const auto& [key, t] : state)
       if (key.substr(key.find('.') + 1) == shard_name(b))
         slots.emplace_back(key.substr(0, key.find('.')), host_values(t));
-    const float* params = flat_[b].data<float>();
+    // The flat buffer's values on the host (in place there; a copy of a device's).
+    const HostValues flat = host_values(view_leaf(flat_[b], 0, {flat_[b].numel()}, false));
+    const float* params = flat.data;
     for (size_t k : reducer_.buckets()[b]) {
       const auto& [pname, p] = model_params_[k];
       const int64_t off = reducer_.offset_of(k);

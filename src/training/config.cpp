@@ -345,11 +345,6 @@ std::optional<Device> resolve_state_device(const TrainConfig& cfg) {
   }
   const Device d = Device::parse_name(cfg.state_device);
   if (d.kind == DeviceKind::cpu) return Device::cpu();
-  if (cfg.zero > 0 && d.kind == DeviceKind::cuda)
-    fail("[train] state-device ", cfg.state_device, " under --zero ", cfg.zero,
-         ": ZeRO's collectives and gradient sums run over MPI on host-addressable memory, and "
-         "shards on a GPU need NCCL's reduce-scatter and all-gather (not done yet); give "
-         "--state-device cpu, auto or sim:N");
   std::string names;
   for (const runtime::DeviceModel& m : devices) {
     if (m.device == d) return d;

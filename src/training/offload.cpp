@@ -51,8 +51,7 @@ std::optional<Device> optimizer_step_device(const TrainConfig& cfg) {
 }
 
 Device flat_buffer_home(const TrainConfig& cfg) {
-  const Device home = resolve_state_device(cfg).value_or(Device::cpu());
-  return home.kind == DeviceKind::cuda ? Device::cpu() : home;
+  return resolve_state_device(cfg).value_or(Device::cpu());
 }
 
 distributed::StateHomes state_homes(const TrainConfig& cfg) {

@@ -37,8 +37,8 @@ bool streams_updates(const TrainConfig& cfg, bool grad_scaler);
 std::optional<Device> optimizer_step_device(const TrainConfig& cfg);
 
 /// The memory node of the sharded optimizer's and the gradient reducer's flat buffers: the state
-/// device when the collectives can read it in place (cpu, sim), else the host (no state device;
-/// a GPU, which only zero 0's data parallelism accepts: its collectives run over MPI).
+/// device (the host without one). Their collectives run on a communicator for that memory
+/// (distributed::make_device_communicator: the run's own for host memory, NCCL for a GPU).
 Device flat_buffer_home(const TrainConfig& cfg);
 /// Where the sharded optimizer's buffers live under cfg: flat_buffer_home, less what --offload
 /// moves to the host.

@@ -252,6 +252,10 @@ StepOutcome train_step(nn::Module& model, optim::Optimizer& opt,
       // nothing that needs every gradient before an update (clipping, a scaler), each bucket's
       // update also runs on the host as soon as the bucket is reduced.
       comm.set_context({step, "gradient reduction"});
+      // The reducer's collectives run on the communicator for its buffers' memory (NCCL for a
+      // GPU's): a timeout there names the step too.
+      if (&reducer->communicator() != &comm)
+        reducer->communicator().set_context({step, "gradient reduction"});
       const int64_t divisor = static_cast<int64_t>(micro.size()) * comm.size();
       auto* sharded = dynamic_cast<distributed::ShardedOptimizer*>(&opt);
       const bool stream =
@@ -429,6 +433,13 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   default_generator().set_state(cfg.seed + 1, 0);  // dropout draws from the default generator
   broadcast_model(*model, comm);
 
+  // The collectives on the flat buffers' memory: this run's communicator for host memory (the
+  // CPU, sim devices), NCCL on the state device for a GPU. It outlives the optimizer.
+  const bool reduces = micro_batches > 1 || cfg.zero > 0;
+  std::unique_ptr<distributed::Communicator> device_comm =
+      reduces ? distributed::make_device_communicator(flat_buffer_home(cfg), comm, cfg.comm_timeout)
+              : nullptr;
+  distributed::Communicator& flat_comm = device_comm ? *device_comm : comm;
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, model->named_parameters());
 
   const amp::Precision precision = amp::precision_from_name(cfg.precision);
@@ -449,7 +460,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
     distributed::BucketOptions bo = distributed::ShardedOptimizer::bucket_options(
         static_cast<int>(cfg.zero), cfg.bucket_mb, 1, cfg.param_persistence_threshold);
     bo.buffers = flat_buffer_home(cfg);  // the gradients live with the parameters
-    reducer.emplace(model->parameters(), comm, bo);
+    reducer.emplace(model->parameters(), flat_comm, bo);
   }
   optim::LrSchedule sched{.kind = cfg.schedule,
                           .base_lr = cfg.lr,

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "hetrain/base/dtype.h"
+#include "hetrain/memory/device.h"
 
 namespace hetrain::distributed {
 
@@ -103,6 +104,18 @@ class Communicator {
 
 /// A world of one process: rank 0 of 1; collectives copy (or do nothing) and complete at once.
 std::unique_ptr<Communicator> make_local_communicator();
+
+/// The communicator for collectives on the memory of `memory`, bootstrapped over `host` (the
+/// same ranks): null for memory the host reads in place (the CPU, sim devices), where `host`
+/// serves; for a GPU, NCCL on that GPU (one per rank; a world of one needs no mpirun), whose
+/// buffers are the GPU's pointers. NCCL is in the hetrain_distributed library, which installs
+/// its maker (install_nccl_communicators, distributed/nccl.h; make_world_communicator does);
+/// without it, or in a build without NCCL, this throws saying what to do.
+std::unique_ptr<Communicator> make_device_communicator(Device memory, Communicator& host,
+                                                       double timeout_s);
+using DeviceCommunicatorMaker = std::unique_ptr<Communicator> (*)(Device memory, Communicator& host,
+                                                                  double timeout_s);
+void set_device_communicator_maker(DeviceCommunicatorMaker make);
 
 /// Checks the arguments every implementation shares (count >= 0, root in range, reductions only
 /// on numeric dtypes); `op` names the collective in the error.

@@ -61,7 +61,8 @@ struct BucketOptions {
   bool overlap = true;  // overlap_next_backward() starts buckets during backward
                         // (false: ZeRO 3, whose gathers are backward's collectives)
   // The memory node of the bucket buffers (gradients and exchange buffers): the host, or the
-  // state device (a sim device; the sums and collectives read the buffers in place).
+  // state device (a sim device, read in place; a GPU, whose sums run on its stream). The
+  // communicator given with it must reach that memory (NCCL for a GPU: make_device_communicator).
   Device buffers = Device::cpu();
   ProgressMode progress = progress_mode_from_env();
 };
@@ -115,6 +116,9 @@ class GradReducer final : private NodeObserver {
   bool received_gradient(size_t k) const { return had_grad_[k]; }
   /// The memory node of the bucket buffers (BucketOptions::buffers).
   Device buffers() const { return opt_.buffers; }
+  /// The communicator for that memory (what the constructor was given), which the collectives
+  /// on the flat buffers of the sharded optimizer and the gatherer use too.
+  Communicator& communicator() const { return comm_; }
   /// After reduce(): the whole reduced bucket (with gather) and this rank's shard of it. The
   /// memory stays valid between steps (keep_buffers, or the shard without it).
   const Array& reduced_bucket(size_t b) const;
@@ -132,7 +136,7 @@ class GradReducer final : private NodeObserver {
   };
   void ensure_acc(Bucket& b);
   void add_grad(size_t param, bool first);
-  void add_values(size_t param, const float* data);
+  void add_values(size_t param, const Array& src);  // src: f32, contiguous, numel elements
   void on_node(const Node& node, int64_t start_ns, int64_t end_ns) override;
   // Bucket pipeline, under mu_: start the exchanges of complete buckets in order; sum the
   // exchanges that completed (wait: block for each in turn).

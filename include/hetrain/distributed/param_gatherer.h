@@ -44,7 +44,8 @@ class ParamGatherer final : public EvalHook {
     std::vector<std::weak_ptr<Node>> views;  // views of the leaves seen in plans (gatherer's)
   };
   /// Installs itself as the executor's eval hook (removed by the destructor). The gathered
-  /// buckets go to the memory node of `home` (the host, or the state device: a sim device).
+  /// buckets go to the memory node of `home` (the host, or the state device), which comm's
+  /// collectives must reach (NCCL for a GPU); a shard elsewhere is copied there first.
   ParamGatherer(Communicator& comm, std::vector<Bucket> buckets, Device home = Device::cpu());
   ~ParamGatherer() override;
   ParamGatherer(const ParamGatherer&) = delete;

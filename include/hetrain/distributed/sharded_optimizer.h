@@ -67,9 +67,12 @@ using OptimizerFactory =
 class ParamGatherer;
 
 /// Where the model states live (a policy over the same flat buffers; the trainer derives it from
-/// --state-device and --offload): each is the host or the state device. The collectives and the
-/// reducer's sums read the buffers in place, so a home is host-addressable memory: the CPU or a
-/// sim device (a GPU would need NCCL's collectives on device buffers).
+/// --state-device and --offload): each is the host or the state device. The collectives on the
+/// flat buffers run on the reducer's communicator (GradReducer::communicator), the one for the
+/// state device's memory: the run's own for host memory (the CPU, a sim device, read in place),
+/// NCCL for a GPU (whose sums run on its stream); what lives elsewhere (offloaded parameter
+/// shards, the host's new values) is copied to that memory for a collective. The host-side
+/// collectives (the clipping norm's chunks, the overflow flag, state_dict) use `comm`.
 ///   no offload                  everything on the state device (the host without one)
 ///   --offload optimizer         the optimizer state (and the step, run by the trainer) on the host
 ///   --offload optimizer+params  stage 3: the parameter shards on the host too; the buckets

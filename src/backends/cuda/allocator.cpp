@@ -11,6 +11,7 @@
 #include "backends/cuda/api.h"
 #include "backends/cuda/check.h"
 #include "backends/cuda/context.h"
+#include "backends/cuda/flat_buffers.h"
 #include "hetrain/base/error.h"
 
 namespace hetrain::cuda {
@@ -222,6 +223,11 @@ PinnedPool& pinned_pool() {
 void device_to_host(const void* src, int index, void* dst, size_t bytes) {
   DeviceContext& c = context(index);
   DeviceGuard guard(index);
+  if (is_pinned_block(dst, bytes)) {  // page-locked already: no staging
+    HT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c.stream));
+    HT_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    return;
+  }
   size_t cap = 0;
   void* stage = pinned_pool().acquire(bytes, cap);
   try {
@@ -238,6 +244,13 @@ void device_to_host(const void* src, int index, void* dst, size_t bytes) {
 void host_to_device(const void* src, void* dst, int index, size_t bytes) {
   DeviceContext& c = context(index);
   DeviceGuard guard(index);
+  // A block of pinned_host_allocator: its release waits for this stream, and its users do not
+  // write it again while it is alive (flat_buffers.h). Other page-locked memory (another
+  // library's) is staged as pageable memory is: its owner may rewrite or free it at once.
+  if (is_pinned_block(src, bytes)) {
+    HT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c.stream));
+    return;
+  }
   size_t cap = 0;
   void* stage = pinned_pool().acquire(bytes, cap);
   std::memcpy(stage, src, bytes);

@@ -16,6 +16,7 @@
 
 #include "hetrain/base/error.h"
 #include "hetrain/distributed/mpi.h"
+#include "hetrain/distributed/nccl.h"
 
 namespace hetrain::distributed {
 
@@ -317,6 +318,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(const MpiOptions& opt) {
 }
 
 std::unique_ptr<Communicator> make_world_communicator(const MpiOptions& opt) {
+  install_nccl_communicators();  // ZeRO's collectives on GPU memory
   if (launched_by_mpi()) return make_mpi_communicator(opt);
   return make_local_communicator();
 }

@@ -13,5 +13,15 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, const NcclOp
       "that ships nccl.h and libnccl)");
 }
 
+void install_nccl_communicators() {
+  set_device_communicator_maker(
+      [](Device memory, Communicator&, double) -> std::unique_ptr<Communicator> {
+        fail("[nccl] collectives on ", memory.str(),
+             "'s memory (ZeRO with a GPU --state-device) need NCCL, and this build has none: "
+             "configure with the CUDA backend on and a CUDA toolkit that ships nccl.h and libnccl, "
+             "or give --state-device cpu or sim:N");
+      });
+}
+
 }  // namespace hetrain::distributed
 #endif
