@@ -192,8 +192,8 @@ int cmd_train(const Args& args) {
               "where parameters and optimizer state live and the optimizer step runs, so that "
               "they stay there between steps: auto (the first GPU in --devices; without one, "
               "or under --zero, the host and where the scheduler places the step), cpu, or a "
-              "device of --devices (cuda:N, sim:N; under --zero, whose shards and gradient "
-              "buffers then live there, sim:N only)",
+              "device of --devices (cuda:N, sim:N; under --zero its shards and gradient "
+              "buffers then live there, with NCCL collectives on a GPU)",
               "auto")
       .option("offload", "WHAT",
               "none, or optimizer: the optimizer state and step on the host while parameters "
