@@ -8,7 +8,8 @@
 #      768 wide, 12 heads, context 1024; byte vocabulary as Hetrain's gpt preset) with
 #      `hetrain train --devices cpu,cuda:0`, then the same model under PyTorch on the same GPU
 #      (eager, and torch.compile if it works);
-#      after a loss-agreement check (gpt-mini fp32 on cpu against cpu,cuda:0);
+#      after a loss-agreement check (gpt-mini fp32 on cpu against cpu,cuda:0) and ZeRO 0-3 with
+#      the state on cuda:0 (NCCL, pinned offload; stages 1-3 bit for bit stage 0's losses);
 #   4. prints a markdown table: step time, tokens/s, MFU against the measured bf16 GEMM rate,
 #      peak GPU memory, final loss; then where the 124M step's time goes (hetrain perfmodel
 #      show --sort time after a recorded run).
@@ -112,7 +113,8 @@ fi
 
 # The NCCL communicator on this machine's GPU (one rank), and the scheduler's tests with a real
 # cuda:0 among the devices.
-for t in "$TEST_DIST World.Nccl*" "$TEST_RUNTIME Scheduler.*:ListScheduler.*"; do
+for t in "$TEST_DIST World.Nccl*:ZeroDevice.*:ZeroOnStateDevice.*" \
+  "$TEST_RUNTIME Scheduler.*:ListScheduler.*"; do
   set -f; set -- $t; set +f
   [ -x "$1" ] || continue
   say "$(basename "$1") --gtest_filter=$2"
@@ -241,6 +243,41 @@ print("cpu,cuda:0   ", b, file=sys.stderr)
 worst = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=None)
 ok = worst is not None and len(a) == len(b) and worst <= 1e-3
 print(f"largest relative difference {worst}: {'agree' if ok else 'DIFFER'}", file=sys.stderr)
+sys.exit(0 if ok else 1)
+PY
+
+# ZeRO with its buffers on the GPU (NCCL collectives, one rank): stages 1-3 must give stage 0's
+# losses bit for bit; offload (pinned host memory) within 1e-5 of them (the host's AdamW may
+# round differently from the GPU's).
+say "ZeRO on cuda:0: losses of stages 0-3 and offload, gpt-mini (2 layers, width 64) fp32, 6 steps"
+for run in "0" "1" "2" "3" "1 optimizer" "2 optimizer" "3 optimizer+params"; do
+  set -- $run
+  timeout "$RUN_TIMEOUT" "$HETRAIN" train --preset gpt-mini --layers 2 --width 64 --heads 2 \
+    --steps 6 --dropout 0 --precision fp32 --devices cpu,cuda:0 --state-device cuda:0 --zero "$1" \
+    ${2:+--offload "$2"} --data "$work/corpus.txt" --eval-batches 1 --log-every 1 --no-progress \
+    --no-record --json-log "$tmp/zero-$1${2:+-$2}.jsonl" > /dev/null 2> "$tmp/zero-$1${2:+-$2}.err" ||
+    echo "  zero $run failed: $(tail -2 "$tmp/zero-$1${2:+-$2}.err" | tr '\n' ' ')" >&2
+done
+python3 - "$tmp" <<'PY' || status=1
+import json, os, sys
+def losses(name):
+    p = os.path.join(sys.argv[1], f"zero-{name}.jsonl")
+    try:
+        return [r["loss"] for r in map(json.loads, open(p)) if "loss" in r and "final" not in r]
+    except OSError:
+        return []
+base, ok = losses("0"), True
+print("zero 0        ", base, file=sys.stderr)
+for name, exact in [("1", True), ("2", True), ("3", True), ("1-optimizer", False),
+                    ("2-optimizer", False), ("3-optimizer+params", False)]:
+    got = losses(name)
+    if exact:
+        good = bool(base) and got == base
+    else:
+        good = bool(base) and len(got) == len(base) and all(
+            abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, base))
+    ok = ok and good
+    print(f"zero {name:18s} {'equal' if good else 'DIFFER'} {got}", file=sys.stderr)
 sys.exit(0 if ok else 1)
 PY
 
