@@ -97,7 +97,7 @@ bool onednn_has_bf16_matmul();
 enum class Bf16GemmPath { onednn, convert_sgemm };
 /// How Matmul runs bf16: oneDNN's bf16 primitive where the CPU has bf16 instructions (AMX or
 /// AVX512-BF16), else convert to f32 + sgemm. HETRAIN_BF16_GEMM=onednn|sgemm overrides where
-/// oneDNN has a bf16 matmul at all.
+/// oneDNN has a bf16 matmul at all; another value throws.
 Bf16GemmPath bf16_gemm_path();
 
 enum class Bf16AttentionPath { batched, f32 };

@@ -177,11 +177,12 @@ bool onednn_has_bf16_matmul() {
 
 Bf16GemmPath bf16_gemm_path() {
   static const Bf16GemmPath p = [] {
+    const char* env = std::getenv("HETRAIN_BF16_GEMM");
+    if (env && std::strcmp(env, "onednn") != 0 && std::strcmp(env, "sgemm") != 0)
+      fail("HETRAIN_BF16_GEMM must be onednn or sgemm, got '", env, "'");
     if (!onednn_has_bf16_matmul()) return Bf16GemmPath::convert_sgemm;
-    if (const char* env = std::getenv("HETRAIN_BF16_GEMM")) {
-      if (std::strcmp(env, "onednn") == 0) return Bf16GemmPath::onednn;
-      if (std::strcmp(env, "sgemm") == 0) return Bf16GemmPath::convert_sgemm;
-    }
+    if (env)
+      return std::strcmp(env, "onednn") == 0 ? Bf16GemmPath::onednn : Bf16GemmPath::convert_sgemm;
     // oneDNN's bf16 kernels pay where the CPU computes in bf16 (AMX, AVX512-BF16); on a
     // plain AVX-512 CPU they convert internally, like our f32 path. On AVX2 CPUs oneDNN 2.6
     // has no bf16 matmul at all (docs/PERFORMANCE.md), so convert + sgemm is the only path.
