@@ -265,11 +265,7 @@ void host_to_device(const void* src, void* dst, int index, size_t bytes) {
 }  // namespace
 
 Allocator& device_allocator(int index) {
-  if (index < 0 || index >= device_count()) {
-    std::string found = "cpu";
-    for (int i = 0; i < device_count(); ++i) found += ", cuda:" + std::to_string(i);
-    fail_no_device(index, found);
-  }
+  check_device(index);
   static std::mutex mu;
   static std::array<CudaAllocator*, kMaxDevices> allocators{};
   std::lock_guard<std::mutex> lk(mu);

@@ -24,6 +24,8 @@ std::string device_model(int index);
 std::string describe();
 /// Throws the "no such CUDA device" error, listing `found` (the devices the caller has).
 [[noreturn]] void fail_no_device(int index, const std::string& found);
+/// Throws that error, listing cpu and this process's CUDA devices, unless index names one.
+void check_device(int index);
 
 /// The caching allocator of device index's memory node (created on first use).
 Allocator& device_allocator(int index);

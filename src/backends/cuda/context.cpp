@@ -76,8 +76,12 @@ void fail_no_device(int index, const std::string& found) {
        e.count == 1 ? "" : "s", " (cuda:0 .. cuda:", e.count - 1, "); devices found: ", found);
 }
 
-std::string device_name(int index) {
+void check_device(int index) {
   if (index < 0 || index >= device_count()) fail_no_device(index, devices_found());
+}
+
+std::string device_name(int index) {
+  check_device(index);
   cudaDeviceProp p{};
   HT_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
   std::ostringstream os;
@@ -87,7 +91,7 @@ std::string device_name(int index) {
 }
 
 std::string device_model(int index) {
-  if (index < 0 || index >= device_count()) fail_no_device(index, devices_found());
+  check_device(index);
   // Asked per eval() while kernel times are recorded: looked up once per device.
   static std::mutex mu;
   static std::array<std::string, kMaxDevices> names;
@@ -121,7 +125,7 @@ std::string describe() {
 }
 
 DeviceContext& context(int index) {
-  if (index < 0 || index >= device_count()) fail_no_device(index, devices_found());
+  check_device(index);
   static std::mutex mu;
   static std::array<DeviceContext*, kMaxDevices> contexts{};
   std::lock_guard<std::mutex> lk(mu);
@@ -157,7 +161,7 @@ DeviceGuard::~DeviceGuard() {
 }
 
 void bind_thread(int index) {
-  if (index < 0 || index >= device_count()) fail_no_device(index, devices_found());
+  check_device(index);
   HT_CUDA_CHECK(cudaSetDevice(index));
 }
 

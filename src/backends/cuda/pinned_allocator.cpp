@@ -178,11 +178,7 @@ bool is_pinned_block(const void* p, size_t bytes) {
 }
 
 Allocator& pinned_host_allocator(int index) {
-  if (index < 0 || index >= device_count()) {
-    std::string found = "cpu";
-    for (int i = 0; i < device_count(); ++i) found += ", cuda:" + std::to_string(i);
-    fail_no_device(index, found);
-  }
+  check_device(index);
   static std::mutex mu;
   static std::array<PinnedHostAllocator*, kMaxDevices> allocators{};
   std::lock_guard<std::mutex> lk(mu);
