@@ -4,13 +4,10 @@
 // GPU. On a GPU (skipped with the reason elsewhere): ZeRO 1-3 on cuda:0 over NCCL (one rank, no
 // mpirun) against stage 0 on cuda:0, and offload through page-locked host memory.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +18,7 @@
 #include "hetrain/runtime/scheduler.h"
 #include "hetrain/training/nn.h"
 #include "hetrain/training/trainer.h"
+#include "tiny_gpt.h"
 
 #ifdef HETRAIN_HAVE_NCCL
 #include "backends/cuda/flat_buffers.h"
@@ -29,7 +27,6 @@
 using namespace hetrain;
 using namespace hetrain::distributed;
 using namespace hetrain::training;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -136,56 +133,24 @@ TEST(ZeroDevice, HostMemoryUsesTheRunsCommunicatorAndAGpuNcclOrAClearError) {
   }
 }
 
-struct RunResult {
-  std::vector<double> losses;
-  std::map<std::string, std::vector<float>> params;
-  std::map<std::string, std::string> where;
-};
+using RunResult = hetrain::testing::RecordedRun;
 
 class ZeroOnStateDevice : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("hetrain_zero_device_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    std::ofstream(dir_ / "corpus.txt") << std::string(4000, 'a') + "the quick brown fox jumps "
-                                       << "over the lazy dog, again and again and again.\n";
-    cfg_ = preset_config("gpt-mini");
-    cfg_.data = (dir_ / "corpus.txt").string();
-    cfg_.layers = 1;
-    cfg_.width = 32;
-    cfg_.heads = 2;
-    cfg_.context = 16;
-    cfg_.batch_size = 4;
-    cfg_.grad_accum = 2;  // two micro-batches: the reducer's sums run at every stage
-    cfg_.steps = 3;
-    cfg_.dropout = 0;
-    cfg_.threads = 1;
-    cfg_.progress = false;
-    cfg_.final_eval = false;
+    cfg_ = hetrain::testing::tiny_gpt_config(corpus_.corpus(), 1, 32, 16, 4);
+    cfg_.grad_accum = 2;    // two micro-batches: the reducer's sums run at every stage
     cfg_.bucket_mb = 0.01;  // several buckets
   }
-  void TearDown() override {
-    runtime::configure({});
-    fs::remove_all(dir_);
-  }
+  void TearDown() override { runtime::configure({}); }
   RunResult run(const std::string& state_device, int64_t zero, const std::string& offload) {
     TrainConfig c = cfg_;
     c.state_device = state_device;
     c.zero = zero;
     c.offload = offload;
-    RunResult r;
-    StepHooks hooks;
-    hooks.end = [&](int64_t, double loss) { r.losses.push_back(loss); };
-    hooks.finished = [&](nn::Module& model) {
-      for (auto& [name, p] : model.named_parameters()) {
-        r.where[name] = p->array().device().str();
-        r.params[name] = p->to_vector<float>();
-      }
-    };
-    train(c, hooks);
-    return r;
+    return hetrain::testing::train_recording(c);
   }
-  fs::path dir_;
+  hetrain::testing::TinyCorpus corpus_{"zero_device"};
   TrainConfig cfg_;
 };
 

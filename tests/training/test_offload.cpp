@@ -3,10 +3,8 @@
 // capacity-limited sim:0 without offload (an out-of-memory error naming the device, the request
 // and the bytes by tag) trains with it, bitwise the same run on a sim device large enough.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -20,20 +18,17 @@
 #include "hetrain/training/checkpoint.h"
 #include "hetrain/training/nn.h"
 #include "hetrain/training/trainer.h"
+#include "tiny_gpt.h"
 
 using namespace hetrain;
 using namespace hetrain::training;
-namespace fs = std::filesystem;
 
 namespace {
 
 const Device kSim{DeviceKind::sim, 0};
 
-struct RunResult {
-  std::vector<double> losses;
-  std::map<std::string, std::vector<float>> params;
+struct RunResult : hetrain::testing::RecordedRun {
   std::map<std::string, std::vector<float>> opt_state;
-  std::map<std::string, std::string> where;  // parameter -> device of its array
   nlohmann::json final_log;
   int64_t sim_peak = 0;
   int64_t streamed = -1;  // buckets_streamed over the log's step records (-1: not logged)
@@ -42,28 +37,10 @@ struct RunResult {
 class Offload : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("hetrain_offload_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    std::ofstream(dir_ / "corpus.txt") << std::string(4000, 'a') + "the quick brown fox jumps "
-                                       << "over the lazy dog, again and again and again.\n";
-    cfg_ = preset_config("gpt-mini");
-    cfg_.data = (dir_ / "corpus.txt").string();
-    cfg_.layers = 2;
-    cfg_.width = 64;
-    cfg_.heads = 2;
-    cfg_.context = 8;
-    cfg_.batch_size = 2;
-    cfg_.steps = 3;
-    cfg_.dropout = 0;
-    cfg_.threads = 1;
-    cfg_.progress = false;
-    cfg_.final_eval = false;
+    cfg_ = hetrain::testing::tiny_gpt_config(corpus_.corpus(), 2, 64, 8, 2);
     cfg_.state_device = "sim:0";
   }
-  void TearDown() override {
-    runtime::configure({});
-    fs::remove_all(dir_);
-  }
+  void TearDown() override { runtime::configure({}); }
   /// A run whose every node is on sim:0 (pinned there) but the offloaded optimizer step.
   /// zero > 0: the sharded optimizer (one rank) with its shards and buffers on sim:0.
   RunResult run(const std::string& offload, int64_t capacity, int64_t zero = 0) {
@@ -74,20 +51,12 @@ class Offload : public ::testing::Test {
     c.offload = offload;
     c.zero = zero;
     const std::string name = offload + "_z" + std::to_string(zero);
-    c.json_log = (dir_ / ("log_" + name + ".jsonl")).string();
-    c.save_dir = (dir_ / ("ckpt_" + name)).string();
+    c.json_log = (corpus_.dir() / ("log_" + name + ".jsonl")).string();
+    c.save_dir = (corpus_.dir() / ("ckpt_" + name)).string();
     RunResult r;
-    StepHooks hooks;
-    hooks.end = [&](int64_t, double loss) { r.losses.push_back(loss); };
-    hooks.finished = [&](nn::Module& model) {
-      for (auto& [name, p] : model.named_parameters()) {
-        r.where[name] = p->array().device().str();
-        r.params[name] = p->to_vector<float>();
-      }
-    };
     {
       DeviceScope on(kSim);
-      train(c, hooks);
+      static_cast<hetrain::testing::RecordedRun&>(r) = hetrain::testing::train_recording(c);
     }
     r.sim_peak = allocator_for(kSim).stats().peak_total;
     std::ifstream log(c.json_log);
@@ -102,7 +71,7 @@ class Offload : public ::testing::Test {
       r.opt_state[name] = t.to_vector<float>();
     return r;
   }
-  fs::path dir_;
+  hetrain::testing::TinyCorpus corpus_{"offload"};
   TrainConfig cfg_;
 };
 

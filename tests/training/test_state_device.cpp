@@ -2,11 +2,8 @@
 // state live on a sim device must be bitwise the run that keeps them on the CPU, and they must
 // really be there at the end (what lets a GPU run skip the per-step copies of the weights).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -16,61 +13,30 @@
 #include "hetrain/runtime/scheduler.h"
 #include "hetrain/training/nn.h"
 #include "hetrain/training/trainer.h"
+#include "tiny_gpt.h"
 
 using namespace hetrain;
 using namespace hetrain::training;
-namespace fs = std::filesystem;
 
 namespace {
 
-struct RunResult {
-  std::vector<double> losses;
-  std::map<std::string, std::vector<float>> params;
-  std::map<std::string, std::string> where;  // parameter -> device of its array
-};
+using RunResult = hetrain::testing::RecordedRun;
+using hetrain::testing::TinyCorpus;
 
 class StateDevice : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("hetrain_state_device_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    std::ofstream(dir_ / "corpus.txt") << std::string(4000, 'a') + "the quick brown fox jumps "
-                                       << "over the lazy dog, again and again and again.\n";
-    cfg_ = preset_config("gpt-mini");
-    cfg_.data = (dir_ / "corpus.txt").string();
-    cfg_.layers = 1;
-    cfg_.width = 32;
-    cfg_.heads = 2;
-    cfg_.context = 16;
-    cfg_.batch_size = 4;
-    cfg_.steps = 3;
-    cfg_.dropout = 0;
-    cfg_.threads = 1;
-    cfg_.progress = false;
-    cfg_.final_eval = false;
+    cfg_ = hetrain::testing::tiny_gpt_config(corpus_.corpus(), 1, 32, 16, 4);
     runtime::configure({.devices = runtime::parse_devices("cpu,sim:0"),
                         .placement = runtime::PlacementPolicy::heft});
   }
-  void TearDown() override {
-    runtime::configure({});
-    fs::remove_all(dir_);
-  }
+  void TearDown() override { runtime::configure({}); }
   RunResult run(const std::string& state_device) {
     TrainConfig c = cfg_;
     c.state_device = state_device;
-    RunResult r;
-    StepHooks hooks;
-    hooks.end = [&](int64_t, double loss) { r.losses.push_back(loss); };
-    hooks.finished = [&](nn::Module& model) {
-      for (auto& [name, p] : model.named_parameters()) {
-        r.where[name] = p->array().device().str();
-        r.params[name] = p->to_vector<float>();
-      }
-    };
-    train(c, hooks);
-    return r;
+    return hetrain::testing::train_recording(c);
   }
-  fs::path dir_;
+  TinyCorpus corpus_{"state_device"};
   TrainConfig cfg_;
 };
 
