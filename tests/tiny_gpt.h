@@ -61,9 +61,9 @@ inline training::TrainConfig tiny_gpt_config(const std::string& corpus, int64_t 
 }
 
 struct RecordedRun {
-  std::vector<double> losses;                          // one per step
-  std::map<std::string, std::vector<float>> params;    // at the end
-  std::map<std::string, std::string> where;            // parameter -> device of its array
+  std::vector<double> losses;                        // one per step
+  std::map<std::string, std::vector<float>> params;  // at the end
+  std::map<std::string, std::string> where;          // parameter -> device of its array
 };
 
 /// Trains c, recording the losses and the final parameters and where they are.
