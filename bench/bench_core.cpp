@@ -15,8 +15,10 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/cpu/gemm.h"
@@ -345,6 +347,65 @@ void BM_AttentionBf16(benchmark::State& state) {
   state.SetLabel(backward ? "forward + gradient" : "forward");
 }
 BENCHMARK(BM_AttentionBf16)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- a product's epilogue: inside the product or a pass after it
+// ---------------------------------------------------------------------
+
+/// gpt-mini's linear layers in bf16 with their bias, 2048 rows: arg 0 the shape (0: 128 -> 512,
+/// 1: 512 -> 128, 2: 128 -> 384), arg 1 how the bias is added: 0 not at all (oneDNN's product
+/// alone), 1 as oneDNN's binary post-op inside the product (one rounding, as PyTorch's addmm),
+/// 2 as Hetrain runs `matmul(x, w) + b` (the fusion pass's epilogue: the product into the output,
+/// then the add over it, the unfused graph's bits). Where oneDNN has no bf16 matmul, skipped.
+void BM_Bf16LinearBias(benchmark::State& state) {
+  if (!cpu::onednn_has_bf16_matmul()) {
+    state.SkipWithError("oneDNN has no bf16 matmul on this CPU");
+    return;
+  }
+  static const int64_t kShapes[][2] = {{128, 512}, {512, 128}, {128, 384}};
+  const int64_t M = 2048, K = kShapes[state.range(0)][0], N = kShapes[state.range(0)][1];
+  const int mode = static_cast<int>(state.range(1));
+  Generator gen(3);
+  Tensor x = cast(randn({M, K}, Dtype::f32, gen), Dtype::bf16).eval();
+  Tensor w = cast(randn({K, N}, Dtype::f32, gen), Dtype::bf16).eval();
+  Tensor b = cast(randn({N}, Dtype::f32, gen), Dtype::bf16).eval();
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  const dnnl::memory::desc a_md({M, K}, dt::bf16, tag::ab), w_md({K, N}, dt::bf16, tag::ab),
+      c_md({M, N}, dt::bf16, tag::ab), b_md({1, N}, dt::bf16, tag::ab);
+  dnnl::primitive_attr attr;
+  if (mode == 1) {
+    dnnl::post_ops po;
+    po.append_binary(dnnl::algorithm::binary_add, b_md);
+    attr.set_post_ops(po);
+  }
+  const dnnl::matmul prim(
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, w_md, c_md), attr, eng));
+  std::vector<BFloat16> out(static_cast<size_t>(M * N));
+  dnnl::memory am(a_md, eng, x.array().raw()), wm(w_md, eng, w.array().raw()),
+      cm(c_md, eng, out.data()), bm(b_md, eng, b.array().raw());
+  auto step = [&] {
+    if (mode == 2) {
+      add(matmul(x, w), b).eval();
+      return;
+    }
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, cm}};
+    if (mode == 1) args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, bm);
+    prim.execute(strm, args);
+    strm.wait();
+  };
+  step();
+  for (auto _ : state) step();
+  static const char* modes[] = {"product alone", "bias as oneDNN post-op",
+                                "bias as Hetrain's epilogue"};
+  state.SetLabel(std::to_string(K) + " -> " + std::to_string(N) + ", " + modes[mode]);
+}
+BENCHMARK(BM_Bf16LinearBias)
+    ->ArgsProduct({{0, 1, 2}, {0, 1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // ---- one kernel source at every vector width
 // ---------------------------------------------------------
