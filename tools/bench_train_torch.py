@@ -50,6 +50,21 @@ def make(preset):
     raise SystemExit(f"unknown preset {preset}")
 
 
+def use_fused_attention():
+    """Runs the GPT's attention through PyTorch's fused F.scaled_dot_product_attention."""
+    import gen_train_parity
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        hd = C // self.heads
+        q, k, v = (t.view(B, T, self.heads, hd).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+    gen_train_parity.Attn.forward = forward
+
+
 def process_memory():
     """(VmRSS, VmHWM) in bytes from /proc/self/status."""
     with open("/proc/self/status") as f:
@@ -69,7 +84,13 @@ def main():
                     help="bf16: forward under torch.autocast('cpu', dtype=torch.bfloat16)")
     ap.add_argument("--mode", choices=["eager", "compile"], default="eager",
                     help="compile: torch.compile(model), compiled in the warm-up steps")
+    ap.add_argument("--attention", choices=["math", "sdpa"], default="math",
+                    help="gpt-mini's attention as written (softmax of masked scores) or through "
+                         "F.scaled_dot_product_attention (slower for this shape on the CPUs "
+                         "measured, docs/PERFORMANCE.md)")
     a = ap.parse_args()
+    if a.attention == "sdpa":
+        use_fused_attention()
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
     model, xs, ys, batch, language = make(a.preset)
@@ -118,7 +139,7 @@ def main():
     peak = process_memory()[1]
     step_s.sort()
     print(json.dumps({"preset": a.preset, "framework": f"pytorch {torch.__version__}",
-                      "mode": a.mode,
+                      "mode": a.mode, "attention": a.attention,
                       "precision": a.precision, "threads": a.threads,
                       "memory_format": a.memory_format if a.preset == "fashion-cnn" else "-", "steps": a.steps,
                       "samples_per_s": a.steps * batch / dt,
