@@ -21,20 +21,25 @@ float* at(const Array& a, int64_t off) { return a.data<float>() + off; }
 }
 #endif
 
-}  // namespace
-
-Array flat_f32(int64_t n, MemoryTag tag, Device home) {
+/// n zeroed f32 elements from `allocator`, not the calling thread's (an executor worker's).
+Array zeroed_f32(int64_t n, MemoryTag tag, Allocator& allocator) {
   Array a;
   a.shape = {n};
   a.dtype = Dtype::f32;
   a.tag = tag;
   a.strides = {1};
   {
-    AllocationDeviceScope on(home);  // not the calling thread's device (an executor worker's)
+    AllocationDeviceScope on(allocator);
     a.allocate();
   }
   zero_f32(a, 0, n);
   return a;
+}
+
+}  // namespace
+
+Array flat_f32(int64_t n, MemoryTag tag, Device home) {
+  return zeroed_f32(n, tag, allocator_for(home));
 }
 
 Allocator& staging_allocator(Device node) {
@@ -47,17 +52,7 @@ Allocator& staging_allocator(Device node) {
 }
 
 Array staging_f32(int64_t n, MemoryTag tag, Device node) {
-  Array a;
-  a.shape = {n};
-  a.dtype = Dtype::f32;
-  a.tag = tag;
-  a.strides = {1};
-  {
-    AllocationDeviceScope on(staging_allocator(node));
-    a.allocate();
-  }
-  zero_f32(a, 0, n);
-  return a;
+  return zeroed_f32(n, tag, staging_allocator(node));
 }
 
 void zero_f32(const Array& dst, int64_t off, int64_t n) {

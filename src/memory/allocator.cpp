@@ -228,12 +228,9 @@ std::shared_ptr<Buffer> HostAllocator::allocate(size_t bytes, MemoryTag tag) {
     std::lock_guard<std::mutex> lk(mu_);
     if (capacity_ > 0 && stats_.current_total + static_cast<int64_t>(bytes) > capacity_)
       throw OutOfMemoryError(oom_message(bytes, tag));
-    auto it = cache_.lower_bound(cap);
     // Take a cached block up to twice the size asked for.
-    if (it != cache_.end() && it->first <= cap * 2) {
-      cap = it->first;
-      p = it->second;
-      cache_.erase(it);
+    p = take_cached(cache_, cap, cap * 2);
+    if (p) {
       ++stats_.cache_hits;
     } else if (capacity_ > 0) {
       trim_cache_for(cap);

@@ -125,6 +125,18 @@ class Buffer {
   MemoryTag tag_;
 };
 
+/// A caching allocator's reuse rule: takes from `cache` (free blocks by capacity) the smallest
+/// block of at least `cap` and at most `max_cap` bytes and sets cap to its capacity; nullptr when
+/// there is none (cap unchanged).
+inline void* take_cached(std::multimap<size_t, void*>& cache, size_t& cap, size_t max_cap) {
+  auto it = cache.lower_bound(cap);
+  if (it == cache.end() || it->first > max_cap) return nullptr;
+  cap = it->first;
+  void* p = it->second;
+  cache.erase(it);
+  return p;
+}
+
 class Allocator {
  public:
   virtual ~Allocator() = default;

@@ -3,7 +3,6 @@
 #include <array>
 #include <atomic>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -46,14 +45,9 @@ class CudaAllocator final : public Allocator {
     void* p = nullptr;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      auto it = cache_.lower_bound(cap);
       // A cached block up to 1.5 times the size asked for (device memory is scarcer).
-      if (it != cache_.end() && it->first <= cap + cap / 2) {
-        cap = it->first;
-        p = it->second;
-        cache_.erase(it);
-        ++stats_.cache_hits;
-      }
+      p = take_cached(cache_, cap, cap + cap / 2);
+      if (p) ++stats_.cache_hits;
     }
     if (!p) p = device_malloc(cap, bytes, tag);
     std::lock_guard<std::mutex> lk(mu_);
@@ -155,69 +149,11 @@ class CudaAllocator final : public Allocator {
   MemoryObserver* observer_ = nullptr;
 };
 
-/// Page-locked host blocks for transfers, cached by capacity. A block used by an
-/// asynchronous host-to-device copy returns to the cache once the copy's event completes.
-class PinnedPool {
- public:
-  void* acquire(size_t bytes, size_t& cap) {
-    cap = round_capacity(bytes);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      reclaim();
-      auto it = cache_.lower_bound(cap);
-      if (it != cache_.end() && it->first <= cap * 2) {
-        cap = it->first;
-        void* p = it->second;
-        cache_.erase(it);
-        return p;
-      }
-    }
-    void* p = nullptr;
-    // Portable: pinned for every device's context, not only the current one.
-    HT_CUDA_CHECK(cudaHostAlloc(&p, cap, cudaHostAllocPortable));
-    return p;
-  }
-  void release(void* p, size_t cap) {
-    std::lock_guard<std::mutex> lk(mu_);
-    cache_.emplace(cap, p);
-  }
-  /// Returns p to the cache once the work queued on stream so far has finished.
-  void release_after(void* p, size_t cap, cudaStream_t stream) {
-    cudaEvent_t ev = nullptr;
-    HT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    HT_CUDA_CHECK(cudaEventRecord(ev, stream));
-    std::lock_guard<std::mutex> lk(mu_);
-    pending_.push_back({ev, p, cap});
-  }
-
- private:
-  struct Pending {
-    cudaEvent_t event;
-    void* ptr;
-    size_t cap;
-  };
-  // Caller holds mu_. Events complete in queue order per stream; check each anyway.
-  void reclaim() {
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      const cudaError_t e = cudaEventQuery(it->event);
-      if (e == cudaErrorNotReady) {
-        ++it;
-        continue;
-      }
-      if (e != cudaSuccess) (void)cudaGetLastError();  // the error resurfaces at the next sync
-      (void)cudaEventDestroy(it->event);
-      cache_.emplace(it->cap, it->ptr);
-      it = pending_.erase(it);
-    }
-  }
-  std::mutex mu_;
-  std::multimap<size_t, void*> cache_;
-  std::deque<Pending> pending_;
-};
-
-PinnedPool& pinned_pool() {
-  static PinnedPool* p = new PinnedPool();  // never destroyed, like the allocators
-  return *p;
+/// A page-locked staging block for a transfer with device index, from its pinned allocator
+/// (flat_buffers.h): freed, it is reused only once the work then queued on the device's stream
+/// (the copy that reads it) is done.
+std::shared_ptr<Buffer> staging(int index, size_t bytes) {
+  return pinned_host_allocator(index).allocate(bytes, MemoryTag::workspace);
 }
 
 void device_to_host(const void* src, int index, void* dst, size_t bytes) {
@@ -228,17 +164,10 @@ void device_to_host(const void* src, int index, void* dst, size_t bytes) {
     HT_CUDA_CHECK(cudaStreamSynchronize(c.stream));
     return;
   }
-  size_t cap = 0;
-  void* stage = pinned_pool().acquire(bytes, cap);
-  try {
-    HT_CUDA_CHECK(cudaMemcpyAsync(stage, src, bytes, cudaMemcpyDeviceToHost, c.stream));
-    HT_CUDA_CHECK(cudaStreamSynchronize(c.stream));
-  } catch (...) {
-    pinned_pool().release(stage, cap);
-    throw;
-  }
-  std::memcpy(dst, stage, bytes);
-  pinned_pool().release(stage, cap);
+  const std::shared_ptr<Buffer> stage = staging(index, bytes);
+  HT_CUDA_CHECK(cudaMemcpyAsync(stage->data(), src, bytes, cudaMemcpyDeviceToHost, c.stream));
+  HT_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  std::memcpy(dst, stage->data(), bytes);
 }
 
 void host_to_device(const void* src, void* dst, int index, size_t bytes) {
@@ -251,16 +180,9 @@ void host_to_device(const void* src, void* dst, int index, size_t bytes) {
     HT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c.stream));
     return;
   }
-  size_t cap = 0;
-  void* stage = pinned_pool().acquire(bytes, cap);
-  std::memcpy(stage, src, bytes);
-  try {
-    HT_CUDA_CHECK(cudaMemcpyAsync(dst, stage, bytes, cudaMemcpyHostToDevice, c.stream));
-  } catch (...) {
-    pinned_pool().release(stage, cap);
-    throw;
-  }
-  pinned_pool().release_after(stage, cap, c.stream);
+  const std::shared_ptr<Buffer> stage = staging(index, bytes);
+  std::memcpy(stage->data(), src, bytes);
+  HT_CUDA_CHECK(cudaMemcpyAsync(dst, stage->data(), bytes, cudaMemcpyHostToDevice, c.stream));
 }
 }  // namespace
 
@@ -290,17 +212,10 @@ void copy(const void* src, Device src_dev, void* dst, Device dst_dev, size_t byt
     }
     // Between two GPUs through the host: correct everywhere (peer access is an optimisation
     // for later). The source's stream is drained, the destination's stream orders the rest.
-    size_t cap = 0;
-    void* stage = pinned_pool().acquire(bytes, cap);
-    try {
-      device_to_host(src, src_dev.index, stage, bytes);
-      host_to_device(stage, dst, dst_dev.index, bytes);
-      synchronize(dst_dev.index);
-    } catch (...) {
-      pinned_pool().release(stage, cap);
-      throw;
-    }
-    pinned_pool().release(stage, cap);
+    const std::shared_ptr<Buffer> stage = staging(src_dev.index, bytes);
+    device_to_host(src, src_dev.index, stage->data(), bytes);
+    host_to_device(stage->data(), dst, dst_dev.index, bytes);
+    synchronize(dst_dev.index);
     return;
   }
   if (from_cuda) {

@@ -51,13 +51,8 @@ class PinnedHostAllocator final : public Allocator {
     {
       std::lock_guard<std::mutex> lk(mu_);
       reclaim();
-      auto it = cache_.lower_bound(cap);
-      if (it != cache_.end() && it->first <= cap * 2) {
-        cap = it->first;
-        p = it->second;
-        cache_.erase(it);
-        ++stats_.cache_hits;
-      }
+      p = take_cached(cache_, cap, cap * 2);
+      if (p) ++stats_.cache_hits;
     }
     if (!p) {
       // Portable: page-locked for every device's context, not only the current one.
