@@ -456,7 +456,7 @@ TrainResult train(const TrainConfig& cfg, const StepHooks& hooks, distributed::C
   const int64_t total = cfg.steps > 0 ? cfg.steps : cfg.epochs * loader.batches_per_epoch();
   check_agree(comm, total, "the number of steps");
   std::optional<distributed::GradReducer> reducer;
-  if (micro_batches > 1 || cfg.zero > 0) {
+  if (reduces) {
     distributed::BucketOptions bo = distributed::ShardedOptimizer::bucket_options(
         static_cast<int>(cfg.zero), cfg.bucket_mb, 1, cfg.param_persistence_threshold);
     bo.buffers = flat_buffer_home(cfg);  // the gradients live with the parameters
