@@ -14,10 +14,12 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "backends/cpu/compute_buffers.h"
 #include "backends/cpu/isa.h"
+#include "backends/cpu/omp_single.h"
 #include "backends/cpu/vec_math.h"
 #include "graph/prims/attention.h"
 #include "hetrain/base/thread_pool.h"
@@ -117,14 +119,16 @@ static_assert(kBk % kPad == 0);
 int64_t padded(int64_t n) { return (n + kPad - 1) / kPad * kPad; }
 
 /// Max of s[0, n) and m, ignoring NaN as std::max(m, s[c]) in a row would; eight partial maxima
-/// so the loop vectorises (the max is exact, so the order does not change it).
+/// in one vector so the loop vectorises (the max is exact, so the order does not change it).
 template <class T>
 [[gnu::always_inline]] inline T tile_row_max(const T* s, int64_t n, T m) {
-  T acc[8];
-  for (auto& a : acc) a = m;
+  cpu::Lanes8<T> acc = {m, m, m, m, m, m, m, m};
   int64_t c = 0;
-  for (; c + 8 <= n; c += 8)
-    for (int j = 0; j < 8; ++j) acc[j] = s[c + j] > acc[j] ? s[c + j] : acc[j];
+  for (; c + 8 <= n; c += 8) {
+    cpu::Lanes8<T> v;
+    std::memcpy(&v, s + c, sizeof v);
+    acc = v > acc ? v : acc;
+  }
   for (; c < n; ++c) acc[0] = s[c] > acc[0] ? s[c] : acc[0];
   for (int j = 1; j < 8; ++j) m = acc[j] > m ? acc[j] : m;
   return acc[0] > m ? acc[0] : m;
@@ -323,37 +327,41 @@ void attention_backward(Rows<const T> Q, Rows<const T> K, Rows<const T> V, Rows<
 // batch-head. The products take bf16 operands (q, k, v and dO as given; the probabilities and dS
 // rounded to bf16, as PyTorch's CPU flash attention does) and accumulate in f32; the softmax, its
 // statistics and the accumulators stay f32.
+//
+// Each group is one task of a single parallel_for, start to end on one thread: its head-major
+// copies, tiles and f32 accumulators stay in that core's cache between the steps, and the
+// group's matmuls run single-threaded inside the task. (Walking all batch-heads as one group with
+// every step a parallel region of its own streamed the tiles through memory and left one thread
+// waiting at each of the seven or more joins a call.) The group size depends on the shape only,
+// never on the thread count, so the results do not either.
 
-/// Score elements of a group's tiles (4 MiB of f32 per tile buffer).
-constexpr int64_t kGroupTile = int64_t{1} << 20;
-/// Bytes of a group's workspace: its head-major copies, its f32 gradients and its tiles. The copies
-/// grow with the sequence, so without this bound a group's workspace would hold as many bytes as
-/// q, k and v themselves for long sequences (32 batch-heads of 8192 x 64: 330 MiB). A group keeps
-/// one head a thread above it.
-constexpr int64_t kGroupBytes = int64_t{16} << 20;
+/// Workspace bytes a group aims at: about a core's L2, so that its steps find their operands in
+/// cache. A group holds at least one batch-head, whatever that takes.
+constexpr int64_t kGroupBytes = int64_t{2} << 20;
 
-/// A group's tile buffers: rows ld apart, batch-head h's tile at h * tq * ld.
+/// A group's tile buffers: rows ld apart, batch-head h's tile at h * tq * ld; G heads a group.
 struct GroupTiles {
   int64_t tq, ld, G;
   int64_t stride() const { return tq * ld; }
 };
 
 /// Workspace bytes per batch-head of a group, the backward's (the larger): q, k, v and dO copied
-/// as bf16, dq, dk and dv accumulated in f32, two f32 tiles and three bf16 ones.
+/// as bf16, dq, dk and dv accumulated in f32, two f32 tiles and three bf16 ones
+/// (a group's one staging tile for P before its transpose is not counted).
 int64_t group_bytes_per_head(const AttnGeom& g, int64_t tile) {
   const int64_t q = g.Lq * g.E, k = g.Lk * g.E, v = g.Lk * g.Ev, o = g.Lq * g.Ev;
   return 2 * (q + k + v + o) + 4 * (q + k + v) + (2 * 4 + 3 * 2) * tile;
 }
 
+/// The tiles and the group size: the largest power of two of batch-heads (at most all of them)
+/// whose workspace fits kGroupBytes, so that groups split evenly over a power-of-two team.
 GroupTiles group_tiles(const AttnGeom& g) {
   const int64_t tq = std::min(kBq, g.Lq), ld = padded(std::min(kBk, g.Lk));
   // tq is 0 for q with no rows (k and v are never empty): one group, no tiles.
-  const int64_t by_tiles = kGroupTile / std::max<int64_t>(tq * ld, 1);
-  // The byte bound gives way to one head a thread: the softmax steps run in parallel over a
-  // group's heads (the f32 path's workspace, one tile a task, grows with the threads as well).
-  const int64_t by_bytes = std::max<int64_t>(
-      kGroupBytes / std::max<int64_t>(group_bytes_per_head(g, tq * ld), 1), num_threads());
-  return {tq, ld, std::clamp<int64_t>(std::min(by_tiles, by_bytes), 1, std::max<int64_t>(g.B, 1))};
+  const int64_t per_head = std::max<int64_t>(group_bytes_per_head(g, tq * ld), 1);
+  int64_t G = 1;
+  while (2 * G * per_head <= kGroupBytes && 2 * G <= g.B) G *= 2;
+  return {tq, ld, G};
 }
 
 /// Rows [0, nq) of an f32 tile, nk wide, rounded to bf16 (the products' operand).
@@ -366,33 +374,66 @@ struct TileToBf16 {
   }
 };
 
-/// Rows [0, nq) of an f32 tile, nk wide, rounded to bf16 and stored transposed (nk rows of nq,
-/// ldt apart): the A operand of a product that reads the tile transposed (Pᵀ·dO, dSᵀ·Q), which
-/// oneDNN's batched matmul runs about 1.4x slower from a transposed layout than from a plain one.
-struct TileToBf16Transposed {
+/// Columns j of eight rows a[0..8), as eight vectors: out[j][i] = a[i][j] (three rounds of lane
+/// shuffles; the values only move).
+template <class V>
+[[gnu::always_inline]] inline void transpose8(const V (&a)[8], V (&out)[8]) {
+  V t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shufflevector(a[i], a[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = __builtin_shufflevector(a[i], a[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      u[i + 2 * j] = __builtin_shufflevector(t[i + j], t[i + j + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[i + 2 * j + 1] =
+          __builtin_shufflevector(t[i + j], t[i + j + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  for (int j = 0; j < 4; ++j) {
+    out[j] = __builtin_shufflevector(u[j], u[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    out[j + 4] = __builtin_shufflevector(u[j], u[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+
+/// A bf16 tile of nq rows of nk (ld apart) stored transposed, nk rows of nq (ldt apart): the A
+/// operand of a product that reads the tile transposed (Pᵀ·dO, dSᵀ·Q), which oneDNN's batched
+/// matmul runs about 1.4x slower from a transposed layout than from a plain one. Whole 8 x 8
+/// blocks go through vector shuffles of the bits, the edges element by element.
+struct TransposeTile {
   template <cpu::Isa>
-  [[gnu::always_inline]] static inline void run(const float* S, BFloat16* PT, int64_t ld,
+  [[gnu::always_inline]] static inline void run(const BFloat16* P, BFloat16* PT, int64_t ld,
                                                 int64_t ldt, int64_t nq, int64_t nk) {
-    for (int64_t c = 0; c < nk; ++c)
-      for (int64_t r = 0; r < nq; ++r) cpu::store_compute(PT + c * ldt + r, S[r * ld + c]);
+    using V = cpu::Lanes8<uint16_t>;
+    const int64_t rq = nq / 8 * 8, ck = nk / 8 * 8;
+    for (int64_t r0 = 0; r0 < rq; r0 += 8)
+      for (int64_t c0 = 0; c0 < ck; c0 += 8) {
+        V a[8], t[8];
+        for (int i = 0; i < 8; ++i) std::memcpy(&a[i], P + (r0 + i) * ld + c0, sizeof a[i]);
+        transpose8(a, t);
+        for (int j = 0; j < 8; ++j)
+          std::memcpy(static_cast<void*>(PT + (c0 + j) * ldt + r0), &t[j], sizeof t[j]);
+      }
+    for (int64_t c = 0; c < nk; ++c)  // the edges: rows past rq, and columns past ck
+      for (int64_t r = c < ck ? rq : 0; r < nq; ++r) PT[c * ldt + r] = P[r * ld + c];
   }
 };
 
 /// Batch-heads [b0, b0 + n) of a (L x E) operand copied to (n, L, E), contiguous.
 void gather_heads(const Rows<const BFloat16>& a, int64_t b0, int64_t n, int64_t L, int64_t E,
                   BFloat16* dst) {
-  parallel_for(n * L, 256, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) std::copy_n(a.at(b0 + r / L, r % L), E, dst + r * E);
-  });
+  for (int64_t r = 0; r < n * L; ++r) {
+    const auto* src = reinterpret_cast<const uint16_t*>(a.at(b0 + r / L, r % L));
+    auto* out = reinterpret_cast<uint16_t*>(dst + r * E);
+    for (int64_t e = 0; e < E; ++e) out[e] = src[e];  // E is short: inline, not a memmove call
+  }
 }
 
-/// Rows [r0, r1) of an (n, L, E) f32 buffer rounded into batch-heads b0.. of a bf16 operand.
-struct ScatterRows {
+/// (n, L, E) f32 rounded into batch-heads [b0, b0 + n) of a bf16 operand.
+struct ScatterHeads {
   template <cpu::Isa>
-  [[gnu::always_inline]] static inline void run(const float* src, int64_t r0, int64_t r1,
-                                                int64_t b0, int64_t L, int64_t E,
-                                                const Rows<BFloat16>& a) {
-    for (int64_t r = r0; r < r1; ++r) {
+  [[gnu::always_inline]] static inline void run(const float* src, int64_t b0, int64_t n, int64_t L,
+                                                int64_t E, const Rows<BFloat16>& a) {
+    for (int64_t r = 0; r < n * L; ++r) {
       BFloat16* o = a.at(b0 + r / L, r % L);
       const float* x = src + r * E;
       for (int64_t e = 0; e < E; ++e) cpu::store_compute(o + e, x[e]);
@@ -400,15 +441,7 @@ struct ScatterRows {
   }
 };
 
-/// (n, L, E) f32 rounded into batch-heads [b0, b0 + n) of a bf16 operand.
-void scatter_heads(const float* src, int64_t b0, int64_t n, int64_t L, int64_t E,
-                   const Rows<BFloat16>& a) {
-  parallel_for(n * L, 256, [&](int64_t r0, int64_t r1) {
-    cpu::isa_dispatch<ScatterRows>(src, r0, r1, b0, L, E, a);
-  });
-}
-
-/// D[r] = rowsum(dO_r * O_r) in f32 for rows [r0, r1) of all batch-heads, L rows each.
+/// D[r - r0] = rowsum(dO_r * O_r) in f32 for rows [r0, r1) of all batch-heads, L rows each.
 struct RowDots {
   template <cpu::Isa>
   [[gnu::always_inline]] static inline void run(const Rows<const BFloat16>& dO,
@@ -425,37 +458,48 @@ struct RowDots {
         cpu::add8(acc, t);
       }
       for (; e < E; ++e) acc[0] += cpu::load_compute(a + e) * cpu::load_compute(b + e);
-      D[r] = cpu::total8(acc);
+      D[r - r0] = cpu::total8(acc);
     }
   }
 };
 
-/// One batched product over a group's n batch-heads: C_h = alpha op(A_h) op(B_h) (+ C_h).
+/// One batched product over a group's n batch-heads: C_h = alpha op(A_h) op(B_h) (+ C_h), on the
+/// calling thread (the task runs inside a parallel_for, under SingleOmpThread).
 void group_gemm(int64_t n, int64_t M, int64_t N, int64_t K, float alpha, cpu::BatchOperand A,
                 cpu::BatchOperand B, bool accumulate, float* C, int64_t sc, int64_t ldc) {
   cpu::batched_gemm_onednn(Dtype::bf16, Dtype::f32, n, M, N, K, alpha, A, B,
                            accumulate ? 1.0f : 0.0f, C, sc, ldc);
 }
 
+/// fn(b0, n) for every group of batch-heads, the groups spread over the pool, each on one thread
+/// with oneDNN's team at one.
+template <class F>
+void for_groups(const AttnGeom& g, const GroupTiles& t, F&& fn) {
+  const int64_t groups = (g.B + t.G - 1) / t.G;
+  parallel_for(groups, 1, [&](int64_t c0, int64_t c1) {
+    cpu::SingleOmpThread one;
+    for (int64_t c = c0; c < c1; ++c) fn(c * t.G, std::min(t.G, g.B - c * t.G));
+  });
+}
+
 void attention_forward(Rows<const BFloat16> Q, Rows<const BFloat16> K, Rows<const BFloat16> V,
                        Rows<BFloat16> O, float* LSE, const AttnGeom& g, float scale) {
   const GroupTiles t = group_tiles(g);
   const int64_t G = t.G, ts = t.stride();
-  Array qc = workspace({G * g.Lq * g.E}, Dtype::bf16),
-        kc = workspace({G * g.Lk * g.E}, Dtype::bf16),
-        vc = workspace({G * g.Lk * g.Ev}, Dtype::bf16);
-  Array sw = workspace({G * ts}, Dtype::f32), pw = workspace({G * ts}, Dtype::bf16);
-  Array aw = workspace({G * t.tq * g.Ev + 2 * G * t.tq}, Dtype::f32);
-  auto* q = qc.data<BFloat16>();
-  auto* k = kc.data<BFloat16>();
-  auto* v = vc.data<BFloat16>();
-  float* S = sw.data<float>();
-  auto* P = pw.data<BFloat16>();
-  float* acc = aw.data<float>();
-  float* m = acc + G * t.tq * g.Ev;
-  float* l = m + G * t.tq;
-  for (int64_t b0 = 0; b0 < g.B; b0 += G) {
-    const int64_t n = std::min(G, g.B - b0);
+  for_groups(g, t, [&](int64_t b0, int64_t n) {
+    Array qc = workspace({G * g.Lq * g.E}, Dtype::bf16),
+          kc = workspace({G * g.Lk * g.E}, Dtype::bf16),
+          vc = workspace({G * g.Lk * g.Ev}, Dtype::bf16);
+    Array sw = workspace({G * ts}, Dtype::f32), pw = workspace({G * ts}, Dtype::bf16);
+    Array aw = workspace({G * t.tq * g.Ev + 2 * G * t.tq}, Dtype::f32);
+    auto* q = qc.data<BFloat16>();
+    auto* k = kc.data<BFloat16>();
+    auto* v = vc.data<BFloat16>();
+    float* S = sw.data<float>();
+    auto* P = pw.data<BFloat16>();
+    float* acc = aw.data<float>();
+    float* m = acc + G * t.tq * g.Ev;
+    float* l = m + G * t.tq;
     gather_heads(Q, b0, n, g.Lq, g.E, q);
     gather_heads(K, b0, n, g.Lk, g.E, k);
     gather_heads(V, b0, n, g.Lk, g.Ev, v);
@@ -469,62 +513,57 @@ void attention_forward(Rows<const BFloat16> Q, Rows<const BFloat16> K, Rows<cons
         const int64_t nk = std::min(kBk, kend - j0);
         group_gemm(n, nq, nk, g.E, scale, {q + i0 * g.E, g.Lq * g.E, g.E, false},
                    {k + j0 * g.E, g.Lk * g.E, g.E, true}, false, S, ts, t.ld);
-        parallel_for(n, 1, [&](int64_t h0, int64_t h1) {
-          for (int64_t h = h0; h < h1; ++h) {
-            cpu::isa_dispatch<OnlineSoftmax>(S + h * ts, t.ld, g, i0, nq, j0, nk, m + h * t.tq,
-                                             l + h * t.tq, acc + h * t.tq * g.Ev);
-            cpu::isa_dispatch<TileToBf16>(static_cast<const float*>(S + h * ts), P + h * ts, t.ld,
-                                          nq, nk);
-          }
-        });
+        for (int64_t h = 0; h < n; ++h) {
+          cpu::isa_dispatch<OnlineSoftmax>(S + h * ts, t.ld, g, i0, nq, j0, nk, m + h * t.tq,
+                                           l + h * t.tq, acc + h * t.tq * g.Ev);
+          cpu::isa_dispatch<TileToBf16>(static_cast<const float*>(S + h * ts), P + h * ts, t.ld, nq,
+                                        nk);
+        }
         group_gemm(n, nq, g.Ev, nk, 1.0f, {P, ts, t.ld, false},
                    {v + j0 * g.Ev, g.Lk * g.Ev, g.Ev, false}, true, acc, t.tq * g.Ev, g.Ev);
       }
-      parallel_for(n, 1, [&](int64_t h0, int64_t h1) {
-        for (int64_t h = h0; h < h1; ++h) {
-          const float* lh = l + h * t.tq;
-          const float* mh = m + h * t.tq;
-          cpu::isa_dispatch<FinishRows>(static_cast<const float*>(acc + h * t.tq * g.Ev), lh, nq,
-                                        g.Ev, O, b0 + h, i0);
-          for (int64_t r = 0; r < nq; ++r) LSE[(b0 + h) * g.Lq + i0 + r] = mh[r] + std::log(lh[r]);
-        }
-      });
+      for (int64_t h = 0; h < n; ++h) {
+        const float* lh = l + h * t.tq;
+        const float* mh = m + h * t.tq;
+        cpu::isa_dispatch<FinishRows>(static_cast<const float*>(acc + h * t.tq * g.Ev), lh, nq,
+                                      g.Ev, O, b0 + h, i0);
+        for (int64_t r = 0; r < nq; ++r) LSE[(b0 + h) * g.Lq + i0 + r] = mh[r] + std::log(lh[r]);
+      }
     }
-  }
+  });
 }
 
 void attention_backward(Rows<const BFloat16> Q, Rows<const BFloat16> K, Rows<const BFloat16> V,
                         Rows<const BFloat16> O, Rows<const BFloat16> dO, const float* LSE,
                         Rows<BFloat16> dQ, Rows<BFloat16> dK, Rows<BFloat16> dV, const AttnGeom& g,
                         float scale) {
-  // D_i = rowsum(dO_i * O_i), the softmax-backward correction per query row.
-  Array dws = workspace({g.B * g.Lq}, Dtype::f32);
-  float* D = dws.data<float>();
-  parallel_for(g.B * g.Lq, 256, [&](int64_t r0, int64_t r1) {
-    cpu::isa_dispatch<RowDots>(dO, O, r0, r1, g.Lq, g.Ev, D);
-  });
   const GroupTiles t = group_tiles(g);
   const int64_t G = t.G, ts = t.stride();
   const int64_t qn = g.Lq * g.E, kn = g.Lk * g.E, vn = g.Lk * g.Ev, on = g.Lq * g.Ev;
-  Array opw = workspace({G * (qn + kn + vn + on)}, Dtype::bf16);
-  auto* q = opw.data<BFloat16>();
-  auto* k = q + G * qn;
-  auto* v = k + G * kn;
-  auto* dout = v + G * vn;
-  Array gw = workspace({G * (qn + kn + vn) + 2 * G * ts}, Dtype::f32);
-  float* dq = gw.data<float>();
-  float* dk = dq + G * qn;
-  float* dv = dk + G * kn;
-  float* P = dv + G * vn;
-  float* dP = P + G * ts;
-  // The bf16 tiles: P transposed (Pᵀ·dO reads it so), dS as is (dS·K) and transposed (dSᵀ·Q).
-  // A transposed tile holds nk rows of tq (ts = tq * ld elements, as the plain one).
-  Array bw = workspace({3 * G * ts}, Dtype::bf16);
-  auto* PbT = bw.data<BFloat16>();
-  auto* dSb = PbT + G * ts;
-  auto* dSbT = dSb + G * ts;
-  for (int64_t b0 = 0; b0 < g.B; b0 += G) {
-    const int64_t n = std::min(G, g.B - b0);
+  for_groups(g, t, [&](int64_t b0, int64_t n) {
+    // D_i = rowsum(dO_i * O_i), the softmax-backward correction per query row of the group.
+    Array dws = workspace({G * g.Lq}, Dtype::f32);
+    float* D = dws.data<float>();
+    cpu::isa_dispatch<RowDots>(dO, O, b0 * g.Lq, (b0 + n) * g.Lq, g.Lq, g.Ev, D);
+    Array opw = workspace({G * (qn + kn + vn + on)}, Dtype::bf16);
+    auto* q = opw.data<BFloat16>();
+    auto* k = q + G * qn;
+    auto* v = k + G * kn;
+    auto* dout = v + G * vn;
+    Array gw = workspace({G * (qn + kn + vn) + 2 * G * ts}, Dtype::f32);
+    float* dq = gw.data<float>();
+    float* dk = dq + G * qn;
+    float* dv = dk + G * kn;
+    float* P = dv + G * vn;
+    float* dP = P + G * ts;
+    // The bf16 tiles: P transposed (Pᵀ·dO reads it so), dS as is (dS·K) and transposed (dSᵀ·Q).
+    // A transposed tile holds nk rows of tq (ts = tq * ld elements, as the plain one).
+    // Pb is one head's P rounded, before its transpose.
+    Array bw = workspace({3 * G * ts + ts}, Dtype::bf16);
+    auto* PbT = bw.data<BFloat16>();
+    auto* dSb = PbT + G * ts;
+    auto* dSbT = dSb + G * ts;
+    auto* Pb = dSbT + G * ts;
     gather_heads(Q, b0, n, g.Lq, g.E, q);
     gather_heads(K, b0, n, g.Lk, g.E, k);
     gather_heads(V, b0, n, g.Lk, g.Ev, v);
@@ -539,39 +578,34 @@ void attention_backward(Rows<const BFloat16> Q, Rows<const BFloat16> K, Rows<con
         const int64_t nq = std::min(kBq, g.Lq - i0);
         group_gemm(n, nq, nk, g.E, scale, {q + i0 * g.E, qn, g.E, false},
                    {k + j0 * g.E, kn, g.E, true}, false, P, ts, t.ld);
-        parallel_for(n, 1, [&](int64_t h0, int64_t h1) {
-          for (int64_t h = h0; h < h1; ++h) {
-            cpu::isa_dispatch<TileProbs>(P + h * ts, t.ld, g, i0, nq, j0, nk,
-                                         LSE + (b0 + h) * g.Lq);
-            cpu::isa_dispatch<TileToBf16Transposed>(static_cast<const float*>(P + h * ts),
-                                                    PbT + h * ts, t.ld, t.tq, nq, nk);
-          }
-        });
+        for (int64_t h = 0; h < n; ++h) {
+          cpu::isa_dispatch<TileProbs>(P + h * ts, t.ld, g, i0, nq, j0, nk, LSE + (b0 + h) * g.Lq);
+          cpu::isa_dispatch<TileToBf16>(static_cast<const float*>(P + h * ts), Pb, t.ld, nq, nk);
+          cpu::isa_dispatch<TransposeTile>(static_cast<const BFloat16*>(Pb), PbT + h * ts, t.ld,
+                                           t.tq, nq, nk);
+        }
         group_gemm(n, nk, g.Ev, nq, 1.0f, {PbT, ts, t.tq, false},
                    {dout + i0 * g.Ev, on, g.Ev, false}, true, dv + j0 * g.Ev, vn, g.Ev);
         group_gemm(n, nq, nk, g.Ev, 1.0f, {dout + i0 * g.Ev, on, g.Ev, false},
                    {v + j0 * g.Ev, vn, g.Ev, true}, false, dP, ts, t.ld);
-        parallel_for(n, 1, [&](int64_t h0, int64_t h1) {
-          for (int64_t h = h0; h < h1; ++h) {
-            cpu::isa_dispatch<SoftmaxGrad>(static_cast<const float*>(P + h * ts), dP + h * ts, t.ld,
-                                           nq, nk,
-                                           static_cast<const float*>(D + (b0 + h) * g.Lq + i0));
-            cpu::isa_dispatch<TileToBf16>(static_cast<const float*>(dP + h * ts), dSb + h * ts,
-                                          t.ld, nq, nk);
-            cpu::isa_dispatch<TileToBf16Transposed>(static_cast<const float*>(dP + h * ts),
-                                                    dSbT + h * ts, t.ld, t.tq, nq, nk);
-          }
-        });
+        for (int64_t h = 0; h < n; ++h) {
+          cpu::isa_dispatch<SoftmaxGrad>(static_cast<const float*>(P + h * ts), dP + h * ts, t.ld,
+                                         nq, nk, static_cast<const float*>(D + h * g.Lq + i0));
+          cpu::isa_dispatch<TileToBf16>(static_cast<const float*>(dP + h * ts), dSb + h * ts, t.ld,
+                                        nq, nk);
+          cpu::isa_dispatch<TransposeTile>(static_cast<const BFloat16*>(dSb + h * ts),
+                                           dSbT + h * ts, t.ld, t.tq, nq, nk);
+        }
         group_gemm(n, nq, g.E, nk, scale, {dSb, ts, t.ld, false}, {k + j0 * g.E, kn, g.E, false},
                    true, dq + i0 * g.E, qn, g.E);
         group_gemm(n, nk, g.E, nq, scale, {dSbT, ts, t.tq, false}, {q + i0 * g.E, qn, g.E, false},
                    true, dk + j0 * g.E, kn, g.E);
       }
     }
-    scatter_heads(dq, b0, n, g.Lq, g.E, dQ);
-    scatter_heads(dk, b0, n, g.Lk, g.E, dK);
-    scatter_heads(dv, b0, n, g.Lk, g.Ev, dV);
-  }
+    cpu::isa_dispatch<ScatterHeads>(static_cast<const float*>(dq), b0, n, g.Lq, g.E, dQ);
+    cpu::isa_dispatch<ScatterHeads>(static_cast<const float*>(dk), b0, n, g.Lk, g.E, dK);
+    cpu::isa_dispatch<ScatterHeads>(static_cast<const float*>(dv), b0, n, g.Lk, g.Ev, dV);
+  });
 }
 
 /// Whether bf16 operands run the batched bf16 products above.
