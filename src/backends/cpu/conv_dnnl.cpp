@@ -11,6 +11,11 @@
 // convolutions and thin ones (the 1-channel stem) are left to im2col, as fast or faster there
 // than both the blocked kernel with its reorders and oneDNN's own NCHW (GEMM-based) kernel
 // (measured with bench/bench_conv.cpp).
+//
+// In bf16, 1x1 convolutions without padding skip oneDNN's convolution and its reorders: on NCHW
+// arrays they are products over the images, Y_n = W X_n (stride 2 first samples X), so they run
+// as one batched bf16 matmul each pass (conv1x1_* below). fashion-cnn's 1x1 shortcuts moved about
+// 5 MB of reorders a pass for 0.03 GFLOP.
 #include "backends/cpu/conv_dnnl.h"
 
 #include <array>
@@ -27,6 +32,7 @@
 #include <vector>
 
 #include "backends/cpu/compute_buffers.h"
+#include "backends/cpu/gemm.h"
 #include "backends/cpu/omp_single.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/dtype.h"
@@ -280,8 +286,113 @@ const void* at(const void* p, int64_t elements, Dt dt) {
 }
 void* at(void* p, int64_t elements, Dt dt) { return static_cast<char*>(p) + elements * elem(dt); }
 
+/// Whether a pass over s runs as a batched matmul: bf16, a 1x1 kernel, no padding.
+bool is_1x1(const ConvShape& s, Dt dt) {
+  return dt == Dt::bf16 && s.kh == 1 && s.kw == 1 && s.ph == 0 && s.pw == 0 &&
+         onednn_has_bf16_matmul();
+}
+
+/// The pixels a strided 1x1 convolution reads, (N, C, Ho, Wo) from (N, C, H, W).
+void sample_pixels(const ConvShape& s, const BFloat16* x, BFloat16* xs) {
+  parallel_for(s.N * s.C, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t i = 0; i < s.Ho; ++i) {
+        const BFloat16* row = x + (p * s.H + i * s.sh) * s.W;
+        BFloat16* out = xs + (p * s.Ho + i) * s.Wo;
+        for (int64_t j = 0; j < s.Wo; ++j) out[j] = row[j * s.sw];
+      }
+  });
+}
+
+/// x (N, C, H, W) holding xs (N, C, Ho, Wo) at the sampled pixels and zero elsewhere.
+void scatter_pixels(const ConvShape& s, const BFloat16* xs, BFloat16* x) {
+  parallel_for(s.N * s.C, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t h = 0; h < s.H; ++h) {
+        BFloat16* row = x + (p * s.H + h) * s.W;
+        std::fill(row, row + s.W, BFloat16{});
+        if (h % s.sh != 0 || h / s.sh >= s.Ho) continue;
+        const BFloat16* in = xs + (p * s.Ho + h / s.sh) * s.Wo;
+        for (int64_t j = 0; j < s.Wo; ++j) row[j * s.sw] = in[j];
+      }
+  });
+}
+
+bool strided(const ConvShape& s) { return s.sh != 1 || s.sw != 1; }
+
+/// W (O x C) once per image: oneDNN 2.6 runs a batched matmul whose first operand is shared
+/// across the batch (a batch dimension of 1) on its reference kernel, hundreds of times slower,
+/// so the first operand is batched like the second (N copies of a small matrix).
+Array weight_per_image(const ConvShape& s, const BFloat16* w) {
+  Array ws = workspace({s.N * s.O * s.C}, Dtype::bf16);
+  BFloat16* p = ws.data<BFloat16>();
+  for (int64_t n = 0; n < s.N; ++n) std::copy_n(w, s.O * s.C, p + n * s.O * s.C);
+  return ws;
+}
+
+/// Y_n (O x HoWo) = W (O x C) X_n (C x HoWo), rounded to bf16 once.
+void conv1x1_forward(const ConvShape& s, const BFloat16* x, const BFloat16* w, BFloat16* y) {
+  const int64_t hw = s.Ho * s.Wo;
+  Array sampled;
+  if (strided(s)) {
+    sampled = workspace({s.N * s.C * hw}, Dtype::bf16);
+    sample_pixels(s, x, sampled.data<BFloat16>());
+    x = sampled.data<BFloat16>();
+  }
+  const Array ws = weight_per_image(s, w);
+  batched_gemm_onednn(Dtype::bf16, Dtype::bf16, s.N, s.O, hw, s.C, 1.0f,
+                      {ws.data<BFloat16>(), s.O * s.C, s.C, false}, {x, s.C * hw, hw, false}, 0.0f,
+                      y, s.O * hw, hw);
+}
+
+/// dX_n (C x HoWo) = Wᵀ dY_n at the sampled pixels, zero elsewhere.
+void conv1x1_backward_data(const ConvShape& s, const BFloat16* gy, const BFloat16* w,
+                           BFloat16* dx) {
+  const int64_t hw = s.Ho * s.Wo;
+  Array sampled;
+  BFloat16* out = dx;
+  if (strided(s)) {
+    sampled = workspace({s.N * s.C * hw}, Dtype::bf16);
+    out = sampled.data<BFloat16>();
+  }
+  const Array ws = weight_per_image(s, w);
+  batched_gemm_onednn(Dtype::bf16, Dtype::bf16, s.N, s.C, hw, s.O, 1.0f,
+                      {ws.data<BFloat16>(), s.O * s.C, s.C, true}, {gy, s.O * hw, hw, false}, 0.0f,
+                      out, s.C * hw, hw);
+  if (strided(s)) scatter_pixels(s, out, dx);
+}
+
+/// dW (O x C, f32) = sum over n of dY_n X_nᵀ: the images' products in f32, added in image order.
+void conv1x1_backward_weights(const ConvShape& s, const BFloat16* x, const BFloat16* gy,
+                              float* dw) {
+  const int64_t hw = s.Ho * s.Wo, wsize = s.O * s.C;
+  Array sampled;
+  if (strided(s)) {
+    sampled = workspace({s.N * s.C * hw}, Dtype::bf16);
+    sample_pixels(s, x, sampled.data<BFloat16>());
+    x = sampled.data<BFloat16>();
+  }
+  Array partial = workspace({s.N * wsize}, Dtype::f32);
+  const float* p = partial.data<float>();
+  batched_gemm_onednn(Dtype::bf16, Dtype::f32, s.N, s.O, s.C, hw, 1.0f, {gy, s.O * hw, hw, false},
+                      {x, s.C * hw, hw, true}, 0.0f, partial.data<float>(), wsize, s.C);
+  parallel_for(wsize, 256, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float acc = p[i];
+      for (int64_t n = 1; n < s.N; ++n) acc += p[n * wsize + i];
+      dw[i] = acc;
+    }
+  });
+}
+
 bool forward(const ConvShape& s, const void* x, const void* w, const void* b, void* y, Dt dt) {
   if (dnnl_conv_disabled()) return false;
+  if (!b && s.N > 0 && is_1x1(s, dt)) {
+    conv1x1_forward(s, static_cast<const BFloat16*>(x), static_cast<const BFloat16*>(w),
+                    static_cast<BFloat16*>(y));
+    ++runs;
+    return true;
+  }
   auto cp = chunked_plans(Pass::forward, s, b != nullptr, dt);
   if (!cp) return false;
   for_chunks(*cp, s.N, [&](int64_t, int64_t n0, int64_t n) {
@@ -296,6 +407,12 @@ bool forward(const ConvShape& s, const void* x, const void* w, const void* b, vo
 
 bool backward_data(const ConvShape& s, const void* gy, const void* w, void* dx, Dt dt) {
   if (dnnl_conv_disabled()) return false;
+  if (s.N > 0 && is_1x1(s, dt)) {
+    conv1x1_backward_data(s, static_cast<const BFloat16*>(gy), static_cast<const BFloat16*>(w),
+                          static_cast<BFloat16*>(dx));
+    ++runs;
+    return true;
+  }
   auto cp = chunked_plans(Pass::backward_data, s, false, dt);
   if (!cp) return false;
   for_chunks(*cp, s.N, [&](int64_t, int64_t n0, int64_t n) {
@@ -309,6 +426,12 @@ bool backward_data(const ConvShape& s, const void* gy, const void* w, void* dx, 
 /// (deterministic for a given thread count).
 bool backward_weights(const ConvShape& s, const void* x, const void* gy, float* dw, Dt dt) {
   if (dnnl_conv_disabled()) return false;
+  if (s.N > 0 && is_1x1(s, dt)) {
+    conv1x1_backward_weights(s, static_cast<const BFloat16*>(x), static_cast<const BFloat16*>(gy),
+                             dw);
+    ++runs;
+    return true;
+  }
   auto cp = chunked_plans(Pass::backward_weights, s, false, dt);
   if (!cp) return false;
   const int64_t wsize = s.O * s.C * s.kh * s.kw;
