@@ -51,7 +51,7 @@ for row in rows:
     act = r["peak_memory_bytes"]["activations"] if framework == "hetrain" else r["saved_activation_bytes"]
     base.setdefault(framework, (t, act))
     bt, ba = base[framework]
-    print(f"| {preset} | {name} | {t:.3f} | x{bt / t:.2f} | {act / 2**20:.1f} | {100 * (act / ba - 1):+.0f}% |")
+    print(f"| {preset} | {name} | {t:.4f} | x{bt / t:.2f} | {act / 2**20:.1f} | {100 * (act / ba - 1):+.0f}% |")
 PY
 done
 echo "load after: $(cat /proc/loadavg)" >&2
