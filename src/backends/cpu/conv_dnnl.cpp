@@ -320,6 +320,14 @@ void scatter_pixels(const ConvShape& s, const BFloat16* xs, BFloat16* x) {
 
 bool strided(const ConvShape& s) { return s.sh != 1 || s.sw != 1; }
 
+/// x itself at stride 1, else its sampled pixels in keep (a workspace the caller holds).
+const BFloat16* unit_stride_input(const ConvShape& s, const BFloat16* x, Array& keep) {
+  if (!strided(s)) return x;
+  keep = workspace({s.N * s.C * s.Ho * s.Wo}, Dtype::bf16);
+  sample_pixels(s, x, keep.data<BFloat16>());
+  return keep.data<BFloat16>();
+}
+
 /// W (O x C) once per image: oneDNN 2.6 runs a batched matmul whose first operand is shared
 /// across the batch (a batch dimension of 1) on its reference kernel, hundreds of times slower,
 /// so the first operand is batched like the second (N copies of a small matrix).
@@ -334,11 +342,7 @@ Array weight_per_image(const ConvShape& s, const BFloat16* w) {
 void conv1x1_forward(const ConvShape& s, const BFloat16* x, const BFloat16* w, BFloat16* y) {
   const int64_t hw = s.Ho * s.Wo;
   Array sampled;
-  if (strided(s)) {
-    sampled = workspace({s.N * s.C * hw}, Dtype::bf16);
-    sample_pixels(s, x, sampled.data<BFloat16>());
-    x = sampled.data<BFloat16>();
-  }
+  x = unit_stride_input(s, x, sampled);
   const Array ws = weight_per_image(s, w);
   batched_gemm_onednn(Dtype::bf16, Dtype::bf16, s.N, s.O, hw, s.C, 1.0f,
                       {ws.data<BFloat16>(), s.O * s.C, s.C, false}, {x, s.C * hw, hw, false}, 0.0f,
@@ -367,11 +371,7 @@ void conv1x1_backward_weights(const ConvShape& s, const BFloat16* x, const BFloa
                               float* dw) {
   const int64_t hw = s.Ho * s.Wo, wsize = s.O * s.C;
   Array sampled;
-  if (strided(s)) {
-    sampled = workspace({s.N * s.C * hw}, Dtype::bf16);
-    sample_pixels(s, x, sampled.data<BFloat16>());
-    x = sampled.data<BFloat16>();
-  }
+  x = unit_stride_input(s, x, sampled);
   Array partial = workspace({s.N * wsize}, Dtype::f32);
   const float* p = partial.data<float>();
   batched_gemm_onednn(Dtype::bf16, Dtype::f32, s.N, s.O, s.C, hw, 1.0f, {gy, s.O * hw, hw, false},
