@@ -1,5 +1,6 @@
 #include <iostream>
 
+#include "backends/cpu/conv_dnnl.h"
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/isa.h"
 #include "cli/args.h"
@@ -30,14 +31,21 @@ int cmd_version(const Args& args) {
             << "vector kernels: " << cpu::isa_name(isa)
             << " (widest here: " << cpu::isa_name(cpu::widest_isa())
             << "; HETRAIN_CPU_ISA=baseline|avx2|avx512 lowers it)\n";
-  std::string why = "set by HETRAIN_SGEMM";
-  if (cpu::sgemm_path_source() == cpu::SgemmSource::measured)
-    why = "the faster in this machine's device profile: " + gemm_choice();
-  else if (cpu::sgemm_path_source() == cpu::SgemmSource::rule)
-    why = "the built-in rule (" + gemm_choice() + "; 'hetrain bench' times both)";
+  // Each path: set by its variable, measured by 'hetrain bench', or the built-in rule.
+  const auto why = [](cpu::PathSource source, const char* env, const std::string& note) {
+    if (source == cpu::PathSource::env) return "set by " + std::string(env);
+    if (source == cpu::PathSource::measured)
+      return "the faster in this machine's device profile: " + note;
+    return "the built-in rule (" + note + "; 'hetrain bench' times both)";
+  };
   const bool openblas = cpu::sgemm_path() == cpu::SgemmPath::openblas;
   std::cout << "f32 GEMM: " << (openblas ? "OpenBLAS " + cpu::openblas_core_name() : "oneDNN")
-            << " sgemm, " << why << "\n";
+            << " sgemm, " << why(cpu::sgemm_path_source(), "HETRAIN_SGEMM", path_choices().gemm)
+            << "\n";
+  const bool own = cpu::conv_path() == cpu::ConvPath::own;
+  std::cout << "f32 convolutions: " << (own ? "own Winograd/direct kernels" : "oneDNN")
+            << " first, "
+            << why(cpu::conv_choice().source(), "HETRAIN_CONV_PATH", path_choices().conv) << "\n";
   return 0;
 }
 

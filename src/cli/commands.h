@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "hetrain/insight/device_profile.h"
+
 namespace hetrain::cli {
 
 using Args = std::vector<std::string>;
@@ -33,9 +35,9 @@ int cmd_checkpoint(const Args& args);
 /// Every subcommand, in the order `hetrain --help` lists them.
 const std::vector<Command>& commands();
 
-/// The f32 GEMM library this machine's device profile found faster, taken on the first call
-/// (main() calls it before every command); returns the timings behind that choice, or why the
-/// built-in rule stays (insight::apply_gemm_choice).
-const std::string& gemm_choice();
+/// The f32 GEMM library and convolution kernels this machine's device profile found faster,
+/// taken on the first call (main() calls it before every command); returns the timings behind
+/// each choice, or why the built-in rule stays (insight::apply_path_choices).
+const insight::PathChoiceNotes& path_choices();
 
 }  // namespace hetrain::cli

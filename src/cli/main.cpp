@@ -29,9 +29,10 @@ const std::vector<Command>& commands() {
   return cmds;
 }
 
-const std::string& gemm_choice() {
-  static const std::string note = insight::apply_gemm_choice(insight::device_profile_path());
-  return note;
+const insight::PathChoiceNotes& path_choices() {
+  static const insight::PathChoiceNotes notes =
+      insight::apply_path_choices(insight::device_profile_path());
+  return notes;
 }
 
 namespace {
@@ -61,7 +62,7 @@ int main(int argc, char** argv) {
   for (const auto& c : commands()) {
     if (args[0] == c.name) {
       try {
-        gemm_choice();  // the f32 GEMM library 'hetrain bench' measured faster here, if it did
+        path_choices();  // the f32 GEMM library and conv kernels 'hetrain bench' measured faster
         return c.run(Args(args.begin() + 1, args.end()));
       } catch (const hetrain::Error& e) {
         std::cerr << "hetrain " << c.name << ": error: " << e.what() << "\n";

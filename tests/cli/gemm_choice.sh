@@ -3,13 +3,14 @@
 # the engine and stores the faster in the device profile; every later command takes it, and
 # `hetrain version` says which and why. HETRAIN_SGEMM overrides (a value naming neither is an
 # error); a profile without timings, or with a choice naming neither, leaves the built-in rule.
+# The same for which f32 convolution kernels come first (HETRAIN_CONV_PATH=own|onednn).
 # Usage: gemm_choice.sh HETRAIN
 set -euo pipefail
 HT=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export XDG_CACHE_HOME="$tmp/cache"
-unset HETRAIN_SGEMM
+unset HETRAIN_SGEMM HETRAIN_CONV_PATH
 prof="$XDG_CACHE_HOME/hetrain/device_profile.json"
 fail() {
   echo "FAIL: $*"
@@ -53,4 +54,38 @@ json.dump(j, open(sys.argv[1], "w"))' "$prof"
 line=$(gemm_line)
 grep -q "the built-in rule (device profile '$prof' is corrupt (field 'sgemm.choice' must be \"onednn\" or \"openblas\", got \"mkl\")" <<<"$line" \
   || fail "bad choice: $line"
-echo "f32 GEMM library: $choice measured, taken, overridden and refused as it should be"
+
+# The convolution kernels: the same measurement, choice, override and refusal.
+"$HT" bench --quick > "$tmp/bench.out" 2>&1 || { cat "$tmp/bench.out"; fail "bench again"; }
+conv_line() { "$HT" version | grep '^f32 convolutions: '; }
+conv=$(python3 -c 'import json, sys
+g = json.load(open(sys.argv[1]))["conv"]
+assert g["own_s"] > 0 and g["onednn_s"] > 0, g
+assert g["choice"] == ("onednn" if g["own_over_onednn"] > 1 else "own"), g
+print(g["choice"])' "$prof") || fail "conv timings in the profile"
+kernels() { [ "$1" = own ] && echo "own Winograd/direct kernels" || echo "oneDNN"; }
+grep -Eq "3x3 conv layers.*$(kernels "$conv") first \(taken\)" "$tmp/bench.out" \
+  || { cat "$tmp/bench.out"; fail "bench table (conv)"; }
+line=$(conv_line)
+grep -q "^f32 convolutions: $(kernels "$conv") first, the faster in this machine's device profile: $conv (the own kernels' time over oneDNN's on 3x3 layers: [0-9.]*, geometric mean)" <<<"$line" \
+  || fail "conv after bench: $line"
+other=own
+[ "$conv" = own ] && other=onednn
+python3 -c 'import json, sys
+j = json.load(open(sys.argv[1])); j["conv"]["choice"] = sys.argv[2]
+json.dump(j, open(sys.argv[1], "w"))' "$prof" "$other"
+line=$(conv_line)
+grep -q "^f32 convolutions: $(kernels "$other") first, .*device profile: $other " <<<"$line" \
+  || fail "conv edited: $line"
+line=$(HETRAIN_CONV_PATH=$conv "$HT" version | grep '^f32 convolutions: ')
+grep -q "^f32 convolutions: $(kernels "$conv") first, set by HETRAIN_CONV_PATH" <<<"$line" \
+  || fail "conv env: $line"
+if out=$(HETRAIN_CONV_PATH=cudnn "$HT" version 2>&1); then fail "HETRAIN_CONV_PATH=cudnn accepted: $out"; fi
+grep -q "HETRAIN_CONV_PATH must be own or onednn, got 'cudnn'" <<<"$out" || fail "conv env message: $out"
+python3 -c 'import json, sys
+j = json.load(open(sys.argv[1])); j["conv"]["choice"] = "cudnn"
+json.dump(j, open(sys.argv[1], "w"))' "$prof"
+line=$(conv_line)
+grep -q "^f32 convolutions: own Winograd/direct kernels first, the built-in rule (device profile '$prof' is corrupt (field 'conv.choice' must be \"own\" or \"onednn\", got \"cudnn\")" <<<"$line" \
+  || fail "conv bad choice: $line"
+echo "f32 GEMM library: $choice, convolution kernels: $conv; measured, taken, overridden and refused as they should be"

@@ -144,6 +144,69 @@ TEST(ConvDnnl, MatchesIm2colAndF64) {
   }
 }
 
+// Where the convolution path says oneDNN (as 'hetrain bench' finds on AVX-512 CPUs), oneDNN
+// takes every pass it has a kernel for before Winograd and the direct kernels, and the
+// residual block's fused nodes (two convolutions from one input, an input gradient with an
+// addend and a ReLU mask) still give the gradients taken one by one.
+TEST(ConvDnnl, OneDnnFirstWhereTheConvPathSaysSo) {
+  for (const Case& c : kCases) {
+    const cpu::PathOverride order(cpu::conv_choice(), static_cast<int>(cpu::ConvPath::onednn));
+    const std::string what = "oneDNN first " + shape_str(c.x) + " * " + shape_str(c.w);
+    // The passes oneDNN has a kernel for on this CPU: those it runs with the own kernels off.
+    cpu::set_winograd_conv_disabled(true);
+    cpu::set_direct_conv_disabled(true);
+    int64_t before = cpu::dnnl_conv_runs();
+    conv_and_grads(c, Dtype::f32);
+    const int64_t takes = cpu::dnnl_conv_runs() - before;
+    cpu::set_direct_conv_disabled(false);
+    cpu::set_winograd_conv_disabled(false);
+    if (c.path == Case::dnnl || c.path == Case::winograd) EXPECT_EQ(takes, 3) << what;
+    before = cpu::dnnl_conv_runs();
+    const int64_t own_runs = cpu::direct_conv_runs() + cpu::winograd_conv_runs();
+    expect_matches(conv_and_grads(c, Dtype::f32), conv_and_grads(c, Dtype::f64), what);
+    EXPECT_EQ(cpu::dnnl_conv_runs() - before, takes) << what;
+    const int64_t own = cpu::direct_conv_runs() + cpu::winograd_conv_runs() - own_runs;
+    EXPECT_LE(own, 3 - takes) << what << ": own kernels only where oneDNN declines";
+  }
+  // A downsampling block after batch norm with a residual input r: y = relu(bn(z) + r) feeds
+  // a 3x3 and a 1x1 stride-2 convolution; dr is their summed input gradient, masked by y > 0.
+  const Dtype dt = Dtype::f32;
+  const Shape xs{3, 16, 28, 26};
+  const int64_t C = xs[1], O = 32;
+  Tensor z = seq(xs, 1, dt), r = seq(xs, 2, dt);
+  Tensor gamma = seq({C}, 3, dt) + 1.5, beta = seq({C}, 4, dt);
+  Tensor w1 = seq({O, C, 3, 3}, 5, dt), w2 = seq({O, C, 1, 1}, 6, dt);
+  auto [p0, q0] = block_convs(z, w1, w2);
+  Tensor r1 = seq(p0.shape(), 7, dt), r2 = seq(q0.shape(), 8, dt);
+  auto loss = [&](const std::vector<Tensor>& in) {
+    Tensor h = batch_norm2d(in[0], gamma, beta, 1e-5, true, in[1])[0];
+    auto [pp, qq] = block_convs(h, in[2], in[3]);
+    return sum(pp * r1) + sum(qq * r2);
+  };
+  std::vector<Tensor> want;
+  {
+    const cpu::PathOverride own(cpu::conv_choice(), static_cast<int>(cpu::ConvPath::own));
+    runtime::set_fusion_enabled(false);
+    want = value_and_grad(loss, {z, r, w1, w2}).second;
+    eval(want);
+    runtime::set_fusion_enabled(true);
+  }
+  const cpu::PathOverride order(cpu::conv_choice(), static_cast<int>(cpu::ConvPath::onednn));
+  const int64_t before = cpu::dnnl_conv_runs();
+  std::vector<Tensor> got = value_and_grad(loss, {z, r, w1, w2}).second;
+  runtime::fuse(got);
+  eval(got);
+  EXPECT_GE(cpu::dnnl_conv_runs() - before, 2) << "the 3x3 convolution's gradient passes";
+  const char* names[] = {"dz", "dr", "dw1", "dw2"};
+  for (size_t k = 0; k < want.size(); ++k) {
+    const std::vector<double> w = want[k].to_vector<double>();
+    double scale = 1;
+    for (double v : w) scale = std::max(scale, std::abs(v));
+    expect_close(got[k].to_vector<double>(), w, 2e-5 * scale, 1e-5,
+                 std::string("block ") + names[k]);
+  }
+}
+
 TEST(ConvDnnl, UnevenChunksForAnyThreadCount) {
   const int threads = num_threads();
   for (int t : {1, 3, 4}) {

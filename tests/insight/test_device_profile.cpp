@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backends/cpu/conv_dnnl.h"
 #include "backends/cpu/gemm.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
@@ -50,6 +51,14 @@ TEST(DeviceProfile, QuickMeasurementIsPlausibleAndPlannerReadsIt) {
   EXPECT_EQ(p.sgemm_choice, p.sgemm_openblas_over_onednn < 1 ? "openblas" : "onednn");
   if (cpu::sgemm_path_source() != cpu::SgemmSource::env) {
     EXPECT_EQ(cpu::sgemm_path_name(cpu::sgemm_path()), p.sgemm_choice);
+  }
+  // The same for the convolution kernels: both orders timed, the faster taken.
+  EXPECT_GT(p.conv_own_s, 0.0);
+  EXPECT_GT(p.conv_onednn_s, 0.0);
+  EXPECT_EQ(p.conv_choice, p.conv_own_over_onednn > 1 ? "onednn" : "own");
+  if (cpu::conv_choice().source() != cpu::PathSource::env) {
+    EXPECT_STREQ(cpu::conv_choice().name(static_cast<int>(cpu::conv_path())),
+                 p.conv_choice.c_str());
   }
   // The engine's own kernels: every rate positive and under the FMA ceiling (the attention
   // rate counts the masked half of a causal product as done, so it gets twice the ceiling).
@@ -167,10 +176,10 @@ TEST(DeviceProfile, AtomicWriteReplacesTheFile) {
   std::filesystem::remove(path);
 }
 
-// The f32 GEMM library a stored profile found faster is the one a run takes (unless
-// HETRAIN_SGEMM names one); a profile without timings, or with a choice that names neither
-// library, leaves the path alone and says why.
-TEST(DeviceProfile, GemmChoiceIsStoredReadAndTaken) {
+// The f32 GEMM library and convolution kernels a stored profile found faster are the ones a run
+// takes (unless HETRAIN_SGEMM or HETRAIN_CONV_PATH name one); a profile without timings, or
+// with a choice that names neither path, leaves the path alone and says why.
+TEST(DeviceProfile, PathChoicesAreStoredReadAndTaken) {
   const std::string dir =
       std::filesystem::temp_directory_path() / ("hetrain_sgemm_" + std::to_string(getpid()));
   const std::string path = dir + "/device_profile.json";
@@ -182,9 +191,11 @@ TEST(DeviceProfile, GemmChoiceIsStoredReadAndTaken) {
   p.mem_bw_gbs = 10;
   p.mem_bytes = 1e9;
   const bool env = cpu::sgemm_path_source() == cpu::SgemmSource::env;
+  const bool conv_env = cpu::conv_choice().source() == cpu::PathSource::env;
 
   write_json_atomic(path, p.to_json());
-  EXPECT_NE(apply_gemm_choice(path).find("has no sgemm timings"), std::string::npos);
+  EXPECT_NE(apply_path_choices(path).gemm.find("has no sgemm timings"), std::string::npos);
+  EXPECT_NE(apply_path_choices(path).conv.find("has no convolution timings"), std::string::npos);
 
   for (const auto& [choice, ratio] : {std::pair{"openblas", 0.8}, std::pair{"onednn", 1.25}}) {
     p.sgemm_onednn_s = 0.01;
@@ -197,23 +208,49 @@ TEST(DeviceProfile, GemmChoiceIsStoredReadAndTaken) {
     ASSERT_TRUE(load_device_profile(path, 0, &back, &why)) << why;
     EXPECT_EQ(back.sgemm_choice, choice);
     EXPECT_DOUBLE_EQ(back.sgemm_openblas_over_onednn, ratio);
-    const std::string said = apply_gemm_choice(path);
+    const std::string said = apply_path_choices(path).gemm;
     EXPECT_EQ(said.rfind(choice, 0), 0u) << said;
     if (!env) {
       EXPECT_STREQ(cpu::sgemm_path_name(cpu::sgemm_path()), choice);
     }
   }
 
-  // A choice that names neither library: the profile is corrupt, and the field is named.
-  nlohmann::json j = p.to_json();
-  j["sgemm"]["choice"] = "mkl";
-  std::ofstream(path) << j.dump();
-  const std::string said = apply_gemm_choice(path);
-  EXPECT_NE(said.find("corrupt"), std::string::npos) << said;
-  EXPECT_NE(said.find("sgemm.choice"), std::string::npos) << said;
+  for (const auto& [choice, ratio] : {std::pair{"onednn", 1.25}, std::pair{"own", 0.8}}) {
+    p.conv_own_s = 0.01 * ratio;
+    p.conv_onednn_s = 0.01;
+    p.conv_own_over_onednn = ratio;
+    p.conv_choice = choice;
+    write_json_atomic(path, p.to_json());
+    DeviceProfile back;
+    std::string why;
+    ASSERT_TRUE(load_device_profile(path, 0, &back, &why)) << why;
+    EXPECT_EQ(back.conv_choice, choice);
+    EXPECT_DOUBLE_EQ(back.conv_own_over_onednn, ratio);
+    const std::string said = apply_path_choices(path).conv;
+    EXPECT_EQ(said.rfind(choice, 0), 0u) << said;
+    if (!conv_env) {
+      EXPECT_STREQ(cpu::conv_choice().name(static_cast<int>(cpu::conv_path())), choice);
+    }
+  }
+
+  // A choice that names neither path: the profile is corrupt, and the field is named.
+  for (const char* field : {"sgemm", "conv"}) {
+    nlohmann::json j = p.to_json();
+    j[field]["choice"] = "mkl";
+    std::ofstream(path) << j.dump();
+    const PathChoiceNotes said = apply_path_choices(path);
+    for (const std::string& note : {said.gemm, said.conv}) {
+      EXPECT_NE(note.find("corrupt"), std::string::npos) << note;
+      EXPECT_NE(note.find(std::string(field) + ".choice"), std::string::npos) << note;
+    }
+  }
   if (!env) {
     EXPECT_EQ(cpu::sgemm_path(), cpu::SgemmPath::onednn);
-  }  // the last one taken
+  }  // the last ones taken
+  if (!conv_env) {
+    EXPECT_EQ(cpu::conv_path(), cpu::ConvPath::own);
+  }
+  cpu::conv_choice().set_measured(static_cast<int>(cpu::conv_rule_path()));
   std::filesystem::remove_all(dir);
 }
 

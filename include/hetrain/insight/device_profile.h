@@ -69,6 +69,11 @@ struct DeviceProfile {
   // take (cpu::set_sgemm_path): "onednn", "openblas" or "" (not measured).
   double sgemm_onednn_s = 0, sgemm_openblas_s = 0, sgemm_openblas_over_onednn = 0;
   std::string sgemm_choice;
+  // The same for the f32 convolution kernels on 3x3 layers (cpu::conv_path): the seconds with
+  // the engine's own kernels first and with oneDNN's, the geometric mean of own over oneDNN, and
+  // the faster: "own", "onednn" or "" (not measured).
+  double conv_own_s = 0, conv_onednn_s = 0, conv_own_over_onednn = 0;
+  std::string conv_choice;
   std::vector<BenchRow> rows;
 
   /// The planner's device-profile format (version 1) plus the detail rows.
@@ -110,15 +115,20 @@ PeakKernel fma_kernel();
 std::optional<PeakKernel> bf16_kernel();
 
 /// Runs the measurements on the process-wide thread pool (all its threads). The faster f32
-/// GEMM library is also the one this process takes from then on (cpu::set_sgemm_path), as
-/// later runs reading the profile will (apply_gemm_choice).
+/// GEMM library and convolution kernels are also the ones this process takes from then on
+/// (cpu::set_sgemm_path, cpu::conv_choice), as later runs reading the profile will
+/// (apply_path_choices).
 DeviceProfile measure_device(const BenchOptions& opts = {});
 
-/// Takes the f32 GEMM library the stored profile at `path` found faster on this machine, where
-/// a usable profile (load_device_profile, any thread count) has one. Returns what it did, for
-/// `hetrain version`: e.g. "onednn (OpenBLAS's time over oneDNN's on linear layers: 1.08,
-/// geometric mean)", or why the built-in rule stays.
-std::string apply_gemm_choice(const std::string& path);
+/// What apply_path_choices did for each choice, for `hetrain version`: e.g. "onednn (OpenBLAS's
+/// time over oneDNN's on linear layers: 1.08, geometric mean)", or why the built-in rule stays.
+struct PathChoiceNotes {
+  std::string gemm, conv;
+};
+/// Takes the f32 GEMM library and the f32 convolution kernels that the stored profile at `path`
+/// found faster on this machine, where a usable profile (load_device_profile, any thread count)
+/// has them.
+PathChoiceNotes apply_path_choices(const std::string& path);
 
 /// Reads a stored profile and checks that it is usable here: parses, format version 1, made
 /// by this Hetrain version on this CPU model with `threads` threads (0: any). Returns false

@@ -277,6 +277,17 @@ void set_dnnl_conv_disabled(bool disabled) { disabled_flag() = disabled; }
 bool dnnl_conv_disabled() { return disabled_flag(); }
 int64_t dnnl_conv_runs() { return runs; }
 
+ConvPath conv_rule_path() { return ConvPath::own; }
+
+PathChoice& conv_choice() {
+  static_assert(static_cast<int>(ConvPath::own) == 0);
+  static PathChoice c("HETRAIN_CONV_PATH", {"own", "onednn"}, "own or onednn",
+                      [] { return static_cast<int>(conv_rule_path()); });
+  return c;
+}
+
+ConvPath conv_path() { return static_cast<ConvPath>(conv_choice().get()); }
+
 namespace {
 
 /// Bytes of one element of dt (f32 or bf16).

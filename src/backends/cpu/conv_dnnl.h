@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backends/cpu/path_choice.h"
 #include "hetrain/base/dtype.h"
 
 namespace hetrain::cpu {
@@ -42,5 +43,18 @@ void set_dnnl_conv_disabled(bool disabled);
 bool dnnl_conv_disabled();
 /// How many conv passes oneDNN has run in this process (tests check the path was taken).
 int64_t dnnl_conv_runs();
+
+/// Which f32 kernels a convolution pass tries first: the engine's own (Winograd, then the
+/// direct kernels, then oneDNN) or oneDNN's (then the engine's own where oneDNN declines the
+/// shape). HETRAIN_CONV_PATH=own|onednn where set, else the faster in this machine's device
+/// profile ('hetrain bench' times both on convolution layers), else conv_rule_path().
+enum class ConvPath { own, onednn };
+ConvPath conv_path();
+/// Where nothing was measured: the engine's own kernels, faster on AVX2 (fashion-cnn's f32
+/// step 63 ms against 71 ms with oneDNN first, Intel Xeon held to AVX2, docs/PERFORMANCE.md).
+/// On AVX-512 oneDNN's were faster there (51 ms against 58), so 'hetrain bench' measures.
+ConvPath conv_rule_path();
+/// The choice behind conv_path() (paths numbered as ConvPath).
+PathChoice& conv_choice();
 
 }  // namespace hetrain::cpu

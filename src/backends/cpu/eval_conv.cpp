@@ -189,10 +189,13 @@ void conv_backward_weight(const T* x, const T* gy, T* dw, const ConvGeom& g, Dty
 
 /// f32 convolutions try Winograd (F(2x2,3x3) or F(4x4,3x3)) first, then the direct kernels
 /// (strides 1 and 2), then oneDNN, then im2col + GEMM; each kernel declines shapes it cannot do.
+/// Where cpu::conv_path() is onednn, oneDNN comes first, and two convolutions that the direct
+/// stride-2 kernel would take in one pass (a residual block's shortcut) run one by one.
 /// Winograd is skipped where a side has fewer than 8 channels: the transforms then outweigh the
 /// products it saves (fashion-cnn's 1 -> 16 stem ran 1.7-2.5x slower than the direct kernels;
 /// bench_conv BM_Conv/0, one thread).
 bool winograd_pays(const cpu::ConvShape& s) { return std::min(s.C, s.O) >= 8; }
+bool dnnl_first() { return cpu::conv_path() == cpu::ConvPath::onednn; }
 
 /// y = conv(x, w) [+ b] in compute dtype dt on the first kernel that takes it.
 void forward_any(const Array& x, const Array& w, const Array& b, Array& y, const ConvGeom& g,
@@ -201,10 +204,12 @@ void forward_any(const Array& x, const Array& w, const Array& b, Array& y, const
     const T* bp = b.has_data() ? b.data<T>() : nullptr;
     if constexpr (std::is_same_v<T, float>) {
       const cpu::ConvShape s = dnnl_shape(g);
-      if ((winograd_pays(s) &&
+      const bool first = dnnl_first();
+      if ((first && cpu::dnnl_conv_forward(s, x.data<T>(), w.data<T>(), bp, y.data<T>())) ||
+          (winograd_pays(s) &&
            cpu::winograd_conv_forward(s, x.data<T>(), w.data<T>(), bp, y.data<T>())) ||
           cpu::direct_conv_forward(s, x.data<T>(), w.data<T>(), bp, y.data<T>()) ||
-          cpu::dnnl_conv_forward(s, x.data<T>(), w.data<T>(), bp, y.data<T>()))
+          (!first && cpu::dnnl_conv_forward(s, x.data<T>(), w.data<T>(), bp, y.data<T>())))
         return;
     }
     conv_forward<T>(x.data<T>(), w.data<T>(), bp, y.data<T>(), g, dt);
@@ -220,10 +225,12 @@ void backward_weight_any(const Array& x, const Array& gy, Array& dw, const ConvG
     }
     if constexpr (std::is_same_v<T, float>) {
       const cpu::ConvShape s = dnnl_shape(g);
-      if ((winograd_pays(s) &&
+      const bool first = dnnl_first();
+      if ((first && cpu::dnnl_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>())) ||
+          (winograd_pays(s) &&
            cpu::winograd_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>())) ||
           cpu::direct_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>()) ||
-          cpu::dnnl_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>()))
+          (!first && cpu::dnnl_conv_backward_weights(s, x.data<T>(), gy.data<T>(), dw.data<T>())))
         return;
     }
     conv_backward_weight<T>(x.data<T>(), gy.data<T>(), dw.data<T>(), g, dt);
@@ -273,7 +280,7 @@ void Conv2d::eval_cpu(const std::vector<const Array*>& in, const std::vector<Arr
     Array w2 = as_contiguous(*in[2], dt), y2 = start_output(*out[1], dt);
     const ConvGeom g2 = geom(x.shape, y2.shape, *second_);
     const cpu::SecondConv second{dnnl_shape(g2), nullptr, w2.data<float>(), y2.data<float>()};
-    if (dt != Dtype::f32 ||
+    if (dt != Dtype::f32 || dnnl_first() ||
         !cpu::direct_conv_forward(dnnl_shape(g), x.data<float>(), w.data<float>(), nullptr,
                                   y.data<float>(), &second)) {
       forward_any(x, w, Array(), y, g, dt);
@@ -309,7 +316,7 @@ void Conv2dBackwardInput::eval_cpu(const std::vector<const Array*>& in,
     Array gy2 = as_contiguous(*in[2], dt), w2 = as_contiguous(*in[3], dt);
     const cpu::SecondConv second{dnnl_shape(geom(dx.shape, gy2.shape, *second_)), gy2.data<float>(),
                                  w2.data<float>()};
-    done = dt == Dtype::f32 &&
+    done = dt == Dtype::f32 && !dnnl_first() &&
            cpu::direct_conv_backward_data(dnnl_shape(g), gy.data<float>(), w.data<float>(),
                                           dx.data<float>(), addend_ ? r.data<float>() : nullptr,
                                           &second, mask);
@@ -333,14 +340,20 @@ void Conv2dBackwardInput::eval_cpu(const std::vector<const Array*>& in,
       if constexpr (std::is_same_v<T, float>) {
         // Winograd and the direct kernels add r as they write dx; the others after it.
         const cpu::ConvShape s = dnnl_shape(g);
-        if (winograd_pays(s) &&
-            cpu::winograd_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp, rp)) {
+        const bool first = dnnl_first();
+        const auto dnnl = [&] {
+          return cpu::dnnl_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp);
+        };
+        if (first && dnnl()) {
+          // oneDNN took it; r and the mask follow below
+        } else if (winograd_pays(s) &&
+                   cpu::winograd_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp, rp)) {
           added = true;
         } else if (cpu::direct_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp, rp, nullptr,
                                                   mask)) {
           added = true;
           masked = mask != nullptr;
-        } else if (!cpu::dnnl_conv_backward_data(s, gy.data<T>(), w.data<T>(), dp)) {
+        } else if (first || !dnnl()) {
           conv_backward_input<T>(gy.data<T>(), w.data<T>(), dp, g, dt);
         }
       } else {
@@ -373,7 +386,7 @@ void Conv2dBackwardWeight::eval_cpu(const std::vector<const Array*>& in,
     Array gy2 = as_contiguous(*in[2], dt), dw2 = start_output(*out[1], dt);
     const ConvGeom g2 = geom(x.shape, gy2.shape, *second_);
     const cpu::SecondConv second{dnnl_shape(g2), gy2.data<float>(), nullptr, dw2.data<float>()};
-    if (dt != Dtype::f32 || g.N == 0 ||
+    if (dt != Dtype::f32 || g.N == 0 || dnnl_first() ||
         !cpu::direct_conv_backward_weights(dnnl_shape(g), x.data<float>(), gy.data<float>(),
                                            dw.data<float>(), &second)) {
       backward_weight_any(x, gy, dw, g, dt);

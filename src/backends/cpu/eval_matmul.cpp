@@ -86,22 +86,6 @@ void sgemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
               });
 }
 
-namespace {
-/// HETRAIN_SGEMM, read once: the path it names, or none where unset.
-std::optional<SgemmPath> env_sgemm_path() {
-  static const std::optional<SgemmPath> p = []() -> std::optional<SgemmPath> {
-    const char* env = std::getenv("HETRAIN_SGEMM");
-    if (env == nullptr || *env == '\0') return std::nullopt;
-    if (std::strcmp(env, "openblas") == 0) return SgemmPath::openblas;
-    if (std::strcmp(env, "onednn") == 0) return SgemmPath::onednn;
-    fail("HETRAIN_SGEMM must be openblas or onednn, got '", env, "'");
-  }();
-  return p;
-}
-std::atomic<int> g_measured_path{-1};  // set_sgemm_path's choice; -1: none
-std::atomic<int> g_forced_path{-1};    // an SgemmPathOverride's; -1: none
-}  // namespace
-
 SgemmPath sgemm_rule_path() {
   // Measured (docs/PERFORMANCE.md): where OpenBLAS runs its AVX2 kernels (Zen, Haswell)
   // it beat oneDNN's sgemm by ~10% at 2048 on an AMD EPYC (Zen 3), and oneDNN's OpenMP
@@ -116,27 +100,23 @@ SgemmPath sgemm_rule_path() {
   return p;
 }
 
-void set_sgemm_path(SgemmPath p) { g_measured_path.store(static_cast<int>(p)); }
-
-SgemmPathOverride::SgemmPathOverride(SgemmPath p) { g_forced_path.store(static_cast<int>(p)); }
-SgemmPathOverride::~SgemmPathOverride() { g_forced_path.store(-1); }
-
-SgemmPath sgemm_path() {
-  if (const int forced = g_forced_path.load(std::memory_order_relaxed); forced >= 0)
-    return static_cast<SgemmPath>(forced);
-  if (const auto env = env_sgemm_path()) return *env;
-  const int measured = g_measured_path.load(std::memory_order_relaxed);
-  return measured >= 0 ? static_cast<SgemmPath>(measured) : sgemm_rule_path();
+PathChoice& sgemm_choice() {
+  static_assert(static_cast<int>(SgemmPath::onednn) == 0);
+  static PathChoice c("HETRAIN_SGEMM", {"onednn", "openblas"}, "openblas or onednn",
+                      [] { return static_cast<int>(sgemm_rule_path()); });
+  return c;
 }
 
-SgemmSource sgemm_path_source() {
-  if (env_sgemm_path()) return SgemmSource::env;
-  return g_measured_path.load() >= 0 ? SgemmSource::measured : SgemmSource::rule;
-}
+void set_sgemm_path(SgemmPath p) { sgemm_choice().set_measured(static_cast<int>(p)); }
 
-const char* sgemm_path_name(SgemmPath p) {
-  return p == SgemmPath::openblas ? "openblas" : "onednn";
-}
+SgemmPathOverride::SgemmPathOverride(SgemmPath p)
+    : PathOverride(sgemm_choice(), static_cast<int>(p)) {}
+
+SgemmPath sgemm_path() { return static_cast<SgemmPath>(sgemm_choice().get()); }
+
+SgemmSource sgemm_path_source() { return sgemm_choice().source(); }
+
+const char* sgemm_path_name(SgemmPath p) { return sgemm_choice().name(static_cast<int>(p)); }
 
 std::string openblas_core_name() { return openblas_get_corename(); }
 

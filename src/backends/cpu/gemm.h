@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "backends/cpu/path_choice.h"
 #include "hetrain/base/dtype.h"
 
 namespace hetrain::cpu {
@@ -44,21 +45,20 @@ enum class SgemmPath { onednn, openblas };
 /// machine's device profile, which 'hetrain bench' measures), else sgemm_rule_path().
 SgemmPath sgemm_path();
 /// What decided sgemm_path(): HETRAIN_SGEMM, set_sgemm_path() or sgemm_rule_path().
-enum class SgemmSource { env, measured, rule };
+using SgemmSource = PathSource;
 SgemmSource sgemm_path_source();
 /// Where no measurement is at hand: OpenBLAS where it runs its Zen/Haswell kernels on a CPU
 /// without AVX-512, else oneDNN (docs/PERFORMANCE.md has the measurements behind it).
 SgemmPath sgemm_rule_path();
 /// The path sgemm() takes from now on, unless HETRAIN_SGEMM says otherwise.
 void set_sgemm_path(SgemmPath p);
+/// The choice behind sgemm_path() (paths numbered as SgemmPath).
+PathChoice& sgemm_choice();
 /// While it lives, sgemm() takes `p` whatever HETRAIN_SGEMM or set_sgemm_path() say: for
 /// 'hetrain bench', which times both libraries. Process-wide; not nested.
-class SgemmPathOverride {
+class SgemmPathOverride : public PathOverride {
  public:
   explicit SgemmPathOverride(SgemmPath p);
-  ~SgemmPathOverride();
-  SgemmPathOverride(const SgemmPathOverride&) = delete;
-  SgemmPathOverride& operator=(const SgemmPathOverride&) = delete;
 };
 /// "openblas" or "onednn", as HETRAIN_SGEMM and the device profile spell them.
 const char* sgemm_path_name(SgemmPath p);
