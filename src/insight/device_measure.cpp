@@ -259,10 +259,11 @@ double measure_conv(DeviceProfile& p, planning::ConvRate r, double flops, int re
 
 // ---- The engine's own f32 convolution kernels against oneDNN's, each tried first in turn
 // (cpu::conv_path()): the 3x3 layers of a small ResNet (fashion-cnn's widths, a stride-2 layer
-// doubling the channels), forward and both gradients, 32 images or more. The faster has the
-// lower geometric mean of time ratios over the layers. Neither wins everywhere: on an Intel
-// Xeon the own kernels took fashion-cnn's f32 step in 63 ms against 71 held to AVX2, and in
-// 59 ms against 47 with AVX-512 (docs/PERFORMANCE.md).
+// doubling the channels), forward and both gradients, on a training batch of 128 images. The
+// faster has the lower geometric mean of time ratios over the layers. Neither wins everywhere:
+// on an Intel Xeon (Emerald Rapids) fashion-cnn's f32 step took 63 ms with the own kernels
+// first and 68-73 with oneDNN's held to AVX2, 59 against 47 with AVX-512 (docs/PERFORMANCE.md).
+// At 32 images these layers ranked oneDNN first held to AVX2 too, against the steps.
 void measure_conv_paths(DeviceProfile& p, bool quick) {
   const std::vector<planning::ConvRate> layers = {{3, 1, 16, 16, 28, 0},
                                                   {3, 2, 16, 32, 14, 0},
@@ -276,7 +277,7 @@ void measure_conv_paths(DeviceProfile& p, bool quick) {
     double t[2];
     for (const cpu::ConvPath path : {cpu::ConvPath::own, cpu::ConvPath::onednn}) {
       const cpu::PathOverride use(cpu::conv_choice(), static_cast<int>(path));
-      t[path == cpu::ConvPath::onednn] = conv_seconds(p, l, 50e6, reps, 32);
+      t[path == cpu::ConvPath::onednn] = conv_seconds(p, l, 50e6, reps, 128);
     }
     p.conv_own_s += t[0];
     p.conv_onednn_s += t[1];

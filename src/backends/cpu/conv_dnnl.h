@@ -50,9 +50,9 @@ int64_t dnnl_conv_runs();
 /// profile ('hetrain bench' times both on convolution layers), else conv_rule_path().
 enum class ConvPath { own, onednn };
 ConvPath conv_path();
-/// Where nothing was measured: the engine's own kernels, faster on AVX2 (fashion-cnn's f32
-/// step 63 ms against 71 ms with oneDNN first, Intel Xeon held to AVX2, docs/PERFORMANCE.md).
-/// On AVX-512 oneDNN's were faster there (51 ms against 58), so 'hetrain bench' measures.
+/// Where nothing was measured: the engine's own kernels, faster on AVX2 (fashion-cnn's f32 step
+/// 63 ms against 68-73 ms with oneDNN first, Intel Xeon held to AVX2, docs/PERFORMANCE.md).
+/// With AVX-512 oneDNN's were faster there (47 ms against 59), so 'hetrain bench' measures.
 ConvPath conv_rule_path();
 /// The choice behind conv_path() (paths numbered as ConvPath).
 PathChoice& conv_choice();
