@@ -46,6 +46,15 @@ int cmd_version(const Args& args) {
   std::cout << "f32 convolutions: " << (own ? "own Winograd/direct kernels" : "oneDNN")
             << " first, "
             << why(cpu::conv_choice().source(), "HETRAIN_CONV_PATH", path_choices().conv) << "\n";
+  std::cout << "bf16 GEMMs and convolutions: ";
+  if (!cpu::onednn_has_bf16_matmul())
+    std::cout << "converted to f32 (oneDNN has no bf16 kernels for this CPU)\n";
+  else
+    std::cout << (cpu::bf16_gemm_path() == cpu::Bf16GemmPath::onednn ? "oneDNN bf16 kernels"
+                                                                     : "converted to f32")
+              << ", "
+              << why(cpu::bf16_gemm_choice().source(), "HETRAIN_BF16_GEMM", path_choices().bf16)
+              << "\n";
   return 0;
 }
 

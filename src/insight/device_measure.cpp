@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <thread>
 
@@ -218,26 +219,42 @@ double best_eval(int reps, F&& build) {
   return best_time(reps, [&] { eval(build()); });
 }
 
-/// Seconds for a convolution case forward and both gradients through the engine, best of
-/// `reps`, on a batch sized to about `flops` forward FLOPs. min_batch: at least this many images,
-/// so that per-call costs (weight transforms and reorders, workspaces, the split over threads)
-/// weigh about as little as in a training batch.
-double conv_seconds(const DeviceProfile& p, const planning::ConvRate& r, double flops, int reps,
-                    int64_t min_batch, int64_t* batch_out = nullptr) {
+/// A case to time: builds its graph on tensors made once (best_eval evaluates it).
+using Builder = std::function<std::vector<Tensor>()>;
+
+/// A convolution case, forward and both gradients, in dtype dt, on a batch sized to about
+/// `flops` forward FLOPs. min_batch: at least this many images, so that per-call costs (weight
+/// transforms and reorders, workspaces, the split over threads) weigh about as little as in a
+/// training batch.
+Builder conv_case(const DeviceProfile& p, const planning::ConvRate& r, double flops,
+                  int64_t min_batch, Dtype dt, int64_t* batch_out = nullptr) {
   Generator gen(11);
   const double per_image = 2.0 * r.out_hw * r.out_hw * r.out * r.in * r.kernel * r.kernel;
   const int64_t batch = std::clamp<int64_t>(std::llround(flops / per_image),
                                             std::max<int64_t>(min_batch, 2 * p.threads), 256);
   const int64_t in_hw = r.out_hw * r.stride, pad = r.kernel / 2;
-  Tensor x = randn({batch, r.in, in_hw, in_hw}, Dtype::f32, gen).eval();
-  Tensor w = randn({r.out, r.in, r.kernel, r.kernel}, Dtype::f32, gen).eval();
-  Tensor cot = randn({batch, r.out, r.out_hw, r.out_hw}, Dtype::f32, gen).eval();
+  Tensor x = cast(randn({batch, r.in, in_hw, in_hw}, Dtype::f32, gen), dt).eval();
+  Tensor w = cast(randn({r.out, r.in, r.kernel, r.kernel}, Dtype::f32, gen), dt).eval();
+  Tensor cot = cast(randn({batch, r.out, r.out_hw, r.out_hw}, Dtype::f32, gen), dt).eval();
   if (batch_out) *batch_out = batch;
-  return best_eval(reps, [&] {
-    Tensor y = conv2d(x, w, {}, {r.stride, r.stride}, {pad, pad});
+  const int64_t stride = r.stride;
+  return [=] {
+    Tensor y = conv2d(x, w, {}, {stride, stride}, {pad, pad});
     std::vector<Tensor> g = grad({y}, {x, w}, {cot});
     return std::vector<Tensor>{y, g[0], g[1]};
-  });
+  };
+}
+
+/// A linear layer with ReLU on `rows` rows, forward and both gradients, in dtype dt.
+Builder linear_case(int64_t rows, int64_t in, int64_t out, Dtype dt, Generator& gen) {
+  Tensor x = cast(randn({rows, in}, Dtype::f32, gen), dt).eval();
+  Tensor w = cast(randn({out, in}, Dtype::f32, gen), dt).eval();
+  Tensor cot = cast(randn({rows, out}, Dtype::f32, gen), dt).eval();
+  return [=] {
+    Tensor y = relu(linear(x, w));
+    std::vector<Tensor> g = grad({y}, {x, w}, {cot});
+    return std::vector<Tensor>{y, g[0], g[1]};
+  };
 }
 
 std::string conv_case_name(const planning::ConvRate& r) {
@@ -249,7 +266,7 @@ std::string conv_case_name(const planning::ConvRate& r) {
 double measure_conv(DeviceProfile& p, planning::ConvRate r, double flops, int reps,
                     int64_t min_batch) {
   int64_t batch = 0;
-  const double t = conv_seconds(p, r, flops, reps, min_batch, &batch);
+  const double t = best_eval(reps, conv_case(p, r, flops, min_batch, Dtype::f32, &batch));
   const double per_image = 2.0 * r.out_hw * r.out_hw * r.out * r.in * r.kernel * r.kernel;
   const double gflops = 3 * per_image * static_cast<double>(batch) / t * 1e-9;
   p.rows.push_back({conv_case_name(r), gflops, "GFLOP/s", t,
@@ -257,90 +274,105 @@ double measure_conv(DeviceProfile& p, planning::ConvRate r, double flops, int re
   return gflops;
 }
 
-// ---- The engine's own f32 convolution kernels against oneDNN's, each tried first in turn
-// (cpu::conv_path()): the 3x3 layers of a small ResNet (fashion-cnn's widths, a stride-2 layer
-// doubling the channels), forward and both gradients, on a training batch of 128 images. The
-// faster has the lower geometric mean of time ratios over the layers. Neither wins everywhere:
-// on an Intel Xeon (Emerald Rapids) fashion-cnn's f32 step took 63 ms with the own kernels
-// first and 68-73 with oneDNN's held to AVX2, 59 against 47 with AVX-512 (docs/PERFORMANCE.md).
-// At 32 images these layers ranked oneDNN first held to AVX2 too, against the steps.
-void measure_conv_paths(DeviceProfile& p, bool quick) {
-  const std::vector<planning::ConvRate> layers = {{3, 1, 16, 16, 28, 0},
-                                                  {3, 2, 16, 32, 14, 0},
-                                                  {3, 1, 32, 32, 14, 0},
-                                                  {3, 2, 32, 64, 7, 0},
-                                                  {3, 1, 64, 64, 7, 0}};
-  const int reps = quick ? 2 : 4;
+// ---- Choices between two paths (cpu::PathChoice): every case timed under each path in turn,
+// best of `reps`, the faster taken by this process from then on. The faster has the lower
+// geometric mean of time ratios over the cases, so small cases count as much as large ones.
+struct PathTimes {
+  double seconds[2] = {0, 0};  // each path's total over the cases
+  double ratio = 1;            // path 0's time over path 1's, geometric mean
+  int faster = 0;
+};
+
+PathTimes time_paths(DeviceProfile& p, cpu::PathChoice& choice, const std::vector<Builder>& cases,
+                     int reps, const std::string& what, const std::array<std::string, 2>& how) {
+  PathTimes t;
   double log_ratio = 0;
-  p.conv_own_s = p.conv_onednn_s = 0;
-  for (const planning::ConvRate& l : layers) {
-    double t[2];
-    for (const cpu::ConvPath path : {cpu::ConvPath::own, cpu::ConvPath::onednn}) {
-      const cpu::PathOverride use(cpu::conv_choice(), static_cast<int>(path));
-      t[path == cpu::ConvPath::onednn] = conv_seconds(p, l, 50e6, reps, 128);
+  for (const Builder& b : cases) {
+    double s[2];
+    for (int path : {0, 1}) {
+      const cpu::PathOverride use(choice, path);
+      s[path] = best_eval(reps, b);
+      t.seconds[path] += s[path];
     }
-    p.conv_own_s += t[0];
-    p.conv_onednn_s += t[1];
-    log_ratio += std::log(t[0] / t[1]);
+    log_ratio += std::log(s[0] / s[1]);
   }
-  const cpu::ConvPath faster = log_ratio > 0 ? cpu::ConvPath::onednn : cpu::ConvPath::own;
-  p.conv_own_over_onednn = std::exp(log_ratio / static_cast<double>(layers.size()));
-  p.conv_choice = cpu::conv_choice().name(static_cast<int>(faster));
-  cpu::conv_choice().set_measured(static_cast<int>(faster));
-  for (const cpu::ConvPath path : {cpu::ConvPath::own, cpu::ConvPath::onednn}) {
-    const bool own = path == cpu::ConvPath::own;
-    const double seconds = own ? p.conv_own_s : p.conv_onednn_s;
-    p.rows.push_back({"3x3 conv layers, fwd + grads", 1e3 * seconds, "ms", seconds,
-                      std::string(own ? "own Winograd/direct kernels" : "oneDNN") + " first" +
-                          (path == faster ? " (taken)" : "")});
-  }
+  t.ratio = std::exp(log_ratio / static_cast<double>(cases.size()));
+  t.faster = t.ratio > 1 ? 1 : 0;
+  choice.set_measured(t.faster);
+  for (int path : {0, 1})
+    p.rows.push_back({what, 1e3 * t.seconds[path], "ms", t.seconds[path],
+                      how[path] + (path == t.faster ? " (taken)" : "")});
+  return t;
 }
 
-// ---- The two f32 GEMM libraries, each in turn under the engine (sgemm() takes the path
-// set_sgemm_path() gives): a linear layer with ReLU, forward and both gradients, at the sizes of
-// training (a batch of 128 images through an MLP's layers, 2048 tokens through a small GPT's),
-// best of `reps`. Time in a layer's kernels, not a GEMM's alone: the libraries' time alone
-// ranked them the other way round on an AMD EPYC Zen 4 held to AVX2, where whole training
-// steps were faster with oneDNN. The faster library has the lower geometric mean of time
-// ratios over the layers (the small layers count as much as the large ones).
+// The engine's own f32 convolution kernels first, or oneDNN's (cpu::conv_path()): the 3x3 layers
+// of a small ResNet (fashion-cnn's widths, a stride-2 layer doubling the channels), forward and
+// both gradients, on a training batch of 128 images. Neither wins everywhere: on an Intel Xeon
+// (Emerald Rapids) fashion-cnn's f32 step took 63 ms with the own kernels first and 68-73 with
+// oneDNN's held to AVX2, 59 against 47 with AVX-512 (docs/PERFORMANCE.md). At 32 images these
+// layers ranked oneDNN first held to AVX2 too, against the steps.
+const std::vector<planning::ConvRate> kResNetLayers = {{3, 1, 16, 16, 28, 0},
+                                                       {3, 2, 16, 32, 14, 0},
+                                                       {3, 1, 32, 32, 14, 0},
+                                                       {3, 2, 32, 64, 7, 0},
+                                                       {3, 1, 64, 64, 7, 0}};
+
+void measure_conv_paths(DeviceProfile& p, bool quick) {
+  std::vector<Builder> cases;
+  for (const auto& l : kResNetLayers) cases.push_back(conv_case(p, l, 50e6, 128, Dtype::f32));
+  const PathTimes t =
+      time_paths(p, cpu::conv_choice(), cases, quick ? 2 : 4, "3x3 conv layers, fwd + grads",
+                 {"own Winograd/direct kernels first", "oneDNN first"});
+  p.conv_own_s = t.seconds[0];
+  p.conv_onednn_s = t.seconds[1];
+  p.conv_own_over_onednn = t.ratio;
+  p.conv_choice = cpu::conv_choice().name(t.faster);
+}
+
+// The two f32 GEMM libraries (sgemm() takes the path set_sgemm_path() gives): a linear layer
+// with ReLU at the sizes of training (a batch of 128 images through an MLP's layers, 2048 tokens
+// through a small GPT's). Time in a layer's kernels, not a GEMM's alone: the libraries' time
+// alone ranked them the other way round on an AMD EPYC Zen 4 held to AVX2, where whole training
+// steps were faster with oneDNN.
+struct LinearShape {
+  int64_t rows, in, out;
+};
+const std::vector<LinearShape> kLinearLayers = {{128, 784, 512},  {128, 512, 256},
+                                                {128, 256, 10},   {2048, 128, 384},
+                                                {2048, 128, 512}, {2048, 512, 128}};
+
 void measure_sgemm_paths(DeviceProfile& p, bool quick) {
-  struct Layer {
-    int64_t rows, in, out;
-  };
-  const std::vector<Layer> layers = {{128, 784, 512},  {128, 512, 256},  {128, 256, 10},
-                                     {2048, 128, 384}, {2048, 128, 512}, {2048, 512, 128}};
-  const int reps = quick ? 3 : 8;
   Generator gen(9);
-  double log_ratio = 0;
-  p.sgemm_onednn_s = p.sgemm_openblas_s = 0;
-  for (const Layer& l : layers) {
-    Tensor x = randn({l.rows, l.in}, Dtype::f32, gen).eval();
-    Tensor w = randn({l.out, l.in}, Dtype::f32, gen).eval();
-    Tensor cot = randn({l.rows, l.out}, Dtype::f32, gen).eval();
-    double t[2];
-    for (const cpu::SgemmPath path : {cpu::SgemmPath::onednn, cpu::SgemmPath::openblas}) {
-      const cpu::SgemmPathOverride use(path);
-      t[path == cpu::SgemmPath::openblas] = best_eval(reps, [&] {
-        Tensor y = relu(linear(x, w));
-        std::vector<Tensor> g = grad({y}, {x, w}, {cot});
-        return std::vector<Tensor>{y, g[0], g[1]};
-      });
-    }
-    p.sgemm_onednn_s += t[0];
-    p.sgemm_openblas_s += t[1];
-    log_ratio += std::log(t[1] / t[0]);
-  }
-  const cpu::SgemmPath faster = log_ratio < 0 ? cpu::SgemmPath::openblas : cpu::SgemmPath::onednn;
-  p.sgemm_openblas_over_onednn = std::exp(log_ratio / static_cast<double>(layers.size()));
-  p.sgemm_choice = cpu::sgemm_path_name(faster);
-  cpu::set_sgemm_path(faster);
-  for (const cpu::SgemmPath path : {cpu::SgemmPath::onednn, cpu::SgemmPath::openblas}) {
-    const bool ob = path == cpu::SgemmPath::openblas;
-    const double seconds = ob ? p.sgemm_openblas_s : p.sgemm_onednn_s;
-    p.rows.push_back({"linear + ReLU layers, fwd + grads", 1e3 * seconds, "ms", seconds,
-                      (ob ? "OpenBLAS " + cpu::openblas_core_name() : std::string("oneDNN")) +
-                          " sgemm" + (path == faster ? " (taken)" : "")});
-  }
+  std::vector<Builder> cases;
+  for (const auto& l : kLinearLayers)
+    cases.push_back(linear_case(l.rows, l.in, l.out, Dtype::f32, gen));
+  const PathTimes t =
+      time_paths(p, cpu::sgemm_choice(), cases, quick ? 3 : 8, "linear + ReLU layers, fwd + grads",
+                 {"oneDNN sgemm", "OpenBLAS " + cpu::openblas_core_name() + " sgemm"});
+  p.sgemm_onednn_s = t.seconds[0];
+  p.sgemm_openblas_s = t.seconds[1];
+  p.sgemm_openblas_over_onednn = 1 / t.ratio;
+  p.sgemm_choice = cpu::sgemm_choice().name(t.faster);
+}
+
+// bf16 on oneDNN's bf16 kernels or converted to f32 (cpu::bf16_gemm_path()), where oneDNN has
+// bf16 kernels at all: the linear layers above and the ResNet layers, in bf16. The bf16 unit
+// does not always pay: with AVX512-BF16 alone (an Intel Xeon whose AMX was not exposed),
+// gpt-mini's bf16 step took 99 ms on it against 81 converted, fashion-cnn's 64-67 against 54-56.
+void measure_bf16_paths(DeviceProfile& p, bool quick) {
+  if (!cpu::onednn_has_bf16_matmul()) return;
+  Generator gen(13);
+  std::vector<Builder> cases;
+  for (const auto& l : kLinearLayers)
+    cases.push_back(linear_case(l.rows, l.in, l.out, Dtype::bf16, gen));
+  for (const auto& l : kResNetLayers) cases.push_back(conv_case(p, l, 50e6, 128, Dtype::bf16));
+  const PathTimes t = time_paths(p, cpu::bf16_gemm_choice(), cases, quick ? 2 : 4,
+                                 "bf16 linear and conv layers, fwd + grads",
+                                 {"oneDNN bf16 kernels", "converted to f32"});
+  p.bf16_onednn_s = t.seconds[0];
+  p.bf16_f32_s = t.seconds[1];
+  p.bf16_f32_over_onednn = 1 / t.ratio;
+  p.bf16_choice = cpu::bf16_gemm_choice().name(t.faster);
 }
 
 // f32 GEMMs of every (m, n, k) on a grid: thin and flat shapes (a layer's small batch or
@@ -521,6 +553,7 @@ DeviceProfile measure_device(const BenchOptions& opts) {
   measure_peaks(p, opts.quick);
   measure_sgemm_paths(p, opts.quick);
   measure_conv_paths(p, opts.quick);
+  measure_bf16_paths(p, opts.quick);
   if (cpu::bf16_gemm_path() == cpu::Bf16GemmPath::onednn)
     p.gemm_bf16_impl = cpu::bf16_gemm_impl_name(1024, 1024, 1024);
   const std::vector<int64_t> sizes =

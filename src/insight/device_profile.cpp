@@ -85,6 +85,11 @@ json DeviceProfile::to_json() const {
             {"onednn_s", conv_onednn_s},
             {"own_over_onednn", conv_own_over_onednn},
             {"choice", conv_choice}}},
+          {"bf16_gemm",
+           {{"onednn_s", bf16_onednn_s},
+            {"f32_s", bf16_f32_s},
+            {"f32_over_onednn", bf16_f32_over_onednn},
+            {"choice", bf16_choice}}},
           {"isa", isa},
           {"threads", threads},
           {"cpu_model", cpu_model},
@@ -152,6 +157,16 @@ DeviceProfile DeviceProfile::from_json(const json& j) {
     p.conv_choice = g.value("choice", std::string());
     if (!p.conv_choice.empty() && cpu::conv_choice().parse(p.conv_choice.c_str()) < 0)
       fail("field 'conv.choice' must be \"own\" or \"onednn\", got \"", p.conv_choice, "\"");
+  }
+  if (j.contains("bf16_gemm")) {
+    const json& g = j["bf16_gemm"];
+    if (!g.is_object()) fail("field 'bf16_gemm' must be an object");
+    p.bf16_onednn_s = g.value("onednn_s", 0.0);
+    p.bf16_f32_s = g.value("f32_s", 0.0);
+    p.bf16_f32_over_onednn = g.value("f32_over_onednn", 0.0);
+    p.bf16_choice = g.value("choice", std::string());
+    if (!p.bf16_choice.empty() && cpu::bf16_gemm_choice().parse(p.bf16_choice.c_str()) < 0)
+      fail("field 'bf16_gemm.choice' must be \"onednn\" or \"sgemm\", got \"", p.bf16_choice, "\"");
   }
   p.mem_bw_gbs = positive(j, "mem_bw_gbs");
   p.mem_bytes = positive(j, "mem_bytes");
@@ -250,7 +265,7 @@ PathChoiceNotes apply_path_choices(const std::string& path) {
   DeviceProfile p;
   std::string why;
   if (path.empty()) why = "no device profile (no cache directory)";
-  if (!why.empty() || !load_device_profile(path, 0, &p, &why)) return {why, why};
+  if (!why.empty() || !load_device_profile(path, 0, &p, &why)) return {why, why, why};
   PathChoiceNotes notes;
   char buf[160];
   if (p.sgemm_choice.empty()) {
@@ -271,6 +286,16 @@ PathChoiceNotes apply_path_choices(const std::string& path) {
                   "%s (the own kernels' time over oneDNN's on 3x3 layers: %.2f, geometric mean)",
                   p.conv_choice.c_str(), p.conv_own_over_onednn);
     notes.conv = buf;
+  }
+  if (p.bf16_choice.empty()) {
+    notes.bf16 = "device profile '" + path + "' has no bf16 timings";
+  } else {
+    cpu::bf16_gemm_choice().set_measured(cpu::bf16_gemm_choice().parse(p.bf16_choice.c_str()));
+    std::snprintf(buf, sizeof buf,
+                  "%s (the time converted to f32 over oneDNN's bf16 kernels on bf16 layers: "
+                  "%.2f, geometric mean)",
+                  p.bf16_choice.c_str(), p.bf16_f32_over_onednn);
+    notes.bf16 = buf;
   }
   return notes;
 }

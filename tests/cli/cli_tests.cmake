@@ -98,7 +98,7 @@ set_tests_properties(cli.simulate_json cli.simulate_explain PROPERTIES ENVIRONME
 # The f32 GEMM library hetrain bench measured faster is the one runs take (issue 24).
 add_test(NAME cli.gemm_choice COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/gemm_choice.sh ${HT})
 set_tests_properties(cli.gemm_choice PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
-                     "f32 GEMM library: [a-z]+, convolution kernels: [a-z]+; measured, taken")
+                     "f32 GEMM library: [a-z]+, convolution kernels: [a-z]+, bf16: [a-z]+; measured, taken")
 # An empty OpenMP registration file left under this PID by a dead process (libomp's SIGBUS).
 add_test(NAME cli.stale_openmp_registration
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/stale_openmp_registration.sh ${HT})

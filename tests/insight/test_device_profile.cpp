@@ -60,6 +60,18 @@ TEST(DeviceProfile, QuickMeasurementIsPlausibleAndPlannerReadsIt) {
     EXPECT_STREQ(cpu::conv_choice().name(static_cast<int>(cpu::conv_path())),
                  p.conv_choice.c_str());
   }
+  // And for bf16 layers, where oneDNN has bf16 kernels at all.
+  if (cpu::onednn_has_bf16_matmul()) {
+    EXPECT_GT(p.bf16_onednn_s, 0.0);
+    EXPECT_GT(p.bf16_f32_s, 0.0);
+    EXPECT_EQ(p.bf16_choice, p.bf16_f32_over_onednn < 1 ? "sgemm" : "onednn");
+    if (cpu::bf16_gemm_choice().source() != cpu::PathSource::env) {
+      EXPECT_EQ(cpu::bf16_gemm_path() == cpu::Bf16GemmPath::onednn, p.bf16_choice == "onednn");
+    }
+  } else {
+    EXPECT_EQ(p.bf16_choice, "");
+    EXPECT_EQ(cpu::bf16_gemm_path(), cpu::Bf16GemmPath::convert_sgemm);
+  }
   // The engine's own kernels: every rate positive and under the FMA ceiling (the attention
   // rate counts the masked half of a causal product as done, so it gets twice the ceiling).
   ASSERT_EQ(p.gemm_f32_grid.rates.size(), 8u);
@@ -192,10 +204,12 @@ TEST(DeviceProfile, PathChoicesAreStoredReadAndTaken) {
   p.mem_bytes = 1e9;
   const bool env = cpu::sgemm_path_source() == cpu::SgemmSource::env;
   const bool conv_env = cpu::conv_choice().source() == cpu::PathSource::env;
+  const bool bf16_env = cpu::bf16_gemm_choice().source() == cpu::PathSource::env;
 
   write_json_atomic(path, p.to_json());
   EXPECT_NE(apply_path_choices(path).gemm.find("has no sgemm timings"), std::string::npos);
   EXPECT_NE(apply_path_choices(path).conv.find("has no convolution timings"), std::string::npos);
+  EXPECT_NE(apply_path_choices(path).bf16.find("has no bf16 timings"), std::string::npos);
 
   for (const auto& [choice, ratio] : {std::pair{"openblas", 0.8}, std::pair{"onednn", 1.25}}) {
     p.sgemm_onednn_s = 0.01;
@@ -233,13 +247,33 @@ TEST(DeviceProfile, PathChoicesAreStoredReadAndTaken) {
     }
   }
 
+  for (const auto& [choice, ratio] : {std::pair{"sgemm", 0.8}, std::pair{"onednn", 1.25}}) {
+    p.bf16_onednn_s = 0.01;
+    p.bf16_f32_s = 0.01 * ratio;
+    p.bf16_f32_over_onednn = ratio;
+    p.bf16_choice = choice;
+    write_json_atomic(path, p.to_json());
+    DeviceProfile back;
+    std::string why;
+    ASSERT_TRUE(load_device_profile(path, 0, &back, &why)) << why;
+    EXPECT_EQ(back.bf16_choice, choice);
+    EXPECT_DOUBLE_EQ(back.bf16_f32_over_onednn, ratio);
+    const std::string said = apply_path_choices(path).bf16;
+    EXPECT_EQ(said.rfind(choice, 0), 0u) << said;
+    // Converted wherever oneDNN has no bf16 kernels, whatever the profile says.
+    if (!bf16_env) {
+      EXPECT_EQ(cpu::bf16_gemm_path() == cpu::Bf16GemmPath::onednn,
+                cpu::onednn_has_bf16_matmul() && std::string(choice) == "onednn");
+    }
+  }
+
   // A choice that names neither path: the profile is corrupt, and the field is named.
-  for (const char* field : {"sgemm", "conv"}) {
+  for (const char* field : {"sgemm", "conv", "bf16_gemm"}) {
     nlohmann::json j = p.to_json();
     j[field]["choice"] = "mkl";
     std::ofstream(path) << j.dump();
     const PathChoiceNotes said = apply_path_choices(path);
-    for (const std::string& note : {said.gemm, said.conv}) {
+    for (const std::string& note : {said.gemm, said.conv, said.bf16}) {
       EXPECT_NE(note.find("corrupt"), std::string::npos) << note;
       EXPECT_NE(note.find(std::string(field) + ".choice"), std::string::npos) << note;
     }
@@ -251,6 +285,7 @@ TEST(DeviceProfile, PathChoicesAreStoredReadAndTaken) {
     EXPECT_EQ(cpu::conv_path(), cpu::ConvPath::own);
   }
   cpu::conv_choice().set_measured(static_cast<int>(cpu::conv_rule_path()));
+  cpu::bf16_gemm_choice().set_measured(static_cast<int>(cpu::bf16_gemm_rule_path()));
   std::filesystem::remove_all(dir);
 }
 

@@ -74,6 +74,10 @@ struct DeviceProfile {
   // the faster: "own", "onednn" or "" (not measured).
   double conv_own_s = 0, conv_onednn_s = 0, conv_own_over_onednn = 0;
   std::string conv_choice;
+  // The same for bf16 layers (cpu::bf16_gemm_path): on oneDNN's bf16 kernels or converted to
+  // f32; the choice "onednn", "sgemm" (converted) or "" (not measured: no bf16 kernels here).
+  double bf16_onednn_s = 0, bf16_f32_s = 0, bf16_f32_over_onednn = 0;
+  std::string bf16_choice;
   std::vector<BenchRow> rows;
 
   /// The planner's device-profile format (version 1) plus the detail rows.
@@ -123,11 +127,11 @@ DeviceProfile measure_device(const BenchOptions& opts = {});
 /// What apply_path_choices did for each choice, for `hetrain version`: e.g. "onednn (OpenBLAS's
 /// time over oneDNN's on linear layers: 1.08, geometric mean)", or why the built-in rule stays.
 struct PathChoiceNotes {
-  std::string gemm, conv;
+  std::string gemm, conv, bf16;
 };
-/// Takes the f32 GEMM library and the f32 convolution kernels that the stored profile at `path`
-/// found faster on this machine, where a usable profile (load_device_profile, any thread count)
-/// has them.
+/// Takes the f32 GEMM library, the f32 convolution kernels and the bf16 path that the stored
+/// profile at `path` found faster on this machine, where a usable profile (load_device_profile, any
+/// thread count) has them.
 PathChoiceNotes apply_path_choices(const std::string& path);
 
 /// Reads a stored profile and checks that it is usable here: parses, format version 1, made

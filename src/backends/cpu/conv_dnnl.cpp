@@ -476,7 +476,7 @@ bool dnnl_conv_backward_weights(const ConvShape& s, const float* x, const float*
 
 bool dnnl_bf16_conv() {
   const CpuFeatures& f = cpu_features();
-  return f.avx512bf16 || f.amx_bf16;
+  return (f.avx512bf16 || f.amx_bf16) && bf16_gemm_path() == Bf16GemmPath::onednn;
 }
 bool dnnl_conv_forward(const ConvShape& s, const BFloat16* x, const BFloat16* w, const BFloat16* b,
                        BFloat16* y) {

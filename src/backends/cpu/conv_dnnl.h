@@ -26,7 +26,8 @@ bool dnnl_conv_backward_data(const ConvShape& s, const float* gy, const float* w
 /// dw (O, C, kh, kw) from x (N, C, H, W) and gy (N, O, Ho, Wo).
 bool dnnl_conv_backward_weights(const ConvShape& s, const float* x, const float* gy, float* dw);
 
-/// bf16, where the CPU computes in bf16 (AVX512-BF16 or AMX: dnnl_bf16_conv()); f32
+/// bf16, where the CPU computes in bf16 (AVX512-BF16 or AMX) and bf16_gemm_path() takes
+/// oneDNN's bf16 kernels (dnnl_bf16_conv(); elsewhere callers convert to f32); f32
 /// accumulation, bf16 outputs except the weight gradient, which is f32 (one rounding after the
 /// chunks' sum, by the caller). False where oneDNN has no fast bf16 kernel for the shape.
 bool dnnl_bf16_conv();

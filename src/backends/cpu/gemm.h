@@ -95,10 +95,17 @@ std::string bf16_gemm_impl_name(int64_t M, int64_t N, int64_t K);
 bool onednn_has_bf16_matmul();
 
 enum class Bf16GemmPath { onednn, convert_sgemm };
-/// How Matmul runs bf16: oneDNN's bf16 primitive where the CPU has bf16 instructions (AMX or
-/// AVX512-BF16), else convert to f32 + sgemm. HETRAIN_BF16_GEMM=onednn|sgemm overrides where
-/// oneDNN has a bf16 matmul at all; another value throws.
+/// How bf16 matmuls and convolutions run: on oneDNN's bf16 primitives, or converted to f32 (an
+/// f32 GEMM, the f32 convolution kernels). convert_sgemm wherever oneDNN has no bf16 matmul;
+/// elsewhere HETRAIN_BF16_GEMM=onednn|sgemm where set (another value throws), else the faster
+/// in this machine's device profile ('hetrain bench' times both on bf16 layers), else
+/// bf16_gemm_rule_path().
 Bf16GemmPath bf16_gemm_path();
+/// Where nothing was measured: oneDNN's bf16 kernels where the CPU computes in bf16 (AMX,
+/// AVX512-BF16) and oneDNN has them, else convert_sgemm.
+Bf16GemmPath bf16_gemm_rule_path();
+/// The choice behind bf16_gemm_path() (paths numbered as Bf16GemmPath; "onednn", "sgemm").
+PathChoice& bf16_gemm_choice();
 
 enum class Bf16AttentionPath { batched, f32 };
 /// How attention runs bf16 operands: `batched`, each tile's products as one oneDNN bf16 matmul

@@ -175,21 +175,28 @@ bool onednn_has_bf16_matmul() {
   return has;
 }
 
+Bf16GemmPath bf16_gemm_rule_path() {
+  // oneDNN's bf16 kernels pay where the CPU computes in bf16 (AMX, AVX512-BF16); on a
+  // plain AVX-512 CPU they convert internally, like our f32 path. On AVX2 CPUs oneDNN 2.6
+  // has no bf16 matmul at all (docs/PERFORMANCE.md), so convert + sgemm is the only path.
+  // With AVX512-BF16 alone the dot instruction may still lose to the f32 FMAs (an Intel Xeon
+  // whose AMX was not exposed: gpt-mini's bf16 step 99 ms against 81 converted), so 'hetrain
+  // bench' measures.
+  const CpuFeatures& f = cpu_features();
+  return (f.amx_bf16 || f.avx512bf16) && onednn_has_bf16_matmul() ? Bf16GemmPath::onednn
+                                                                  : Bf16GemmPath::convert_sgemm;
+}
+
+PathChoice& bf16_gemm_choice() {
+  static_assert(static_cast<int>(Bf16GemmPath::onednn) == 0);
+  static PathChoice c("HETRAIN_BF16_GEMM", {"onednn", "sgemm"}, "onednn or sgemm",
+                      [] { return static_cast<int>(bf16_gemm_rule_path()); });
+  return c;
+}
+
 Bf16GemmPath bf16_gemm_path() {
-  static const Bf16GemmPath p = [] {
-    const char* env = std::getenv("HETRAIN_BF16_GEMM");
-    if (env && std::strcmp(env, "onednn") != 0 && std::strcmp(env, "sgemm") != 0)
-      fail("HETRAIN_BF16_GEMM must be onednn or sgemm, got '", env, "'");
-    if (!onednn_has_bf16_matmul()) return Bf16GemmPath::convert_sgemm;
-    if (env)
-      return std::strcmp(env, "onednn") == 0 ? Bf16GemmPath::onednn : Bf16GemmPath::convert_sgemm;
-    // oneDNN's bf16 kernels pay where the CPU computes in bf16 (AMX, AVX512-BF16); on a
-    // plain AVX-512 CPU they convert internally, like our f32 path. On AVX2 CPUs oneDNN 2.6
-    // has no bf16 matmul at all (docs/PERFORMANCE.md), so convert + sgemm is the only path.
-    const CpuFeatures& f = cpu_features();
-    return f.amx_bf16 || f.avx512bf16 ? Bf16GemmPath::onednn : Bf16GemmPath::convert_sgemm;
-  }();
-  return p;
+  const auto p = static_cast<Bf16GemmPath>(bf16_gemm_choice().get());
+  return onednn_has_bf16_matmul() ? p : Bf16GemmPath::convert_sgemm;
 }
 
 namespace {
@@ -210,12 +217,9 @@ std::atomic<int> g_attention_path{-1};  // -1: not chosen yet
 }  // namespace
 
 Bf16AttentionPath bf16_attention_path() {
-  int p = g_attention_path.load(std::memory_order_relaxed);
-  if (p < 0) {
-    p = static_cast<int>(default_bf16_attention_path());
-    g_attention_path.store(p, std::memory_order_relaxed);
-  }
-  return static_cast<Bf16AttentionPath>(p);
+  // Not kept: the bf16 GEMM path it follows may be measured after a first call.
+  const int p = g_attention_path.load(std::memory_order_relaxed);
+  return p < 0 ? default_bf16_attention_path() : static_cast<Bf16AttentionPath>(p);
 }
 
 Bf16AttentionPath set_bf16_attention_path(Bf16AttentionPath p) {
