@@ -160,7 +160,9 @@ TEST(ConvDnnl, OneDnnFirstWhereTheConvPathSaysSo) {
     const int64_t takes = cpu::dnnl_conv_runs() - before;
     cpu::set_direct_conv_disabled(false);
     cpu::set_winograd_conv_disabled(false);
-    if (c.path == Case::dnnl || c.path == Case::winograd) EXPECT_EQ(takes, 3) << what;
+    if (c.path == Case::dnnl || c.path == Case::winograd) {
+      EXPECT_EQ(takes, 3) << what;
+    }
     before = cpu::dnnl_conv_runs();
     const int64_t own_runs = cpu::direct_conv_runs() + cpu::winograd_conv_runs();
     expect_matches(conv_and_grads(c, Dtype::f32), conv_and_grads(c, Dtype::f64), what);
