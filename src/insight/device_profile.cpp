@@ -266,37 +266,24 @@ PathChoiceNotes apply_path_choices(const std::string& path) {
   std::string why;
   if (path.empty()) why = "no device profile (no cache directory)";
   if (!why.empty() || !load_device_profile(path, 0, &p, &why)) return {why, why, why};
+  // Each stored choice is taken and described, or the reason it is missing is given.
+  const auto take = [&](cpu::PathChoice& choice, const std::string& stored, const char* timings,
+                        const char* ratio_of, double ratio) {
+    if (stored.empty()) return "device profile '" + path + "' has no " + timings + " timings";
+    choice.set_measured(choice.parse(stored.c_str()));
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s (%s: %.2f, geometric mean)", stored.c_str(), ratio_of,
+                  ratio);
+    return std::string(buf);
+  };
   PathChoiceNotes notes;
-  char buf[160];
-  if (p.sgemm_choice.empty()) {
-    notes.gemm = "device profile '" + path + "' has no sgemm timings";
-  } else {
-    cpu::set_sgemm_path(p.sgemm_choice == "openblas" ? cpu::SgemmPath::openblas
-                                                     : cpu::SgemmPath::onednn);
-    std::snprintf(buf, sizeof buf,
-                  "%s (OpenBLAS's time over oneDNN's on linear layers: %.2f, geometric mean)",
-                  p.sgemm_choice.c_str(), p.sgemm_openblas_over_onednn);
-    notes.gemm = buf;
-  }
-  if (p.conv_choice.empty()) {
-    notes.conv = "device profile '" + path + "' has no convolution timings";
-  } else {
-    cpu::conv_choice().set_measured(cpu::conv_choice().parse(p.conv_choice.c_str()));
-    std::snprintf(buf, sizeof buf,
-                  "%s (the own kernels' time over oneDNN's on 3x3 layers: %.2f, geometric mean)",
-                  p.conv_choice.c_str(), p.conv_own_over_onednn);
-    notes.conv = buf;
-  }
-  if (p.bf16_choice.empty()) {
-    notes.bf16 = "device profile '" + path + "' has no bf16 timings";
-  } else {
-    cpu::bf16_gemm_choice().set_measured(cpu::bf16_gemm_choice().parse(p.bf16_choice.c_str()));
-    std::snprintf(buf, sizeof buf,
-                  "%s (the time converted to f32 over oneDNN's bf16 kernels on bf16 layers: "
-                  "%.2f, geometric mean)",
-                  p.bf16_choice.c_str(), p.bf16_f32_over_onednn);
-    notes.bf16 = buf;
-  }
+  notes.gemm = take(cpu::sgemm_choice(), p.sgemm_choice, "sgemm",
+                    "OpenBLAS's time over oneDNN's on linear layers", p.sgemm_openblas_over_onednn);
+  notes.conv = take(cpu::conv_choice(), p.conv_choice, "convolution",
+                    "the own kernels' time over oneDNN's on 3x3 layers", p.conv_own_over_onednn);
+  notes.bf16 = take(cpu::bf16_gemm_choice(), p.bf16_choice, "bf16",
+                    "the time converted to f32 over oneDNN's bf16 kernels on bf16 layers",
+                    p.bf16_f32_over_onednn);
   return notes;
 }
 
