@@ -23,6 +23,7 @@
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_dnnl.h"
 #include "backends/cpu/conv_winograd.h"
+#include "backends/cpu/isa.h"
 #include "hetrain/base/thread_pool.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
@@ -154,17 +155,21 @@ void interleaved(benchmark::State& st, const std::function<void()>& a,
 
 /// One conv pass of case range(0) (pass range(1) as in BM_Conv) on two variants, range(2) (a) and
 /// range(3) (b), interleaved: 0-3 the paths of BM_Conv (picking their tile size), 4 Winograd
-/// with 2x2 output tiles forced, 5 with 4x4 tiles forced.
+/// with 2x2 output tiles forced, 5 with 4x4 tiles forced, 6 path 3 (the own kernels first) with
+/// the vector width held to AVX2, 7 path 3 at the CPU's widest (AVX-512 where it has it).
 void BM_ConvAB(benchmark::State& st) {
   const ConvBench b(kConvs[st.range(0)]);
+  const cpu::Isa isa = cpu::vector_isa();
   auto run = [&](int64_t variant) {
     return [&, variant] {
-      use_conv_path(std::min<int64_t>(variant, 3));
+      use_conv_path(variant >= 6 ? 3 : std::min<int64_t>(variant, 3));
       cpu::set_winograd_tile_size(variant == 4 ? 2 : variant == 5 ? 4 : 0);
+      cpu::set_vector_isa(variant == 6 ? cpu::Isa::avx2 : isa);
       b.run(st.range(1));
     };
   };
   interleaved(st, run(st.range(2)), run(st.range(3)));
+  cpu::set_vector_isa(isa);
   cpu::set_winograd_tile_size(0);
   use_conv_path(-1);
 }
@@ -254,6 +259,8 @@ BENCHMARK(BM_Conv)->Apply(conv_args)->MeasureProcessCPUTime()->UseRealTime()->Un
 BENCHMARK(BM_ConvAB)
     ->ArgsProduct({{1, 3}, {0, 1, 2}, {4}, {5}})
     ->ArgsProduct({{5, 7}, {0, 1, 2}, {1}, {2}})
+    // The own kernels' register tiles at AVX2 width against the widest, and against oneDNN.
+    ->ArgsProduct({{1, 2, 3, 5, 6}, {0, 1, 2}, {6, 1}, {7}})
     ->Iterations(40)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ConvPair)

@@ -1,4 +1,4 @@
-// Direct stride-1 and stride-2 convolution on AVX2 + FMA (see conv_direct.h).
+// Direct stride-1 and stride-2 convolution on AVX2 + FMA or AVX-512 (see conv_direct.h).
 //
 // Each image is copied once into a zero-padded buffer, one plane per channel. On that buffer a
 // stride-1 convolution is a GEMM whose second operand is read in place: with q = oh * Wp + ow an
@@ -9,14 +9,17 @@
 // output (oh, ow) reads P_(i%2)(j%2)[oh + i/2][ow + j/2], so off[k] = c * cstride +
 // (2 (i%2) + j%2) * plane + (i/2) * Wq + j/2 and q = oh * Wq + ow. Its input gradient is, for each
 // phase (a, b) of the padded input, a stride-1 correlation of the output gradient with the taps
-// i%2 = a, j%2 = b (flipped), written back to that phase's pixels. The register tile is 4 output
-// channels by 24 consecutive grid positions (12 accumulators; 16 positions at a grid's end); each
-// step loads three vectors of input and broadcasts four weights. At stride 1 the input gradient
+// i%2 = a, j%2 = b (flipped), written back to that phase's pixels. The register tile (fma_tile.h,
+// one source for both widths) is 4 output channels by 3 vectors of consecutive grid positions at
+// AVX2 (24 positions, 12 accumulators) or 4 at AVX-512 (64, 16), shorter at a grid's end; each
+// step loads the vectors of input and broadcasts four weights. At AVX-512 it took 0.68-0.76x the
+// AVX2 time on fashion-cnn's 16 -> 32 stride-2 forward and input gradient (bench_conv
+// BM_ConvAB/2/*/6/7, 2 threads, Xeon). At stride 1 the input gradient
 // is the same kernel on the padded output gradient with the kernel flipped and transposed; at
 // either stride it can add another tensor (Conv2dBackwardInput's addend) as it writes dx. The
 // weight gradient is dw[o][k] = sum_q g[o][q] * in[off[k] + q] over every image, with g the
 // output gradient on the same grid (zero in the thrown-away columns), vectorised along q with
-// 4 x 3 (o, k) tiles of vector partial sums.
+// 4 x 3 (o, k) tiles of vector partial sums, at AVX2 width on every CPU (see its caller).
 //
 // A second stride-2 convolution of the same input whose taps are some of the first's (a ResNet
 // shortcut's 1x1 beside its 3x3: SecondConv) reads the same phase planes: its tap (i, j) is the
@@ -50,7 +53,9 @@ namespace hetrain::cpu {
 
 namespace {
 
-constexpr int64_t kTile = 8 * kTileVecs;  // grid positions of a full register tile
+/// Floats of each weight-gradient sum's partial sums: one per lane at AVX2 width, which the
+/// weight gradient runs at.
+constexpr int64_t kAccLanes = 8;
 
 /// A stride-1 or stride-2 convolution of one padded image.
 struct Grid {
@@ -187,26 +192,27 @@ struct GridSecond {
   float* y;
 };
 
-/// out[r * ldo + q] = sum_k w[k][r] * in[off[k] + q] for R rows and q in [0, 8 NV).
-template <int R, int NV>
-__attribute__((target("avx2,fma"))) void forward_tile(const float* in, const int32_t* off,
-                                                      int64_t K, const float* w, float* out,
-                                                      int64_t ldo) {
-  fma_tile<R, NV>([in, off](int64_t k) { return in + off[k]; }, w, K, out, ldo);
-}
-
 /// out[r * Q + q] = sum_k w(r, k) * in[off[k] + q] for R rows and q in [0, Q), Q a multiple of 8;
 /// w packed by pack_tile_rows. Column tiles outside, row blocks inside: a tile's stretch of input
-/// (every tap's 24 positions) stays in L1 for all the row blocks (the 16 -> 32 stride-2 forward
-/// took 0.97x the time of rows outside, interleaved in one process).
-__attribute__((target("avx2,fma"))) void forward_grid(const float* in, const int32_t* off,
-                                                      int64_t K, const float* w, int64_t R,
-                                                      float* out, int64_t Q) {
-  for_column_tiles(Q, [&]<int NV>(int64_t q) {
-    for_row_blocks(R, [&]<int RB>(int64_t r0) {
-      forward_tile<RB, NV>(in + q, off, K, w + r0 * K, out + r0 * Q + q, Q);
-    });
-  });
+/// (every tap's 24 or 64 positions) stays in L1 for all the row blocks (the 16 -> 32 stride-2
+/// forward took 0.97x the time of rows outside, interleaved in one process).
+struct ForwardGrid {
+  template <Isa I>
+  [[gnu::always_inline]] static inline void run(const float* in, const int32_t* off, int64_t K,
+                                                const float* w, int64_t R, float* out, int64_t Q) {
+    for_column_tiles<I>(
+        Q, [&]<class V, int NV>(int64_t q) __attribute__((always_inline)) {
+          for_row_blocks(
+              R, [&]<int RB>(int64_t r0) __attribute__((always_inline)) {
+                fma_tile<V, RB, NV>([in, off, q](int64_t k) { return in + q + off[k]; }, w + r0 * K,
+                                    K, out + r0 * Q + q, Q);
+              });
+        });
+  }
+};
+void forward_grid(const float* in, const int32_t* off, int64_t K, const float* w, int64_t R,
+                  float* out, int64_t Q) {
+  tile_dispatch<ForwardGrid>(in, off, K, w, R, out, Q);
 }
 
 /// One image's output y (O, Ho, Wo) from its grid yb (O rows of Q), plus b and r where not null.
@@ -255,44 +261,57 @@ void forward_images(const Grid& g, const float* x, const std::vector<float>& wpk
   });
 }
 
-/// acc[r][j] (8 partial sums each) += sum_q g[r * ldg + q] * in[off[j] + q] for q in [0, Q).
-template <int R, int J>
-__attribute__((target("avx2,fma"))) void weight_tile(const float* gq, int64_t ldg, int64_t Q,
-                                                     const float* in, const int32_t* off,
-                                                     float* acc, int64_t K) {
-  __m256 a[R][J];
+/// acc[r][j] (the first kLanes<V> of its kAccLanes partial sums; lane i sums the q = i mod
+/// lanes) += sum_q g[r * ldg + q] * in[off[j] + q] for q in [0, Q), Q a multiple of the lanes.
+template <class V, int R, int J>
+[[gnu::always_inline]] inline void weight_tile(const float* gq, int64_t ldg, int64_t Q,
+                                               const float* in, const int32_t* off, float* acc,
+                                               int64_t K) {
+  constexpr int L = kLanes<V>;
+  V a[R][J];
   const float* src[J];
 #pragma GCC unroll 3
   for (int j = 0; j < J; ++j) src[j] = in + off[j];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
-    for (int j = 0; j < J; ++j) a[r][j] = _mm256_loadu_ps(acc + (r * K + j) * 8);
-  for (int64_t q = 0; q < Q; q += 8) {
-    __m256 xv[J];
+    for (int j = 0; j < J; ++j) vload(a[r][j], acc + (r * K + j) * kAccLanes);
+  for (int64_t q = 0; q < Q; q += L) {
+    V xv[J];
 #pragma GCC unroll 3
-    for (int j = 0; j < J; ++j) xv[j] = _mm256_loadu_ps(src[j] + q);
+    for (int j = 0; j < J; ++j) vload(xv[j], src[j] + q);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      const __m256 gv = _mm256_loadu_ps(gq + r * ldg + q);
+      V gv;
+      vload(gv, gq + r * ldg + q);
 #pragma GCC unroll 3
-      for (int j = 0; j < J; ++j) a[r][j] = _mm256_fmadd_ps(gv, xv[j], a[r][j]);
+      for (int j = 0; j < J; ++j) a[r][j] = gv * xv[j] + a[r][j];
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
-    for (int j = 0; j < J; ++j) _mm256_storeu_ps(acc + (r * K + j) * 8, a[r][j]);
+    for (int j = 0; j < J; ++j) vstore(acc + (r * K + j) * kAccLanes, a[r][j]);
 }
 
-template <int R>
-void weight_rows(const float* gq, int64_t ldg, int64_t Q, const float* in, const int32_t* off,
-                 float* acc, int64_t K) {
-  int64_t k = 0;
-  for (; k + 3 <= K; k += 3) weight_tile<R, 3>(gq, ldg, Q, in, off + k, acc + k * 8, K);
-  if (K - k == 2) weight_tile<R, 2>(gq, ldg, Q, in, off + k, acc + k * 8, K);
-  if (K - k == 1) weight_tile<R, 1>(gq, ldg, Q, in, off + k, acc + k * 8, K);
-}
+/// The weight-gradient sums of rows [0, O) of g (ld apart) with the K taps off, into acc (K
+/// sums of kAccLanes per row): register tiles of 4 rows by 3 taps. Q is a multiple of 8, so this
+/// runs at AVX2 width (see its caller).
+struct WeightRows {
+  template <Isa I>
+  [[gnu::always_inline]] static inline void run(const float* gq, int64_t ld, int64_t O, int64_t Q,
+                                                const float* in, const int32_t* off, float* acc,
+                                                int64_t K) {
+    for_row_blocks(
+        O, [&]<int R>(int64_t o0) __attribute__((always_inline)) {
+          for_blocks<3>(
+              K, [&]<int J>(int64_t k) __attribute__((always_inline)) {
+                weight_tile<F32Vec<I>, R, J>(gq + o0 * ld, ld, Q, in, off + k,
+                                             acc + (o0 * K + k) * kAccLanes, K);
+              });
+        });
+  }
+};
 
 std::atomic<bool>& disabled_flag() {
   static std::atomic<bool> flag{[] {
@@ -326,7 +345,7 @@ bool applies(const ConvShape& s, bool forward) {
   // of slack.
   const Grid g = make_grid(std::max(s.C, s.O), 1, std::max(s.H, s.Ho), std::max(s.W, s.Wo), s.kh,
                            s.kw, s.kh - 1, s.kw - 1);
-  return g.C * 4 * (g.image() + 4096 + g.reach() + 2 * kTile + 8) <
+  return g.C * 4 * (g.image() + 4096 + g.reach() + 2 * kMaxTileColumns + 8) <
          std::numeric_limits<int32_t>::max();
 }
 
@@ -507,7 +526,8 @@ bool direct_conv_backward_weights(const ConvShape& s, const float* x, const floa
   parallel_for(chunks, 1, [&](int64_t cb, int64_t ce) {
     // x gets one more plane of slack: the last position's taps read past the last image.
     Array xp = workspace({g.C * cstride + S}, Dtype::f32);
-    Array gq = workspace({(s.O + O2) * ld}, Dtype::f32), acc = workspace({sums * 8}, Dtype::f32);
+    Array gq = workspace({(s.O + O2) * ld}, Dtype::f32);
+    Array acc = workspace({sums * kAccLanes}, Dtype::f32);
     float *xb = xp.data<float>(), *gb = gq.data<float>(), *a = acc.data<float>();
     for (int64_t c = cb; c < ce; ++c) {
       // Zeros between and after the images' planes and in the grid's thrown-away columns; the
@@ -526,17 +546,17 @@ bool direct_conv_backward_weights(const ConvShape& s, const float* x, const floa
                         s.Wo);
         }
         const int64_t Q = count * S;
-        for_row_blocks(s.O, [&]<int R>(int64_t o0) {
-          weight_rows<R>(gb + o0 * ld, ld, Q, xb, off.data(), a + o0 * K * 8, K);
-        });
-        float* a2 = a + s.O * K * 8;
-        for_row_blocks(O2, [&]<int R>(int64_t o0) {
-          weight_rows<R>(gb + (s.O + o0) * ld, ld, Q, xb, off2.data(), a2 + o0 * K2 * 8, K2);
-        });
+        // At AVX2 width on every CPU: at AVX-512 the 16 -> 32 stride-2 weight gradient of
+        // fashion-cnn took 1.12x the time (bench_conv BM_ConvAB/2/2/6/7, Xeon, 2 threads), and
+        // 1.68x with 4 x 6 tiles; its unaligned tap loads cross a cache line twice as often.
+        run_avx2<WeightRows>(gb, ld, s.O, Q, xb, off.data(), a, K);
+        if (second)
+          run_avx2<WeightRows>(gb + s.O * ld, ld, O2, Q, xb, off2.data(), a + s.O * K * kAccLanes,
+                               K2);
       }
       float* sum = partial.data<float>() + c * sums;
       for (int64_t i = 0; i < sums; ++i) {
-        const float* v = a + i * 8;
+        const float* v = a + i * kAccLanes;
         sum[i] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
       }
     }

@@ -1,8 +1,9 @@
-// Direct f32 convolution for strides 1 and 2 on AVX2 + FMA, on plain NCHW / OIHW arrays, without
-// im2col and without layout reorders. conv.cpp tries it first; each function returns false when
-// it does not apply (other strides, padding over kernel - 1, a 1x1 stride-1 kernel, images or
-// outputs narrower than 12 (7 for a stride-2 forward larger than 1x1), or a CPU without
-// AVX2/FMA), and the caller falls back to oneDNN or im2col + GEMM.
+// Direct f32 convolution for strides 1 and 2 on AVX2 + FMA (register tiles at AVX-512 width where
+// the CPU has it), on plain NCHW / OIHW arrays, without im2col and without layout reorders.
+// conv.cpp tries it first; each function returns false when it does not apply (other strides,
+// padding over kernel - 1, a 1x1 stride-1 kernel, images or outputs narrower than 12 (7 for a
+// stride-2 forward larger than 1x1), or a CPU without AVX2/FMA), and the caller falls back to
+// oneDNN or im2col + GEMM.
 #pragma once
 
 #include "backends/cpu/conv_dnnl.h"

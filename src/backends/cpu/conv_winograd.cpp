@@ -1,4 +1,5 @@
-// Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution on AVX2 + FMA (see conv_winograd.h).
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution on AVX2 + FMA or AVX-512 (see
+// conv_winograd.h).
 //
 // Forward, per m x m output tile: Y = A^T [U ⊙ V] A with U = G g G^T ((m+2) x (m+2), per output
 // and input channel) and V = B^T d B (d the tile's (m+2) x (m+2) input patch; patches overlap by
@@ -21,14 +22,18 @@
 // tile row's columns, which that row overwrites; the arrays have room for the last row's spill.
 // Tile rows of 4 tiles (7 or 8 wide at 2x2, 13 to 16 at 4x4) go two to a vector instead, each
 // 128-bit half loaded from and stored to its own rows. The
-// forward GEMM's register tile is 4 output channels by 24 tiles (12 accumulators) like
-// conv_direct.cpp. The weight gradient transforms the output gradient across 8 channels instead
-// (after 8 x 8 transposes of its rows), so that its GEMM has the same shape: 4 input channels by 24
-// output channels, summed over a block's tiles in registers.
+// forward GEMM's register tile is conv_direct.cpp's (fma_tile.h): 4 output channels by 3 vectors
+// of tiles at AVX2 (24 tiles) or 4 at AVX-512 (64), one source for both widths. The weight
+// gradient transforms the output gradient across 8 channels instead (after 8 x 8 transposes of
+// its rows), so that its GEMM has the same shape: 4 input channels by 3 or 4 vectors of output
+// channels, summed over a block's tiles in registers.
 //
-// Every kernel and loop driver is compiled for AVX2: calling AVX2 kernels once per tile row from
-// baseline (SSE) code made the output transform several times slower than the same code called
-// from AVX2 code (forward 16->16 @28x28 went from ~45 to ~85 GFLOP/s-equivalent).
+// The transforms and loop drivers are compiled for AVX2 (8 tiles a vector, at every width):
+// calling AVX2 kernels once per tile row from baseline (SSE) code made the output transform
+// several times slower than the same code called from AVX2 code (forward 16->16 @28x28 went from
+// ~45 to ~85 GFLOP/s-equivalent). The GEMMs, once per position, run at the CPU's width
+// (tile_dispatch): at AVX-512 the 32- and 64-channel passes took 0.73-0.82x the AVX2 time
+// (bench_conv BM_ConvAB/{3,6}/*/6/7, 2 threads, Xeon).
 //
 // Forward and input gradient: each output element comes from one block, computed in a fixed
 // order, so results do not depend on the thread count. Weight gradient: blocks are grouped into a
@@ -352,24 +357,26 @@ __attribute__((target("avx2,fma"))) void output_tiles(const float* m, int64_t ps
   }
 }
 
-/// m[r][t] = sum_c u[c][r] * v[c][t] for R rows and 8 NV tiles; rows of v and m are ld apart.
-template <int R, int NV>
-__attribute__((target("avx2,fma"))) void gemm_tile(const float* u, const float* v, int64_t ld,
-                                                   int64_t C, float* m) {
-  fma_tile<R, NV>([v, ld](int64_t c) { return v + c * ld; }, u, C, m, ld);
-}
-
-/// gemm_tile over T tiles (a multiple of 8).
-template <int R>
-__attribute__((target("avx2,fma"))) void gemm_rows(const float* u, const float* v, int64_t ld,
-                                                   int64_t C, float* m, int64_t T) {
-  for_column_tiles(T, [&]<int NV>(int64_t t) { gemm_tile<R, NV>(u, v + t, ld, C, m + t); });
-}
-
-/// M_p = U_p V_p for one position: u packed by transform_weights, v (C rows), m (O rows).
-__attribute__((target("avx2,fma"))) void gemm_position(const float* u, const float* v, int64_t ld,
-                                                       int64_t C, int64_t O, float* m, int64_t T) {
-  for_row_blocks(O, [&]<int R>(int64_t o0) { gemm_rows<R>(u + o0 * C, v, ld, C, m + o0 * ld, T); });
+/// M_p = U_p V_p for one position over T tiles (a multiple of 8): u packed by
+/// transform_weights, v (C rows), m (O rows), rows of v and m ld apart; m[r][t] = sum_c u[c][r] *
+/// v[c][t] in register tiles of 4 rows by kTileVecs vectors of tiles.
+struct GemmPosition {
+  template <Isa I>
+  [[gnu::always_inline]] static inline void run(const float* u, const float* v, int64_t ld,
+                                                int64_t C, int64_t O, float* m, int64_t T) {
+    for_row_blocks(
+        O, [&]<int R>(int64_t o0) __attribute__((always_inline)) {
+          for_column_tiles<I>(
+              T, [&]<class V, int NV>(int64_t t) __attribute__((always_inline)) {
+                fma_tile<V, R, NV>([v, ld, t](int64_t c) { return v + c * ld + t; }, u + o0 * C, C,
+                                   m + o0 * ld + t, ld);
+              });
+        });
+  }
+};
+void gemm_position(const float* u, const float* v, int64_t ld, int64_t C, int64_t O, float* m,
+                   int64_t T) {
+  tile_dispatch<GemmPosition>(u, v, ld, C, O, m, T);
 }
 
 /// G of F(m x m, 3x3), m + 2 rows of 3: Lavin and Gray's, interpolating at 0, 1, -1 (and 2, -2
@@ -652,29 +659,28 @@ __attribute__((target("avx2,fma"))) void grad_tiles(const Tiling& t, const float
   }
 }
 
-/// du[r][o] += sum_t v[r * ld + t] * gt[t * ldo + o] for R input channels and 8 NV output
-/// channels, t in [0, T): the register tile, broadcasting v along its rows.
-template <int R, int NV>
-__attribute__((target("avx2,fma"))) void weight_tile(const float* v, int64_t ld, const float* gt,
-                                                     int64_t ldo, int64_t T, float* du) {
-  fma_tile_at<R, NV, true>([gt, ldo](int64_t t) { return gt + t * ldo; },
-                           [v, ld](int64_t t, int r) { return v + r * ld + t; }, T, du, ldo);
-}
-
-/// weight_tile over all ldo output channels.
-template <int R>
-__attribute__((target("avx2,fma"))) void weight_rows(const float* v, int64_t ld, const float* gt,
-                                                     int64_t ldo, int64_t T, float* du) {
-  for_column_tiles(ldo,
-                   [&]<int NV>(int64_t o) { weight_tile<R, NV>(v, ld, gt + o, ldo, T, du + o); });
-}
-
-/// du (C, ldo) += v gt for one position: v (C rows of ld), gt (T rows of ldo).
-__attribute__((target("avx2,fma"))) void weight_position(const float* v, int64_t ld,
-                                                         const float* gt, int64_t ldo, int64_t C,
-                                                         int64_t T, float* du) {
-  for_row_blocks(
-      C, [&]<int R>(int64_t c0) { weight_rows<R>(v + c0 * ld, ld, gt, ldo, T, du + c0 * ldo); });
+/// du (C, ldo) += v gt for one position: v (C rows of ld), gt (T rows of ldo); du[r][o] += sum_t
+/// v[r * ld + t] * gt[t * ldo + o] in register tiles of 4 input channels by kTileVecs vectors of
+/// output channels, broadcasting v along the tile's rows.
+struct WeightPosition {
+  template <Isa I>
+  [[gnu::always_inline]] static inline void run(const float* v, int64_t ld, const float* gt,
+                                                int64_t ldo, int64_t C, int64_t T, float* du) {
+    for_row_blocks(
+        C, [&]<int R>(int64_t c0) __attribute__((always_inline)) {
+          const float* vr = v + c0 * ld;
+          for_column_tiles<I>(
+              ldo, [&]<class V, int NV>(int64_t o) __attribute__((always_inline)) {
+                fma_tile_at<V, R, NV, true>([gt, ldo, o](int64_t t) { return gt + t * ldo + o; },
+                                            [vr, ld](int64_t t, int r) { return vr + r * ld + t; },
+                                            T, du + c0 * ldo + o, ldo);
+              });
+        });
+  }
+};
+void weight_position(const float* v, int64_t ld, const float* gt, int64_t ldo, int64_t C, int64_t T,
+                     float* du) {
+  tile_dispatch<WeightPosition>(v, ld, gt, ldo, C, T, du);
 }
 
 /// du (positions, C, ldo) += one block's sums for the weight gradient, with v its transformed

@@ -1,14 +1,13 @@
-// Winograd f32 convolution for 3x3 kernels at stride 1 on AVX2 + FMA, on plain NCHW / OIHW
-// arrays: F(2x2, 3x3), 16 transformed products per 2x2 output tile instead of 36, and on outputs
-// 20 or more wide (13 to 16 in the forward passes) F(4x4, 3x3), 36 per 4x4 tile instead of 144.
-// The transforms cost most where channels are few (16), where it gains least over the direct
-// kernels.
-// Each function returns false when it does not apply (a kernel other than 3x3, stride other than
-// 1, padding other than 0 or 1 per side, images so large that one image's transformed arrays pass
-// 8 MiB, a CPU without AVX2/FMA, or HETRAIN_CONV_WINOGRAD=0 in the environment), and the caller
-// falls back to another path. Inputs are added up in another order than a direct convolution, so
-// results differ from it by rounding (about 1e-6 of the output's scale with 2x2 tiles, 5e-6 with
-// 4x4).
+// Winograd f32 convolution for 3x3 kernels at stride 1 on AVX2 + FMA (register tiles at AVX-512
+// width where the CPU has it), on plain NCHW / OIHW arrays: F(2x2, 3x3), 16 transformed products
+// per 2x2 output tile instead of 36, and on outputs 20 or more wide (13 to 16 in the forward
+// passes) F(4x4, 3x3), 36 per 4x4 tile instead of 144. The transforms cost most where channels are
+// few (16), where it gains least over the direct kernels. Each function returns false when it does
+// not apply (a kernel other than 3x3, stride other than 1, padding other than 0 or 1 per side,
+// images so large that one image's transformed arrays pass 8 MiB, a CPU without AVX2/FMA, or
+// HETRAIN_CONV_WINOGRAD=0 in the environment), and the caller falls back to another path. Inputs
+// are added up in another order than a direct convolution, so results differ from it by rounding
+// (about 1e-6 of the output's scale with 2x2 tiles, 5e-6 with 4x4).
 #pragma once
 
 #include "backends/cpu/conv_dnnl.h"
