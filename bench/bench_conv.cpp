@@ -257,7 +257,7 @@ BENCHMARK(BM_Conv)->Apply(conv_args)->MeasureProcessCPUTime()->UseRealTime()->Un
 // Winograd tile sizes on the 28x28 and 14x14 stride-1 convs; direct against oneDNN on the
 // stride-2 convs to 7x7 outputs.
 BENCHMARK(BM_ConvAB)
-    ->ArgsProduct({{1, 3}, {0, 1, 2}, {4}, {5}})
+    ->ArgsProduct({{1, 3, 6}, {0, 1, 2}, {4}, {5}})
     ->ArgsProduct({{5, 7}, {0, 1, 2}, {1}, {2}})
     // The own kernels' register tiles at AVX2 width against the widest, and against oneDNN.
     ->ArgsProduct({{1, 2, 3, 5, 6}, {0, 1, 2}, {6, 1}, {7}})
