@@ -46,8 +46,8 @@ template <class V>
 }
 /// Rows (output channels) of a register tile at every width, so that weights packed by
 /// pack_tile_rows serve both: at AVX2, 4 rows x 3 vectors = 12 accumulators, plus 3 loaded
-/// vectors and one broadcast, fill the 16 registers; at AVX-512, 4 x 4 = 16 of 32 (more vectors
-/// would leave the short column ranges of small images in one-vector tails).
+/// vectors and one broadcast, fill the 16 registers; at AVX-512, 4 x 4 use 21 of 32 (the first
+/// shape tried, not tuned further: wider tiles leave more of a small image's grid to the tails).
 inline constexpr int kTileRows = 4;
 /// Vectors in a full register tile at I.
 template <Isa I>
