@@ -46,8 +46,10 @@ template <class V>
 }
 /// Rows (output channels) of a register tile at every width, so that weights packed by
 /// pack_tile_rows serve both: at AVX2, 4 rows x 3 vectors = 12 accumulators, plus 3 loaded
-/// vectors and one broadcast, fill the 16 registers; at AVX-512, 4 x 4 use 21 of 32 (the first
-/// shape tried, not tuned further: wider tiles leave more of a small image's grid to the tails).
+/// vectors and one broadcast, fill the 16 registers; at AVX-512, 4 x 4 use 21 of 32. Against 4 x 3
+/// and 4 x 6 at AVX-512 (bench_conv BM_ConvAB/[1236]/[01]/6/7, Xeon, 2 threads), 4 x 4 was as
+/// fast on the Winograd layers and the fastest on the direct 16 -> 32 stride-2 passes (0.68-0.72x
+/// the AVX2 time, against 0.72-0.75x and 1.51-1.64x).
 inline constexpr int kTileRows = 4;
 /// Vectors in a full register tile at I.
 template <Isa I>
