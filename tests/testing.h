@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -13,6 +14,17 @@
 #include "hetrain/graph/ops.h"
 
 namespace hetrain::testing {
+
+/// n values in [-1, 1) from a fixed linear congruential sequence started at seed: the same
+/// inputs on every machine, without a generator.
+inline std::vector<float> lcg_values(int64_t n, uint32_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) {
+    seed = seed * 1664525u + 1013904223u;
+    x = static_cast<float>(seed >> 8) / 8388608.0f - 1.0f;
+  }
+  return v;
+}
 
 /// The message of the hetrain::Error f throws, or "no error".
 inline std::string error_of(const std::function<void()>& f) {

@@ -16,6 +16,7 @@
 #include "backends/cpu/conv_winograd.h"
 #include "backends/cpu/isa.h"
 #include "hetrain/base/cpu_features.h"
+#include "testing.h"
 
 using namespace hetrain;
 using cpu::ConvShape;
@@ -46,15 +47,7 @@ ConvShape conv_shape(int64_t N, int64_t C, int64_t H, int64_t O, int64_t k, int6
   return {N, C, H, H, O, Ho, Ho, k, k, s, s, p, p};
 }
 
-/// Values in [-1, 1) from a fixed linear congruential sequence.
-std::vector<float> values(int64_t n, uint32_t seed) {
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) {
-    seed = seed * 1664525u + 1013904223u;
-    x = static_cast<float>(seed >> 8) / 8388608.0f - 1.0f;
-  }
-  return v;
-}
+using hetrain::testing::lcg_values;
 
 /// y = conv(x, w), each output a chain acc = fma(w, x, acc) from +0 over (c, i, j) in order,
 /// padding read as zeros: what the direct forward computes at any width.
@@ -101,7 +94,7 @@ std::vector<ConvShape> direct_shapes() {
 TEST(ConvTiles, DirectForwardIsAnFmaChainAtEveryWidth) {
   if (!has_avx2_fma()) GTEST_SKIP() << "the direct kernels need AVX2 and FMA";
   for (const ConvShape& s : direct_shapes()) {
-    const auto x = values(s.N * s.C * s.H * s.W, 1), w = values(s.O * s.C * s.kh * s.kw, 2);
+    const auto x = lcg_values(s.N * s.C * s.H * s.W, 1), w = lcg_values(s.O * s.C * s.kh * s.kw, 2);
     const std::vector<float> want = fma_chain(s, x, w);
     for (Isa isa : tile_widths()) {
       IsaScope scope(isa);
@@ -123,8 +116,8 @@ TEST(ConvTiles, EveryPassGivesTheSameBitsAtEveryWidth) {
   };
   auto run = [](const ConvShape& s, bool winograd, Isa isa) {
     IsaScope scope(isa);
-    const auto x = values(s.N * s.C * s.H * s.W, 3), w = values(s.O * s.C * s.kh * s.kw, 4),
-               b = values(s.O, 5), gy = values(s.N * s.O * s.Ho * s.Wo, 6);
+    const auto x = lcg_values(s.N * s.C * s.H * s.W, 3), w = lcg_values(s.O * s.C * s.kh * s.kw, 4),
+               b = lcg_values(s.O, 5), gy = lcg_values(s.N * s.O * s.Ho * s.Wo, 6);
     Passes p{std::vector<float>(gy.size(), NAN), std::vector<float>(x.size(), NAN),
              std::vector<float>(w.size(), NAN)};
     if (winograd) {

@@ -16,6 +16,7 @@
 #include "backends/cpu/conv_winograd.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/thread_pool.h"
+#include "testing.h"
 
 using namespace hetrain;
 using cpu::ConvShape;
@@ -28,15 +29,7 @@ ConvShape shape3x3(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_
   return {N, C, H, W, O, H + 2 * ph - 2, W + 2 * pw - 2, 3, 3, 1, 1, ph, pw};
 }
 
-/// Values in [-1, 1) from a fixed linear congruential sequence.
-std::vector<float> values(int64_t n, uint32_t seed) {
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) {
-    seed = seed * 1664525u + 1013904223u;
-    x = static_cast<float>(seed >> 8) / 8388608.0f - 1.0f;
-  }
-  return v;
-}
+using hetrain::testing::lcg_values;
 
 /// Calls f(n, o, oh, ow, c, i, j, h, w) for every product of the convolution, h and w the input
 /// position (inside the image).
@@ -83,8 +76,8 @@ Passes run_winograd(const ConvShape& s, const std::vector<float>& x, const std::
 }
 
 void check_against_reference(const ConvShape& s) {
-  const auto x = values(s.N * s.C * s.H * s.W, 1), w = values(s.O * s.C * 9, 2), b = values(s.O, 3),
-             gy = values(s.N * s.O * s.Ho * s.Wo, 4);
+  const auto x = lcg_values(s.N * s.C * s.H * s.W, 1), w = lcg_values(s.O * s.C * 9, 2),
+             b = lcg_values(s.O, 3), gy = lcg_values(s.N * s.O * s.Ho * s.Wo, 4);
   std::vector<double> y(gy.size()), dx(x.size(), 0.0), dw(w.size(), 0.0);
   for (int64_t i = 0; i < static_cast<int64_t>(y.size()); ++i) y[i] = b[i / (s.Ho * s.Wo) % s.O];
   each_product(s, [&](int64_t n, int64_t o, int64_t oh, int64_t ow, int64_t c, int64_t i, int64_t j,
@@ -157,8 +150,8 @@ TEST(ConvWinograd, TileSizeFollowsOutputWidth) {
                         Case{shape3x3(3, 8, 14, 14, 8, 1, 1), 4, 4, 2},
                         Case{shape3x3(2, 8, 10, 10, 8, 1, 1), 2, 2, 2}}) {
     const ConvShape& s = c.s;
-    const auto x = values(s.N * s.C * s.H * s.W, 1), w = values(s.O * s.C * 9, 2),
-               b = values(s.O, 3), gy = values(s.N * s.O * s.Ho * s.Wo, 4);
+    const auto x = lcg_values(s.N * s.C * s.H * s.W, 1), w = lcg_values(s.O * s.C * 9, 2),
+               b = lcg_values(s.O, 3), gy = lcg_values(s.N * s.O * s.Ho * s.Wo, 4);
     const Passes picked = run_winograd(s, x, w, b, gy);
     const Passes two = run_winograd(s, x, w, b, gy, 2), four = run_winograd(s, x, w, b, gy, 4);
     const std::string what = "W=" + std::to_string(s.W) + " Wo=" + std::to_string(s.Wo);
@@ -172,7 +165,8 @@ TEST(ConvWinograd, TileSizeFollowsOutputWidth) {
 }
 
 TEST(ConvWinograd, RefusesOtherConvolutions) {
-  const auto x = values(2 * 4 * 12 * 12, 1), w = values(4 * 4 * 25, 2), y = values(2 * 4 * 144, 3);
+  const auto x = lcg_values(2 * 4 * 12 * 12, 1), w = lcg_values(4 * 4 * 25, 2),
+             y = lcg_values(2 * 4 * 144, 3);
   std::vector<float> out(4096);
   ConvShape stride2 = shape3x3(2, 4, 12, 12, 4, 1, 1);
   stride2.sh = stride2.sw = 2;
@@ -202,8 +196,8 @@ TEST(ConvWinograd, SameBitsOnOneAndTwoThreads) {
   if (!has_avx2_fma()) GTEST_SKIP() << "needs AVX2 and FMA";
   // 7 images: blocks split unevenly over two threads.
   const ConvShape s = shape3x3(7, 16, 28, 28, 16, 1, 1);
-  const auto x = values(s.N * s.C * s.H * s.W, 5), w = values(s.O * s.C * 9, 6), b = values(s.O, 7),
-             gy = values(s.N * s.O * s.Ho * s.Wo, 8);
+  const auto x = lcg_values(s.N * s.C * s.H * s.W, 5), w = lcg_values(s.O * s.C * 9, 6),
+             b = lcg_values(s.O, 7), gy = lcg_values(s.N * s.O * s.Ho * s.Wo, 8);
   const int threads = num_threads();
   for (int64_t m : {2, 4}) {
     set_num_threads(1);
