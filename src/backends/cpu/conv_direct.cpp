@@ -12,7 +12,7 @@
 // i%2 = a, j%2 = b (flipped), written back to that phase's pixels. The register tile (fma_tile.h,
 // one source for both widths) is 4 output channels by 3 vectors of consecutive grid positions at
 // AVX2 (24 positions, 12 accumulators) or 4 at AVX-512 (64, 16), shorter at a grid's end; each
-// step loads the vectors of input and broadcasts four weights. At AVX-512 it took 0.68-0.76x the
+// step loads the vectors of input and broadcasts four weights. At AVX-512 it took 0.68-0.74x the
 // AVX2 time on fashion-cnn's 16 -> 32 stride-2 forward and input gradient (bench_conv
 // BM_ConvAB/2/*/6/7, 2 threads, Xeon). At stride 1 the input gradient
 // is the same kernel on the padded output gradient with the kernel flipped and transposed; at
