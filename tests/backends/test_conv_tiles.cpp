@@ -15,7 +15,7 @@
 #include "backends/cpu/conv_direct.h"
 #include "backends/cpu/conv_winograd.h"
 #include "backends/cpu/isa.h"
-#include "hetrain/base/cpu_features.h"
+#include "cpu_test_support.h"
 #include "testing.h"
 
 using namespace hetrain;
@@ -24,7 +24,9 @@ using cpu::Isa;
 
 namespace {
 
-bool has_avx2_fma() { return cpu_features().avx2 && cpu_features().fma; }
+using hetrain::testing::has_avx2_fma;
+using hetrain::testing::IsaScope;
+using hetrain::testing::lcg_values;
 
 /// The widths the tiles run at on this CPU, widest first (AVX-512 where it has it, then AVX2):
 /// a width that skipped columns would otherwise find a narrower run's right answers in the
@@ -36,18 +38,10 @@ std::vector<Isa> tile_widths() {
   return v;
 }
 
-struct IsaScope {
-  Isa saved;
-  explicit IsaScope(Isa isa) : saved(cpu::set_vector_isa(isa)) {}
-  ~IsaScope() { cpu::set_vector_isa(saved); }
-};
-
 ConvShape conv_shape(int64_t N, int64_t C, int64_t H, int64_t O, int64_t k, int64_t s, int64_t p) {
   const int64_t Ho = (H + 2 * p - k) / s + 1;
   return {N, C, H, H, O, Ho, Ho, k, k, s, s, p, p};
 }
-
-using hetrain::testing::lcg_values;
 
 /// y = conv(x, w), each output a chain acc = fma(w, x, acc) from +0 over (c, i, j) in order,
 /// padding read as zeros: what the direct forward computes at any width.

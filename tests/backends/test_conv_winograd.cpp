@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backends/cpu/conv_winograd.h"
-#include "hetrain/base/cpu_features.h"
+#include "cpu_test_support.h"
 #include "hetrain/base/thread_pool.h"
 #include "testing.h"
 
@@ -23,7 +23,7 @@ using cpu::ConvShape;
 
 namespace {
 
-bool has_avx2_fma() { return cpu_features().avx2 && cpu_features().fma; }
+using hetrain::testing::has_avx2_fma;
 
 ConvShape shape3x3(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t ph, int64_t pw) {
   return {N, C, H, W, O, H + 2 * ph - 2, W + 2 * pw - 2, 3, 3, 1, 1, ph, pw};

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/cpu/isa.h"
+#include "cpu_test_support.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/graph/autodiff.h"
 #include "hetrain/graph/ops.h"
@@ -22,14 +23,7 @@ namespace {
 /// The outputs of a case for input tensors in one dtype (each case casts its inputs).
 using Case = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
-/// Restores the vector ISA at scope exit.
-struct IsaScope {
-  Isa saved;
-  explicit IsaScope(Isa isa) : saved(cpu::set_vector_isa(isa)) {}
-  ~IsaScope() { cpu::set_vector_isa(saved); }
-  IsaScope(const IsaScope&) = delete;
-  IsaScope& operator=(const IsaScope&) = delete;
-};
+using hetrain::testing::IsaScope;
 
 std::vector<Isa> widths_here() {
   std::vector<Isa> v;
