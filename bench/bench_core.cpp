@@ -407,6 +407,42 @@ BENCHMARK(BM_Bf16LinearBias)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+/// gpt-mini's f32 linear layers, 2048 rows (arg 0 the shape: 0 128 -> 512, 1 512 -> 128,
+/// 2 128 -> 384, 3 128 -> 128), arg 1 what follows the product: 0 nothing, 1 a bias add, 2 a
+/// residual add of a (2048, N) tensor, 3 the tanh-GELU gradient's chain (the MLP's backward:
+/// the product times gelu'(h) of a saved h), 4 bias then tanh-GELU. 1-4 run as the fusion pass
+/// makes them, the chain as the product's epilogue, a pass over the product once it is made (over
+/// mode 0, the epilogue's cost). GFLOP/s counts the product's work only.
+void BM_LinearEpilogue(benchmark::State& state) {
+  static const int64_t kShapes[][2] = {{128, 512}, {512, 128}, {128, 384}, {128, 128}};
+  const int64_t M = 2048, K = kShapes[state.range(0)][0], N = kShapes[state.range(0)][1];
+  const int mode = static_cast<int>(state.range(1));
+  Generator gen(5);
+  Tensor x = randn({M, K}, Dtype::f32, gen).eval(), w = randn({K, N}, Dtype::f32, gen).eval();
+  Tensor b = randn({N}, Dtype::f32, gen).eval(), r = randn({M, N}, Dtype::f32, gen).eval();
+  Tensor h = randn({M, N}, Dtype::f32, gen).eval();
+  // The gradient of gelu_tanh at h, as autodiff builds it, with the product as the cotangent.
+  auto step = [&] {
+    Tensor y = matmul(x, w);
+    if (mode == 1) y = y + b;
+    if (mode == 2) y = y + r;
+    if (mode == 3) y = grad({gelu(h, "tanh")}, {h}, {y})[0];
+    if (mode == 4) y = gelu(y + b, "tanh");
+    y.eval();
+  };
+  step();
+  for (auto _ : state) step();
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(M * N * K),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  static const char* modes[] = {"product alone", "+ bias", "+ residual", "* gelu'(h)",
+                                "gelu(+ bias)"};
+  state.SetLabel(std::to_string(K) + " -> " + std::to_string(N) + ", " + modes[mode]);
+}
+BENCHMARK(BM_LinearEpilogue)
+    ->ArgsProduct({{0, 1, 2, 3}, {0, 1, 2, 3, 4}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // ---- one kernel source at every vector width
 // ---------------------------------------------------------
 
