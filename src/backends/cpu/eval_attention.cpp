@@ -225,9 +225,9 @@ struct RowDots {
       cpu::Lanes8<C> acc = {};
       int64_t e = 0;
       for (; e + 8 <= E; e += 8) {
+        const cpu::Load8<T> av(a + e), bv(b + e);
         C t[8];
-        for (int j = 0; j < 8; ++j)
-          t[j] = cpu::load_compute(a + e + j) * cpu::load_compute(b + e + j);
+        for (int j = 0; j < 8; ++j) t[j] = av[j] * bv[j];
         cpu::add8(acc, t);
       }
       for (; e < E; ++e) acc[0] += cpu::load_compute(a + e) * cpu::load_compute(b + e);

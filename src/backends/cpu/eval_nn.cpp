@@ -206,8 +206,9 @@ struct NormBackwardRows {
         cpu::Lanes8<C> dots = {};
         int64_t i = 0;
         for (; i + 8 <= n; i += 8) {
+          const cpu::Load8<C> gv(gw + i), xv(xhat + i);
           C t[8];
-          for (int j = 0; j < 8; ++j) t[j] = gw[i + j] * xhat[i + j];
+          for (int j = 0; j < 8; ++j) t[j] = gv[j] * xv[j];
           cpu::add8(dots, t);
         }
         for (; i < n; ++i) dots[0] += gw[i] * xhat[i];

@@ -51,10 +51,11 @@ template <bool Relu, class T, class C>
   const C scale = aff.scale, shift = aff.shift;
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
+    const cpu::Load8<T> xs(x + i), gs(g + i);
     C ga[8], gb[8];
     for (int j = 0; j < 8; ++j) {
-      const C xv = cpu::load_compute(x + i + j);
-      const C gv = masked<Relu>(cpu::load_compute(g + i + j), xv, scale, shift);
+      const C xv = xs[j];
+      const C gv = masked<Relu>(gs[j], xv, scale, shift);
       ga[j] = gv;
       gb[j] = gv * (xv - mu);
     }
