@@ -212,27 +212,15 @@ struct SoftmaxGrad {
 };
 
 /// D[r - r0] = rowsum(dO_r * O_r) in the compute type for rows [r0, r1) of all batch-heads, L
-/// rows each: eight partial sums in a fixed order, as cpu::row_sum (one running sum was a chain of
+/// rows each: eight partial sums in a fixed order (cpu::row_dot; one running sum was a chain of
 /// dependent adds, a twelfth of the f32 backward's time at d = 32).
 struct RowDots {
   template <cpu::Isa, class T>
   [[gnu::always_inline]] static inline void run(const Rows<const T>& dO, const Rows<const T>& O,
                                                 int64_t r0, int64_t r1, int64_t L, int64_t E,
                                                 compute_t<T>* D) {
-    using C = compute_t<T>;
-    for (int64_t r = r0; r < r1; ++r) {
-      const T *a = dO.at(r / L, r % L), *b = O.at(r / L, r % L);
-      cpu::Lanes8<C> acc = {};
-      int64_t e = 0;
-      for (; e + 8 <= E; e += 8) {
-        const cpu::Load8<T> av(a + e), bv(b + e);
-        C t[8];
-        for (int j = 0; j < 8; ++j) t[j] = av[j] * bv[j];
-        cpu::add8(acc, t);
-      }
-      for (; e < E; ++e) acc[0] += cpu::load_compute(a + e) * cpu::load_compute(b + e);
-      D[r - r0] = cpu::total8(acc);
-    }
+    for (int64_t r = r0; r < r1; ++r)
+      D[r - r0] = cpu::row_dot(dO.at(r / L, r % L), O.at(r / L, r % L), E);
   }
 };
 

@@ -203,21 +203,14 @@ struct NormBackwardRows {
           gw[i] = a.wp ? gi * cpu::load_compute(a.wp + i) : gi;
         }
         const C av = a.center ? row_sum(gw, n, [](C v) { return v; }) * a.inv_n : C(0);
-        cpu::Lanes8<C> dots = {};
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8) {
-          const cpu::Load8<C> gv(gw + i), xv(xhat + i);
-          C t[8];
-          for (int j = 0; j < 8; ++j) t[j] = gv[j] * xv[j];
-          cpu::add8(dots, t);
-        }
-        for (; i < n; ++i) dots[0] += gw[i] * xhat[i];
-        const C bdot = cpu::total8(dots) * a.inv_n;
-        for (i = 0; i < n; ++i) dxr[i] = from_compute<T>(rstd * (gw[i] - av - xhat[i] * bdot));
+        const C bdot =
+            cpu::row_dot(static_cast<const C*>(gw), static_cast<const C*>(xhat), n) * a.inv_n;
+        for (int64_t i = 0; i < n; ++i)
+          dxr[i] = from_compute<T>(rstd * (gw[i] - av - xhat[i] * bdot));
         if (pwc)
-          for (i = 0; i < n; ++i) pwc[i] += cpu::load_compute(gr + i) * xhat[i];
+          for (int64_t i = 0; i < n; ++i) pwc[i] += cpu::load_compute(gr + i) * xhat[i];
         if (pbc)
-          for (i = 0; i < n; ++i) pbc[i] += cpu::load_compute(gr + i);
+          for (int64_t i = 0; i < n; ++i) pbc[i] += cpu::load_compute(gr + i);
       }
     }
   }

@@ -186,6 +186,22 @@ template <class T, class F>
   return total8(acc);
 }
 
+/// sum over i of a[i] * b[i] in compute precision, with eight partial sums (as row_sum).
+template <class T>
+[[gnu::always_inline]] inline compute_t<T> row_dot(const T* a, const T* b, int64_t n) {
+  using C = compute_t<T>;
+  Lanes8<C> acc = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const Load8<T> av(a + i), bv(b + i);
+    C t[8];
+    for (int j = 0; j < 8; ++j) t[j] = av[j] * bv[j];
+    add8(acc, t);
+  }
+  for (; i < n; ++i) acc[0] += load_compute(a + i) * load_compute(b + i);
+  return total8(acc);
+}
+
 /// Rows per parallel_for chunk so that a chunk holds about this many elements.
 inline constexpr int64_t kRowGrainElems = 1 << 14;
 inline int64_t row_grain(int64_t row_len) {
