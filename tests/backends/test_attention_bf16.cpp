@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backends/cpu/gemm.h"
+#include "cpu_test_support.h"
 #include "graph/prims/attention.h"
 #include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
@@ -32,13 +33,8 @@ bool has_bf16_attention() { return cpu::bf16_gemm_path() == cpu::Bf16GemmPath::o
 
 /// The attention path set for a scope (the batched products run on any CPU with oneDNN bf16, not
 /// only where they are the default), the previous one restored after.
-struct AttentionPathScope {
-  cpu::Bf16AttentionPath old;
-  explicit AttentionPathScope(cpu::Bf16AttentionPath p) : old(cpu::set_bf16_attention_path(p)) {}
-  ~AttentionPathScope() { cpu::set_bf16_attention_path(old); }
-  AttentionPathScope(const AttentionPathScope&) = delete;
-  AttentionPathScope& operator=(const AttentionPathScope&) = delete;
-};
+using AttentionPathScope =
+    hetrain::testing::SettingScope<cpu::Bf16AttentionPath, &cpu::set_bf16_attention_path>;
 
 /// seq() of test_attention.cpp, rounded to dt.
 Tensor seq(const Shape& shape, int64_t a, Dtype dt) {

@@ -203,8 +203,7 @@ struct NormBackwardRows {
           gw[i] = a.wp ? gi * cpu::load_compute(a.wp + i) : gi;
         }
         const C av = a.center ? row_sum(gw, n, [](C v) { return v; }) * a.inv_n : C(0);
-        const C bdot =
-            cpu::row_dot(static_cast<const C*>(gw), static_cast<const C*>(xhat), n) * a.inv_n;
+        const C bdot = cpu::row_dot(gw, xhat, n) * a.inv_n;
         for (int64_t i = 0; i < n; ++i)
           dxr[i] = from_compute<T>(rstd * (gw[i] - av - xhat[i] * bdot));
         if (pwc)
