@@ -13,6 +13,7 @@
 
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/omp_single.h"
+#include "backends/cpu/path_choice.h"
 #include "hetrain/graph/ops.h"
 
 using namespace hetrain;
@@ -64,7 +65,7 @@ void expect_within(const std::vector<double>& got, const std::vector<double>& re
 const Case kCases[] = {
     {1, 64, 48, 96, false, false}, {1, 37, 53, 29, false, false}, {1, 33, 17, 65, true, false},
     {1, 20, 31, 40, false, true},  {1, 16, 16, 300, true, true},  {3, 9, 11, 13, false, false},
-    {1, 1, 40, 70, false, false},  {1, 70, 1, 40, false, false},
+    {1, 1, 40, 70, false, false},  {1, 70, 1, 40, false, false},  {3, 19, 7, 33, true, true},
 };
 
 /// a (batch, M, K) and b (batch, K, N) in bf16, built transposed when the case says so (the
@@ -94,6 +95,33 @@ TEST(MatmulBf16, MatchesF64ReferenceThroughMatmul) {
     std::vector<double> ref, scale;
     reference(values(a), values(b), c, ref, scale);
     expect_within(values(y), ref, scale, "matmul " + name(c));
+  }
+}
+
+TEST(MatmulBf16, ConvertedPathMatchesF64ReferenceInEveryLayout) {
+  // Forced to convert + sgemm (the path of CPUs whose bf16 unit does not pay, and of every AVX2
+  // CPU), with the operands transposed, batched, and cut from wider rows: the converted copy keeps
+  // each operand's orientation, so its leading dimension is the copy's, not the source's.
+  cpu::PathOverride convert(cpu::bf16_gemm_choice(),
+                            static_cast<int>(cpu::Bf16GemmPath::convert_sgemm));
+  Generator gen(14);
+  for (const Case& c : kCases) {
+    auto [a, b] = operands(c, gen);
+    std::vector<double> ref, scale;
+    reference(values(a), values(b), c, ref, scale);
+    Tensor y = matmul(a, b);
+    ASSERT_EQ(y.dtype(), Dtype::bf16);
+    expect_within(values(y), ref, scale, "converted " + name(c));
+    // The same values as views into rows wider than the matrix (leading dimension > extent).
+    const int64_t pad = 5;
+    Tensor wa =
+        c.ta ? transpose(slice(randn({c.batch, c.K, c.M + pad}, Dtype::bf16, gen), 2, 0, c.M), 1, 2)
+             : slice(randn({c.batch, c.M, c.K + pad}, Dtype::bf16, gen), 2, 0, c.K);
+    Tensor wb =
+        c.tb ? transpose(slice(randn({c.batch, c.N, c.K + pad}, Dtype::bf16, gen), 2, 0, c.K), 1, 2)
+             : slice(randn({c.batch, c.K, c.N + pad}, Dtype::bf16, gen), 2, 0, c.N);
+    reference(values(wa), values(wb), c, ref, scale);
+    expect_within(values(matmul(wa, wb)), ref, scale, "converted, padded rows " + name(c));
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/omp_single.h"
@@ -151,23 +152,29 @@ struct Operand {
 
 Operand prepare(const Array& x, Dtype compute) {
   const size_t n = x.shape.size();
-  Array a = x;
-  bool need_copy = x.dtype != compute;
-  std::optional<cpu::MatrixLayout> l;
-  if (!need_copy) {
-    l = cpu::matrix_layout(x.shape[n - 2], x.shape[n - 1], x.strides[n - 2], x.strides[n - 1]);
-    need_copy = !l;
+  const int64_t rows = x.shape[n - 2], cols = x.shape[n - 1];
+  const std::optional<cpu::MatrixLayout> l =
+      cpu::matrix_layout(rows, cols, x.strides[n - 2], x.strides[n - 1]);
+  if (x.dtype == compute && l) return {x, *l};
+  // A copy in the compute dtype, its batches contiguous. A transposed operand (a weight
+  // gradient's activations, an input gradient's weight) stays transposed, so the copy reads and
+  // writes in memory order: a row-major copy of it gathered one element per cache line.
+  const bool transposed = l && l->transposed;
+  Array src = x, a;
+  a.shape = x.shape;
+  a.dtype = compute;
+  a.tag = MemoryTag::workspace;
+  if (transposed) {
+    std::swap(src.shape[n - 2], src.shape[n - 1]);
+    std::swap(src.strides[n - 2], src.strides[n - 1]);
+    a.shape = src.shape;
   }
-  if (need_copy) {
-    a = Array();
-    a.shape = x.shape;
-    a.dtype = compute;
-    a.tag = MemoryTag::workspace;
-    a.allocate();
-    copy_strided(x, a);
-    l = cpu::MatrixLayout{false, x.shape[n - 1]};
-  }
-  return {a, *l};
+  a.allocate();
+  copy_strided(src, a);
+  if (!transposed) return {a, cpu::MatrixLayout{false, cols}};
+  a.shape = x.shape;
+  std::swap(a.strides[n - 2], a.strides[n - 1]);
+  return {a, cpu::MatrixLayout{true, rows}};
 }
 
 }  // namespace
