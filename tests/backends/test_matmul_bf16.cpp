@@ -69,12 +69,16 @@ const Case kCases[] = {
 };
 
 /// a (batch, M, K) and b (batch, K, N) in bf16, built transposed when the case says so (the
-/// transpose is a view, which Matmul passes to the GEMM as a transposed operand).
-std::pair<Tensor, Tensor> operands(const Case& c, Generator& gen) {
-  Tensor a = c.ta ? transpose(randn({c.batch, c.K, c.M}, Dtype::bf16, gen), 1, 2)
-                  : randn({c.batch, c.M, c.K}, Dtype::bf16, gen);
-  Tensor b = c.tb ? transpose(randn({c.batch, c.N, c.K}, Dtype::bf16, gen), 1, 2)
-                  : randn({c.batch, c.K, c.N}, Dtype::bf16, gen);
+/// transpose is a view, which Matmul passes to the GEMM as a transposed operand); with pad > 0,
+/// each is a view into rows pad elements wider than the matrix (leading dimension > extent).
+std::pair<Tensor, Tensor> operands(const Case& c, Generator& gen, int64_t pad = 0) {
+  // A (batch, rows, cols) matrix stored with `cols + pad` elements a row.
+  const auto stored = [&](int64_t rows, int64_t cols) {
+    Tensor t = randn({c.batch, rows, cols + pad}, Dtype::bf16, gen);
+    return pad > 0 ? slice(t, 2, 0, cols) : t;
+  };
+  Tensor a = c.ta ? transpose(stored(c.K, c.M), 1, 2) : stored(c.M, c.K);
+  Tensor b = c.tb ? transpose(stored(c.N, c.K), 1, 2) : stored(c.K, c.N);
   return {a, b};
 }
 
@@ -112,14 +116,8 @@ TEST(MatmulBf16, ConvertedPathMatchesF64ReferenceInEveryLayout) {
     Tensor y = matmul(a, b);
     ASSERT_EQ(y.dtype(), Dtype::bf16);
     expect_within(values(y), ref, scale, "converted " + name(c));
-    // The same values as views into rows wider than the matrix (leading dimension > extent).
-    const int64_t pad = 5;
-    Tensor wa =
-        c.ta ? transpose(slice(randn({c.batch, c.K, c.M + pad}, Dtype::bf16, gen), 2, 0, c.M), 1, 2)
-             : slice(randn({c.batch, c.M, c.K + pad}, Dtype::bf16, gen), 2, 0, c.K);
-    Tensor wb =
-        c.tb ? transpose(slice(randn({c.batch, c.N, c.K + pad}, Dtype::bf16, gen), 2, 0, c.K), 1, 2)
-             : slice(randn({c.batch, c.K, c.N + pad}, Dtype::bf16, gen), 2, 0, c.N);
+    // Operands cut from wider rows.
+    auto [wa, wb] = operands(c, gen, /*pad=*/5);
     reference(values(wa), values(wb), c, ref, scale);
     expect_within(values(matmul(wa, wb)), ref, scale, "converted, padded rows " + name(c));
   }
