@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -70,9 +71,11 @@ int cmd_bench(const Args& args) {
   insight::DeviceProfile prof = insight::measure_device({.quick = p.get_flag("quick")});
   std::printf("%s, %s, %.1f GiB memory, %s\n", prof.name.c_str(), prof.isa.c_str(),
               prof.mem_bytes / (1024.0 * 1024.0 * 1024.0), prof.date.c_str());
-  std::printf("%-32s %10s %-8s %10s  %s\n", "measurement", "rate", "unit", "best ms", "path");
+  int width = 32;  // the longest measurement's name: the columns line up
+  for (const auto& r : prof.rows) width = std::max(width, static_cast<int>(r.what.size()));
+  std::printf("%-*s %10s %-8s %10s  %s\n", width, "measurement", "rate", "unit", "best ms", "path");
   for (const auto& r : prof.rows)
-    std::printf("%-32s %10.1f %-8s %10.2f  %s\n", r.what.c_str(), r.value, r.unit.c_str(),
+    std::printf("%-*s %10.1f %-8s %10.2f  %s\n", width, r.what.c_str(), r.value, r.unit.c_str(),
                 r.seconds * 1e3, r.path.c_str());
   std::printf("roofline ridge point: %.1f FLOP/byte (FMA peak / triad, both per CPU second)\n",
               prof.ridge_flop_per_byte());

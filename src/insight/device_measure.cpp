@@ -278,6 +278,26 @@ double measure_conv(DeviceProfile& p, planning::ConvRate r, double flops, int re
   return gflops;
 }
 
+/// Causal attention as a GPT layer runs it (nn::CausalSelfAttention): on one packed
+/// (B, s, 3 H d) projection, the heads merged in the output (B, s, H d), forward and the
+/// gradient to the packed input.
+Builder attention_case(int64_t B, int64_t H, int64_t s, int64_t d, Generator& gen) {
+  Tensor qkv = randn({B, s, 3 * H * d}, Dtype::f32, gen).eval();
+  Tensor cot = randn({B, s, H * d}, Dtype::f32, gen).eval();
+  return [=] {
+    Tensor y = scaled_dot_product_attention_packed(qkv, H, /*causal=*/true);
+    std::vector<Tensor> g = grad({y}, {qkv}, {cot});
+    return std::vector<Tensor>{y, g[0]};
+  };
+}
+
+/// Heads of a GPT layer (H = 4) for about `flops` FLOPs of causal attention at (s, d).
+int64_t attention_batch(const DeviceProfile& p, int64_t s, int64_t d, double flops) {
+  constexpr int64_t H = 4;
+  const double per_head = 4.0 * s * s * d;  // scores and scores @ V, as if not causal
+  return std::clamp<int64_t>(std::llround(flops / per_head / H), (2 * p.threads + H - 1) / H, 256);
+}
+
 // ---- Choices between two paths (cpu::PathChoice): every case timed under each path in turn,
 // best of `reps`, the faster taken by this process from then on. The faster has the lower
 // geometric mean of time ratios over the cases, so small cases count as much as large ones.
@@ -333,11 +353,14 @@ void measure_conv_paths(DeviceProfile& p, bool quick) {
   p.conv_choice = cpu::conv_choice().name(t.faster);
 }
 
-// The two f32 GEMM libraries (sgemm() takes the path set_sgemm_path() gives): a linear layer
-// with ReLU at the sizes of training (a batch of 128 images through an MLP's layers, 2048 tokens
-// through a small GPT's). Time in a layer's kernels, not a GEMM's alone: the libraries' time
-// alone ranked them the other way round on an AMD EPYC Zen 4 held to AVX2, where whole training
-// steps were faster with oneDNN.
+// The two f32 GEMM libraries (sgemm() takes the path set_sgemm_path() gives), timed in the
+// kernels that call sgemm: a linear layer with ReLU at the sizes of training (a batch of 128
+// images through an MLP's layers, 2048 tokens through a small GPT's), and causal attention,
+// whose tiles are small products (64 x 64 x 32 at gpt-mini's shape). Time in a layer's kernels,
+// not a GEMM's alone: the libraries' time alone ranked them the other way round on an AMD EPYC
+// Zen 4 held to AVX2, where whole training steps were faster with oneDNN. The linear layers
+// alone still did there (OpenBLAS 10-17% faster on the GPT's) while gpt-mini's step was 1.14x
+// faster with oneDNN: its attention ran 1.6x slower on OpenBLAS's small products.
 struct LinearShape {
   int64_t rows, in, out;
 };
@@ -345,14 +368,19 @@ const std::vector<LinearShape> kLinearLayers = {{128, 784, 512},  {128, 512, 256
                                                 {128, 256, 10},   {2048, 128, 384},
                                                 {2048, 128, 512}, {2048, 512, 128}};
 
+/// (sequence, head width) of the attention cases: gpt-mini's, and a longer, wider one.
+const std::vector<std::pair<int64_t, int64_t>> kAttentionShapes = {{64, 32}, {256, 64}};
+
 void measure_sgemm_paths(DeviceProfile& p, bool quick) {
   Generator gen(9);
   std::vector<Builder> cases;
   for (const auto& l : kLinearLayers)
     cases.push_back(linear_case(l.rows, l.in, l.out, Dtype::f32, gen));
-  const PathTimes t =
-      time_paths(p, cpu::sgemm_choice(), cases, quick ? 3 : 8, "linear + ReLU layers, fwd + grads",
-                 {"oneDNN sgemm", "OpenBLAS " + cpu::openblas_core_name() + " sgemm"});
+  for (const auto& [s, d] : kAttentionShapes)
+    cases.push_back(attention_case(attention_batch(p, s, d, 15e6), 4, s, d, gen));
+  const PathTimes t = time_paths(
+      p, cpu::sgemm_choice(), cases, quick ? 3 : 8, "linear layers and attention, fwd + grads",
+      {"oneDNN sgemm", "OpenBLAS " + cpu::openblas_core_name() + " sgemm"});
   p.sgemm_onednn_s = t.seconds[0];
   p.sgemm_openblas_s = t.seconds[1];
   p.sgemm_openblas_over_onednn = 1 / t.ratio;
@@ -426,20 +454,11 @@ void measure_attention(DeviceProfile& p, bool quick) {
       quick ? std::vector<std::pair<int64_t, int64_t>>{{64, 32}, {256, 64}}
             : std::vector<std::pair<int64_t, int64_t>>{{32, 32},  {64, 32},  {128, 32},
                                                        {128, 64}, {256, 32}, {256, 64}};
-  // As a GPT layer runs it (nn::CausalSelfAttention): on one packed (B, s, 3 H d) projection,
-  // the heads merged in the output (B, s, H d), the gradient taken to the packed input.
   constexpr int64_t H = 4;
   for (auto [s, d] : shapes) {
-    const double per_head = 4.0 * s * s * d;  // scores and scores @ V, as if not causal
-    const int64_t B = std::clamp<int64_t>(std::llround((quick ? 15e6 : 50e6) / per_head / H),
-                                          (2 * p.threads + H - 1) / H, 256);
-    Tensor qkv = randn({B, s, 3 * H * d}, Dtype::f32, gen).eval();
-    Tensor cot = randn({B, s, H * d}, Dtype::f32, gen).eval();
-    const double t = best_eval(quick ? 2 : 3, [&] {
-      Tensor y = scaled_dot_product_attention_packed(qkv, H, /*causal=*/true);
-      std::vector<Tensor> g = grad({y}, {qkv}, {cot});
-      return std::vector<Tensor>{y, g[0]};
-    });
+    const double per_head = 4.0 * s * s * d;
+    const int64_t B = attention_batch(p, s, d, quick ? 15e6 : 50e6);
+    const double t = best_eval(quick ? 2 : 3, attention_case(B, H, s, d, gen));
     const double gflops = 3 * per_head * static_cast<double>(B * H) / t * 1e-9;
     p.attention_f32_curve.emplace_back(std::cbrt(static_cast<double>(s * s * d)), gflops);
     p.rows.push_back({"causal attention s=" + std::to_string(s) + " d=" + std::to_string(d), gflops,

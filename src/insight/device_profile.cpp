@@ -278,7 +278,8 @@ PathChoiceNotes apply_path_choices(const std::string& path) {
   };
   PathChoiceNotes notes;
   notes.gemm = take(cpu::sgemm_choice(), p.sgemm_choice, "sgemm",
-                    "OpenBLAS's time over oneDNN's on linear layers", p.sgemm_openblas_over_onednn);
+                    "OpenBLAS's time over oneDNN's on linear layers and attention",
+                    p.sgemm_openblas_over_onednn);
   notes.conv = take(cpu::conv_choice(), p.conv_choice, "convolution",
                     "the own kernels' time over oneDNN's on 3x3 layers", p.conv_own_over_onednn);
   notes.bf16 = take(cpu::bf16_gemm_choice(), p.bf16_choice, "bf16",

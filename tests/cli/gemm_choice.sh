@@ -33,7 +33,7 @@ print(g["choice"])' "$prof") || fail "sgemm timings in the profile"
 library() { [ "$1" = openblas ] && echo "OpenBLAS" || echo "oneDNN"; }
 grep -Eq "$(library "$choice") .*\(taken\)" "$tmp/bench.out" || { cat "$tmp/bench.out"; fail "bench table"; }
 line=$(gemm_line)
-grep -q "^f32 GEMM: $(library "$choice") .*sgemm, the faster in this machine's device profile: $choice (OpenBLAS's time over oneDNN's on linear layers: [0-9.]*, geometric mean)" <<<"$line" \
+grep -q "^f32 GEMM: $(library "$choice") .*sgemm, the faster in this machine's device profile: $choice (OpenBLAS's time over oneDNN's on linear layers and attention: [0-9.]*, geometric mean)" <<<"$line" \
   || fail "after bench: $line"
 
 # The other library stored as the choice: runs take it.

@@ -15,7 +15,6 @@
 #include "backends/cpu/omp_single.h"
 #include "graph/prims/elementwise.h"
 #include "graph/prims/linalg.h"
-#include "hetrain/base/cpu_features.h"
 #include "hetrain/base/error.h"
 #include "hetrain/base/thread_pool.h"
 
@@ -88,17 +87,13 @@ void sgemm_openblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
 }
 
 SgemmPath sgemm_rule_path() {
-  // Measured (docs/PERFORMANCE.md): where OpenBLAS runs its AVX2 kernels (Zen, Haswell)
-  // it beat oneDNN's sgemm by ~10% at 2048 on an AMD EPYC (Zen 3), and oneDNN's OpenMP
-  // barriers spin badly on a loaded machine. Elsewhere (AVX-512 CPUs, which Debian's
-  // OpenBLAS 0.3.21 may take for "Prescott", a fifth of the speed) oneDNN's JIT wins. One
-  // CPU's measurement: 'hetrain bench' times both on this machine and its choice comes first.
-  static const SgemmPath p = [] {
-    const std::string core = openblas_get_corename();
-    const bool avx2_kernels = core == "Zen" || core == "Haswell";
-    return avx2_kernels && !cpu_features().avx512f ? SgemmPath::openblas : SgemmPath::onednn;
-  }();
-  return p;
+  // oneDNN everywhere. Both libraries run single-threaded on gemm_blocks' blocks, in the same
+  // team. OpenBLAS's Zen kernels beat oneDNN's by ~10% on a lone 2048 GEMM on an AMD EPYC
+  // (Zen 3), and on a Zen 4 held to AVX2 on linear layers alone; but there gpt-mini's training
+  // step was 1.14x faster on oneDNN (fashion-mlp and fashion-cnn level), its attention's small
+  // tile products 1.2-1.6x slower on OpenBLAS. On AVX-512 CPUs, which Debian's OpenBLAS 0.3.21
+  // may take for "Prescott", OpenBLAS runs at a fifth of oneDNN's speed.
+  return SgemmPath::onednn;
 }
 
 PathChoice& sgemm_choice() {

@@ -47,8 +47,8 @@ SgemmPath sgemm_path();
 /// What decided sgemm_path(): HETRAIN_SGEMM, set_sgemm_path() or sgemm_rule_path().
 using SgemmSource = PathSource;
 SgemmSource sgemm_path_source();
-/// Where no measurement is at hand: OpenBLAS where it runs its Zen/Haswell kernels on a CPU
-/// without AVX-512, else oneDNN (docs/PERFORMANCE.md has the measurements behind it).
+/// Where no measurement is at hand: oneDNN on every CPU (docs/PERFORMANCE.md has the
+/// measurements behind it; OpenBLAS is taken only where 'hetrain bench' measured it faster).
 SgemmPath sgemm_rule_path();
 /// The path sgemm() takes from now on, unless HETRAIN_SGEMM says otherwise.
 void set_sgemm_path(SgemmPath p);
