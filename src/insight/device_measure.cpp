@@ -95,8 +95,24 @@ double measure_peak(DeviceProfile& p, const PeakKernel& k, bool quick) {
   return best_rate * 1e-9;
 }
 
+/// The FMA loop at the widest width this process's f32 kernels run at: the own vector kernels'
+/// (HETRAIN_CPU_ISA may lower it) or the GEMM libraries' (DNNL_MAX_CPU_ISA, OPENBLAS_CORETYPE),
+/// so that a run held to AVX2 is bounded by the AVX2 peak.
+PeakKernel f32_peak_kernel() {
+  const cpu::Isa widest = std::max(cpu::vector_isa(), cpu::gemm_libraries_isa());
+  for (const PeakKernel& k : peak_kernels()) {
+    if (k.bf16) continue;
+    const std::string isa = k.isa;
+    const cpu::Isa width = isa == "avx512f"    ? cpu::Isa::avx512
+                           : isa == "avx2+fma" ? cpu::Isa::avx2
+                                               : cpu::Isa::baseline;
+    if (width <= widest) return k;
+  }
+  return fma_kernel();
+}
+
 void measure_peaks(DeviceProfile& p, bool quick) {
-  const PeakKernel f32 = fma_kernel();
+  const PeakKernel f32 = f32_peak_kernel();
   p.isa = f32.isa;
   p.fma_peak_gflops = measure_peak(p, f32, quick);
   if (const auto bf16 = bf16_kernel()) {

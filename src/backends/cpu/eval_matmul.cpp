@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -115,6 +116,17 @@ SgemmSource sgemm_path_source() { return sgemm_choice().source(); }
 const char* sgemm_path_name(SgemmPath p) { return sgemm_choice().name(static_cast<int>(p)); }
 
 std::string openblas_core_name() { return openblas_get_corename(); }
+
+Isa gemm_libraries_isa() {
+  // OpenBLAS 0.3.21's x86-64 kernel sets that use AVX-512, then those that use AVX2 + FMA.
+  const std::string core = openblas_core_name();
+  Isa openblas = Isa::baseline;
+  for (const char* c : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+    if (core == c) openblas = Isa::avx512;
+  for (const char* c : {"Haswell", "Zen"})
+    if (core == c) openblas = Isa::avx2;
+  return std::max(openblas, onednn_isa());
+}
 
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {

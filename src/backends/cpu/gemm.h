@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "backends/cpu/isa.h"
 #include "backends/cpu/path_choice.h"
 #include "hetrain/base/dtype.h"
 
@@ -64,6 +65,13 @@ class SgemmPathOverride : public PathOverride {
 const char* sgemm_path_name(SgemmPath p);
 /// OpenBLAS's name for the kernel set it chose on this CPU ("Zen", "Haswell", ...).
 std::string openblas_core_name();
+/// The widest vector width an f32 GEMM library runs at in this process: oneDNN's (its
+/// effective ISA, which DNNL_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA may lower) or OpenBLAS's kernel
+/// set (OPENBLAS_CORETYPE may lower it), whichever is wider. With cpu::vector_isa() it bounds
+/// what any f32 kernel of this process can reach: the FMA peak 'hetrain bench' measures.
+Isa gemm_libraries_isa();
+/// oneDNN's effective vector width (dnnl::get_effective_cpu_isa()).
+Isa onednn_isa();
 
 void dgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
            int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);

@@ -170,6 +170,18 @@ std::string bf16_gemm_impl_name(int64_t M, int64_t N, int64_t K) {
   }
 }
 
+Isa onednn_isa() {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  using dnnl::cpu_isa;
+  for (const cpu_isa wide :
+       {cpu_isa::avx512_mic, cpu_isa::avx512_mic_4ops, cpu_isa::avx512_core,
+        cpu_isa::avx512_core_vnni, cpu_isa::avx512_core_bf16, cpu_isa::avx512_core_amx})
+    if (isa == wide) return Isa::avx512;
+  for (const cpu_isa avx2 : {cpu_isa::avx2, cpu_isa::avx2_vnni})
+    if (isa == avx2) return Isa::avx2;
+  return Isa::baseline;
+}
+
 bool onednn_has_bf16_matmul() {
   static const bool has = !bf16_gemm_impl_name(64, 64, 64).empty();
   return has;
