@@ -259,11 +259,27 @@ std::string piece_name(const Piece& p) {
   return p.part + ":" + p.tensor + "@" + std::to_string(p.begin);
 }
 
+/// Shard s's file, read whole and checked against the index's size and CRC-32.
+safetensors::File load_shard(const std::vector<std::string>& paths,
+                             const std::vector<Entry>& entries, size_t s,
+                             const std::string& index_path) {
+  safetensors::File f = safetensors::load(paths[s]);
+  const Entry& e = entries[s];
+  if (f.bytes != e.bytes || f.crc32 != e.crc32)
+    fail("[checkpoint] ", paths[s], " does not match ", index_path, ": the file has ", f.bytes,
+         " bytes with CRC-32 ", hex32(f.crc32), ", the index records ", e.bytes,
+         " bytes with CRC-32 ", hex32(e.crc32),
+         "; it is not the shard this checkpoint was written with (truncated, copied from "
+         "another checkpoint, or modified)");
+  return f;
+}
+
 /// Gathers the pieces of the shard files into whole tensors, part by part, checking that every
-/// element comes from exactly one piece. Throws Error naming the file or the tensor at fault.
+/// element comes from exactly one piece. The shards are read one at a time, each let go once its
+/// pieces are copied, so that reading holds the whole tensors and one shard, not every shard
+/// twice. Throws Error naming the file or the tensor at fault.
 void assemble(const Index& idx, const std::vector<std::string>& paths,
-              const std::vector<safetensors::File>& shards, const std::string& index_path,
-              Contents& c) {
+              const std::vector<Entry>& entries, const std::string& index_path, Contents& c) {
   struct Run {
     int64_t begin, end;
     size_t shard;
@@ -282,16 +298,17 @@ void assemble(const Index& idx, const std::vector<std::string>& paths,
           std::vector<unsigned char>(static_cast<size_t>(numel(l.shape)) * dtype_size(l.dtype)),
           {}};
   }
-  for (size_t s = 0; s < shards.size(); ++s) {
+  for (size_t s = 0; s < paths.size(); ++s) {
     const std::string& path = paths[s];
-    const auto& meta = shards[s].metadata;
+    const safetensors::File shard = load_shard(paths, entries, s, index_path);
+    const auto& meta = shard.metadata;
     const auto rank = meta.find("rank"), world = meta.find("world_size");
     if (rank == meta.end() || world == meta.end() || rank->second != std::to_string(s) ||
         world->second != std::to_string(idx.world_size))
       fail("[checkpoint] ", path, " is not shard ", s, " of ", idx.world_size,
            " (its metadata says rank '", rank == meta.end() ? "?" : rank->second, "' of '",
            world == meta.end() ? "?" : world->second, "')");
-    for (const auto& [key, t] : shards[s].tensors) {
+    for (const auto& [key, t] : shard.tensors) {
       const size_t colon = key.find(':'), at = key.rfind('@');
       int64_t begin = -1;
       if (colon != std::string::npos && at != std::string::npos && at > colon) {
@@ -370,23 +387,17 @@ void read_sharded(const fs::path& d, const Index& idx, Contents& c) {
            "; remove the file or restore the checkpoint it came from");
   }
   std::vector<std::string> paths(static_cast<size_t>(idx.world_size));
-  std::vector<safetensors::File> shards(paths.size());
+  std::vector<Entry> entries(paths.size());
   for (const auto& [name, e] : idx.parts) {
     const size_t r = static_cast<size_t>(shard_rank(name));
     paths[r] = (d / e.file).string();
+    entries[r] = e;
     if (!is_file(paths[r]))
       fail("[checkpoint] ", paths[r], " (shard ", r, " of ", idx.world_size, ") is missing; ",
            index_path, " names it");
-    shards[r] = safetensors::load(paths[r]);
-    if (shards[r].bytes != e.bytes || shards[r].crc32 != e.crc32)
-      fail("[checkpoint] ", paths[r], " does not match ", index_path, ": the file has ",
-           shards[r].bytes, " bytes with CRC-32 ", hex32(shards[r].crc32), ", the index records ",
-           e.bytes, " bytes with CRC-32 ", hex32(e.crc32),
-           "; it is not the shard this checkpoint was written with (truncated, copied from "
-           "another checkpoint, or modified)");
   }
   c.shard_files = paths;
-  assemble(idx, paths, shards, index_path, c);
+  assemble(idx, paths, entries, index_path, c);
 }
 
 }  // namespace

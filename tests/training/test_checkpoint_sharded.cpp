@@ -8,6 +8,7 @@
 
 #include "hetrain/base/error.h"
 #include "hetrain/graph/ops.h"
+#include "hetrain/memory/allocator.h"
 #include "hetrain/training/checkpoint.h"
 
 using namespace hetrain;
@@ -129,4 +130,28 @@ TEST_F(ShardedCheckpointTest, ShardOfAnotherRankIsRefused) {
   EXPECT_NE(e.find("shard-1.1.safetensors is not shard 1 of 2 (its metadata says rank '0'"),
             std::string::npos)
       << e;
+}
+
+TEST_F(ShardedCheckpointTest, ShardsAreReadOneAtATime) {
+  // A 4 MiB tensor in four 1 MiB shards: reading holds the whole tensor and one shard at a time
+  // (the host allocator's peak), not every shard beside the whole tensor (8 MiB).
+  constexpr int64_t kN = 1 << 20, kRanks = 4, kPiece = kN / kRanks;
+  const uint64_t gen = checkpoint::begin_sharded(dir_);
+  std::vector<checkpoint::ShardWritten> written;
+  for (int64_t r = 0; r < kRanks; ++r)
+    written.push_back(checkpoint::write_shard(
+        dir_, gen, static_cast<int>(r), kRanks,
+        {{"model", "w", r * kPiece, full({kPiece}, static_cast<double>(r), Dtype::f32)}}));
+  checkpoint::commit_sharded(dir_, 3, gen, 3, {{"model", {{"w", {Dtype::f32, {kN}}}}, {}}},
+                             written);
+  host_allocator().reset_peak();
+  const int64_t before = host_allocator().stats().current_total;
+  {
+    const checkpoint::Contents c = checkpoint::read(dir_);
+    const std::vector<float> w = c.parts.at("model").tensors.at("w").to_vector<float>();
+    for (int64_t r = 0; r < kRanks; ++r) EXPECT_EQ(w[static_cast<size_t>(r * kPiece)], r);
+  }
+  const int64_t grew = host_allocator().stats().peak_total - before;
+  EXPECT_GE(grew, kN * 4);  // the whole tensor itself
+  EXPECT_LE(grew, kN * 4 + kN + kN / 4) << "bytes held at once while reading 4 shards of 1 MiB";
 }
