@@ -556,9 +556,10 @@ std::map<std::string, training::checkpoint::TensorLayout> ShardedOptimizer::stat
 }
 
 void ShardedOptimizer::load_state_dict(const std::map<std::string, Tensor>& state, int64_t steps) {
-  const int world = comm_.size();
-  // slot -> per bucket: the full flat state and how many of its parameters were given.
-  std::map<std::string, std::vector<std::vector<float>>> full;
+  // slot -> per bucket: this rank's range of the flat state, [own_begin, + own_count) (zeros in
+  // the padding), and how many of the bucket's parameters were given. Only that range is held,
+  // not the whole model's state.
+  std::map<std::string, std::vector<std::vector<float>>> own;
   std::map<std::string, std::vector<size_t>> given;
   for (const auto& [key, t] : state) {
     const auto dot = key.find('.');
@@ -572,22 +573,26 @@ void ShardedOptimizer::load_state_dict(const std::map<std::string, Tensor>& stat
     if (t.shape() != p.shape() || t.dtype() != Dtype::f32)
       fail("[optimizer] state entry '", key, "' is ", dtype_name(t.dtype()), " ",
            shape_str(t.shape()), " but the parameter is f32 ", shape_str(p.shape()));
-    auto& slot_full = full[slot];
+    auto& slot_own = own[slot];
     auto& slot_given = given[slot];
-    if (slot_full.empty()) {
-      slot_full.resize(shard_.size());
+    if (slot_own.empty()) {
+      slot_own.resize(shard_.size());
       slot_given.assign(shard_.size(), 0);
       for (size_t b = 0; b < shard_.size(); ++b)
-        slot_full[b].assign(static_cast<size_t>(reducer_.bucket_shard(b) * world), 0.0f);
+        slot_own[b].assign(static_cast<size_t>(own_count(b)), 0.0f);
     }
     const size_t b = reducer_.bucket_of(k);
-    const HostValues v = host_values(t);
-    std::memcpy(slot_full[b].data() + reducer_.offset_of(k), v.data,
-                static_cast<size_t>(p.numel()) * 4);
+    const int64_t off = reducer_.offset_of(k), first = own_begin(b);
+    const int64_t lo = std::max(off, first), hi = std::min(off + p.numel(), first + own_count(b));
+    if (lo < hi) {
+      const HostValues v = host_values(t);
+      std::memcpy(slot_own[b].data() + (lo - first), v.data + (lo - off),
+                  static_cast<size_t>(hi - lo) * 4);
+    }
     ++slot_given[b];
   }
   std::map<std::string, Tensor> inner;
-  for (const auto& [slot, buckets] : full)
+  for (const auto& [slot, buckets] : own)
     for (size_t b = 0; b < buckets.size(); ++b) {
       const size_t n = given[slot][b];
       if (n == 0) continue;
@@ -595,7 +600,7 @@ void ShardedOptimizer::load_state_dict(const std::map<std::string, Tensor>& stat
         fail("[optimizer] state '", slot, "' covers ", n, " of the ", reducer_.buckets()[b].size(),
              " parameters of gradient bucket ", b, "; the sharded optimizer needs all or none");
       inner[slot + "." + shard_name(b)] =
-          from_blob(buckets[b].data() + own_begin(b), {own_count(b)}, Dtype::f32).eval();
+          from_blob(buckets[b].data(), {own_count(b)}, Dtype::f32).eval();
     }
   inner_->load_state_dict(inner, steps);
   steps_ = steps;
