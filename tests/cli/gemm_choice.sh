@@ -122,18 +122,4 @@ else
   grep -q "HETRAIN_BF16_GEMM must be onednn or sgemm, got 'amx'" <<<"$out" || fail "bf16 env message: $out"
 fi
 
-# Held to AVX2 (the own kernels, oneDNN and OpenBLAS), the FMA peak is the AVX2 loop's and
-# bounds the GEMM measured under it; on a CPU without AVX2 + FMA there is nothing to hold.
-if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
-  XDG_CACHE_HOME="$tmp/avx2" HETRAIN_CPU_ISA=avx2 DNNL_MAX_CPU_ISA=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
-    OPENBLAS_CORETYPE=Haswell "$HT" bench --quick > "$tmp/avx2.out" 2>&1 \
-    || { cat "$tmp/avx2.out"; fail "bench held to AVX2"; }
-  python3 -c 'import json, sys
-p = json.load(open(sys.argv[1]))
-assert p["isa"] == "avx2+fma", p["isa"]
-peak = p["fma_peak_tflops"]
-assert 0 < p["gemm_tflops"]["f32"] <= 1.1 * peak, (p["gemm_tflops"], peak)' \
-    "$tmp/avx2/hetrain/device_profile.json" || { cat "$tmp/avx2.out"; fail "peak held to AVX2"; }
-  grep -q "^fma peak (avx2+fma, " "$tmp/avx2.out" || { cat "$tmp/avx2.out"; fail "avx2 peak row"; }
-fi
 echo "f32 GEMM library: $choice, convolution kernels: $conv, bf16: $bf16; measured, taken, overridden and refused as they should be"
