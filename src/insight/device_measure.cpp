@@ -294,10 +294,18 @@ double measure_conv(DeviceProfile& p, planning::ConvRate r, double flops, int re
   return gflops;
 }
 
+/// Heads of the attention cases, as in gpt-mini's layers.
+constexpr int64_t kGptHeads = 4;
+
+/// FLOPs of one head's causal attention forward at (s, d), counted as if not causal: the scores
+/// and scores @ V.
+double attention_flops_per_head(int64_t s, int64_t d) { return 4.0 * s * s * d; }
+
 /// Causal attention as a GPT layer runs it (nn::CausalSelfAttention): on one packed
-/// (B, s, 3 H d) projection, the heads merged in the output (B, s, H d), forward and the
-/// gradient to the packed input.
-Builder attention_case(int64_t B, int64_t H, int64_t s, int64_t d, Generator& gen) {
+/// (B, s, 3 H d) projection (H = kGptHeads), the heads merged in the output (B, s, H d), forward
+/// and the gradient to the packed input.
+Builder attention_case(int64_t B, int64_t s, int64_t d, Generator& gen) {
+  constexpr int64_t H = kGptHeads;
   Tensor qkv = randn({B, s, 3 * H * d}, Dtype::f32, gen).eval();
   Tensor cot = randn({B, s, H * d}, Dtype::f32, gen).eval();
   return [=] {
@@ -307,11 +315,11 @@ Builder attention_case(int64_t B, int64_t H, int64_t s, int64_t d, Generator& ge
   };
 }
 
-/// Heads of a GPT layer (H = 4) for about `flops` FLOPs of causal attention at (s, d).
+/// Batch of the attention case at (s, d) for about `flops` forward FLOPs.
 int64_t attention_batch(const DeviceProfile& p, int64_t s, int64_t d, double flops) {
-  constexpr int64_t H = 4;
-  const double per_head = 4.0 * s * s * d;  // scores and scores @ V, as if not causal
-  return std::clamp<int64_t>(std::llround(flops / per_head / H), (2 * p.threads + H - 1) / H, 256);
+  constexpr int64_t H = kGptHeads;
+  return std::clamp<int64_t>(std::llround(flops / attention_flops_per_head(s, d) / H),
+                             (2 * p.threads + H - 1) / H, 256);
 }
 
 // ---- Choices between two paths (cpu::PathChoice): every case timed under each path in turn,
@@ -393,7 +401,7 @@ void measure_sgemm_paths(DeviceProfile& p, bool quick) {
   for (const auto& l : kLinearLayers)
     cases.push_back(linear_case(l.rows, l.in, l.out, Dtype::f32, gen));
   for (const auto& [s, d] : kAttentionShapes)
-    cases.push_back(attention_case(attention_batch(p, s, d, 15e6), 4, s, d, gen));
+    cases.push_back(attention_case(attention_batch(p, s, d, 15e6), s, d, gen));
   const PathTimes t = time_paths(
       p, cpu::sgemm_choice(), cases, quick ? 3 : 8, "linear layers and attention, fwd + grads",
       {"oneDNN sgemm", "OpenBLAS " + cpu::openblas_core_name() + " sgemm"});
@@ -470,12 +478,12 @@ void measure_attention(DeviceProfile& p, bool quick) {
       quick ? std::vector<std::pair<int64_t, int64_t>>{{64, 32}, {256, 64}}
             : std::vector<std::pair<int64_t, int64_t>>{{32, 32},  {64, 32},  {128, 32},
                                                        {128, 64}, {256, 32}, {256, 64}};
-  constexpr int64_t H = 4;
+  constexpr int64_t H = kGptHeads;
   for (auto [s, d] : shapes) {
-    const double per_head = 4.0 * s * s * d;
     const int64_t B = attention_batch(p, s, d, quick ? 15e6 : 50e6);
-    const double t = best_eval(quick ? 2 : 3, attention_case(B, H, s, d, gen));
-    const double gflops = 3 * per_head * static_cast<double>(B * H) / t * 1e-9;
+    const double t = best_eval(quick ? 2 : 3, attention_case(B, s, d, gen));
+    const double gflops =
+        3 * attention_flops_per_head(s, d) * static_cast<double>(B * H) / t * 1e-9;
     p.attention_f32_curve.emplace_back(std::cbrt(static_cast<double>(s * s * d)), gflops);
     p.rows.push_back({"causal attention s=" + std::to_string(s) + " d=" + std::to_string(d), gflops,
                       "GFLOP/s", t,

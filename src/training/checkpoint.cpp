@@ -52,6 +52,20 @@ struct Entry {
   uint64_t bytes = 0;
   uint32_t crc32 = 0;
 };
+
+/// A part or shard file named by the index, read whole and checked against the size and CRC-32
+/// the index records for it; `what` names it in the error ("file", "shard").
+safetensors::File load_checked(const std::string& path, const Entry& e,
+                               const std::string& index_path, const char* what) {
+  safetensors::File f = safetensors::load(path);
+  if (f.bytes != e.bytes || f.crc32 != e.crc32)
+    fail("[checkpoint] ", path, " does not match ", index_path, ": the file has ", f.bytes,
+         " bytes with CRC-32 ", hex32(f.crc32), ", the index records ", e.bytes,
+         " bytes with CRC-32 ", hex32(e.crc32), "; it is not the ", what,
+         " this checkpoint was written with (truncated, copied from another checkpoint, or "
+         "modified)");
+  return f;
+}
 struct Index {
   int version = kVersion;
   int64_t step = 0;
@@ -259,21 +273,6 @@ std::string piece_name(const Piece& p) {
   return p.part + ":" + p.tensor + "@" + std::to_string(p.begin);
 }
 
-/// Shard s's file, read whole and checked against the index's size and CRC-32.
-safetensors::File load_shard(const std::vector<std::string>& paths,
-                             const std::vector<Entry>& entries, size_t s,
-                             const std::string& index_path) {
-  safetensors::File f = safetensors::load(paths[s]);
-  const Entry& e = entries[s];
-  if (f.bytes != e.bytes || f.crc32 != e.crc32)
-    fail("[checkpoint] ", paths[s], " does not match ", index_path, ": the file has ", f.bytes,
-         " bytes with CRC-32 ", hex32(f.crc32), ", the index records ", e.bytes,
-         " bytes with CRC-32 ", hex32(e.crc32),
-         "; it is not the shard this checkpoint was written with (truncated, copied from "
-         "another checkpoint, or modified)");
-  return f;
-}
-
 /// Gathers the pieces of the shard files into whole tensors, part by part, checking that every
 /// element comes from exactly one piece. The shards are read one at a time, each let go once its
 /// pieces are copied, so that reading holds the whole tensors and one shard, not every shard
@@ -300,7 +299,7 @@ void assemble(const Index& idx, const std::vector<std::string>& paths,
   }
   for (size_t s = 0; s < paths.size(); ++s) {
     const std::string& path = paths[s];
-    const safetensors::File shard = load_shard(paths, entries, s, index_path);
+    const safetensors::File shard = load_checked(path, entries[s], index_path, "shard");
     const auto& meta = shard.metadata;
     const auto rank = meta.find("rank"), world = meta.find("world_size");
     if (rank == meta.end() || world == meta.end() || rank->second != std::to_string(s) ||
@@ -545,13 +544,7 @@ Contents read(const std::string& dir) {
     c.step = idx.step;
     for (const auto& [name, e] : idx.parts) {
       const std::string path = (d / e.file).string();
-      safetensors::File f = safetensors::load(path);
-      if (f.bytes != e.bytes || f.crc32 != e.crc32)
-        fail("[checkpoint] ", path, " does not match ", index_path.string(), ": the file has ",
-             f.bytes, " bytes with CRC-32 ", hex32(f.crc32), ", the index records ", e.bytes,
-             " bytes with CRC-32 ", hex32(e.crc32),
-             "; it is not the file this checkpoint was written with (copied from another "
-             "checkpoint, or modified)");
+      safetensors::File f = load_checked(path, e, index_path.string(), "file");
       c.files[name] = path;
       c.parts.emplace(name, std::move(f));
     }

@@ -121,5 +121,4 @@ else
   if out=$(HETRAIN_BF16_GEMM=amx "$HT" version 2>&1); then fail "HETRAIN_BF16_GEMM=amx accepted: $out"; fi
   grep -q "HETRAIN_BF16_GEMM must be onednn or sgemm, got 'amx'" <<<"$out" || fail "bf16 env message: $out"
 fi
-
 echo "f32 GEMM library: $choice, convolution kernels: $conv, bf16: $bf16; measured, taken, overridden and refused as they should be"
